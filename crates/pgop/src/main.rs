@@ -1,0 +1,59 @@
+//! `pgop`: the one binary of the pgop PostgreSQL operator.
+
+mod dev;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// pgop: a Kubernetes operator for highly available PostgreSQL.
+#[derive(Debug, Parser)]
+#[command(name = "pgop", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a local development environment: a real Kubernetes control plane (etcd,
+    /// kube-apiserver, kube-controller-manager, kube-scheduler) on loopback ports, usable
+    /// with kubectl until Ctrl-C. Needs the binaries built by `hack/install-testenv.sh`.
+    Dev(dev::Args),
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let result = match cli.command {
+        Command::Dev(args) => dev::run(args).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("pgop: {}", error_chain(&*err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// "failed to X: failed to Y: cause" from an error and its sources.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}

@@ -1,0 +1,91 @@
+//! Installing CustomResourceDefinitions and waiting until the API server serves them.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to parse CRD YAML document {index}")]
+    ParseYaml {
+        index: usize,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    #[error("failed to apply CRD {name}")]
+    Apply {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("CRD {name} was not established within {timeout:?}")]
+    NotEstablished { name: String, timeout: Duration },
+    #[error("failed to watch CRD {name}")]
+    Watch {
+        name: String,
+        #[source]
+        source: kube::runtime::wait::Error,
+    },
+}
+
+const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Parses one or more CRDs from (multi-document) YAML; empty documents are skipped.
+pub fn from_yaml(yaml: &str) -> Result<Vec<CustomResourceDefinition>, Error> {
+    let mut crds = Vec::new();
+    for (index, doc) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
+        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc)
+            .map_err(|source| Error::ParseYaml { index, source })?;
+        if value.is_null() {
+            continue;
+        }
+        let crd =
+            serde_yaml::from_value(value).map_err(|source| Error::ParseYaml { index, source })?;
+        crds.push(crd);
+    }
+    Ok(crds)
+}
+
+/// The CRD of a `#[derive(CustomResource)]` type.
+pub fn of<K: CustomResourceExt>() -> CustomResourceDefinition {
+    K::crd()
+}
+
+/// Applies every CRD (server-side apply, so re-installing is harmless) and waits until
+/// each one is Established.
+pub async fn install(
+    client: &Client,
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply("pgop-testenv").force();
+    let mut names = Vec::new();
+    for mut crd in crds {
+        let name = crd.name_any();
+        crd.metadata.managed_fields = None;
+        crd.metadata.resource_version = None;
+        api.patch(&name, &params, &Patch::Apply(&crd))
+            .await
+            .map_err(|source| Error::Apply {
+                name: name.clone(),
+                source,
+            })?;
+        names.push(name);
+    }
+    for name in names {
+        let established = await_condition(api.clone(), &name, conditions::is_crd_established());
+        match tokio::time::timeout(ESTABLISH_TIMEOUT, established).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(source)) => return Err(Error::Watch { name, source }),
+            Err(_) => {
+                return Err(Error::NotEstablished {
+                    name,
+                    timeout: ESTABLISH_TIMEOUT,
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane that testenv runs (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl) from the Go module proxy.
+#
+#   hack/install-testenv.sh          build what is missing, print the bin directory
+#
+# Versions come from hack/testenv-versions.env. Binaries go to
+#   ${PGOP_TESTENV_BIN_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/testenv/<k8s-version>/bin}
+# Idempotent: a binary that is already there (and prints the pinned version) is not rebuilt.
+# Nothing is written inside the checkout.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=testenv-versions.env
+. "$here/testenv-versions.env"
+
+cache=${PGOP_CACHE_DIR:-$HOME/.cache/pgop}
+bin=${PGOP_TESTENV_BIN_DIR:-$cache/testenv/$KUBERNETES_VERSION/bin}
+work=$cache/testenv/build
+mkdir -p "$bin" "$work"
+
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+export GOPATH=${GOPATH:-$(go env GOPATH)}
+
+log() { printf '[install-testenv %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+command -v go >/dev/null || { log "go is not installed (need Go >= 1.25; Debian: apt-get install golang, or https://go.dev/dl)"; exit 1; }
+
+have() { # have NAME EXPECTED-SUBSTRING-OF-VERSION-OUTPUT
+  local out
+  [ -x "$bin/$1" ] || return 1
+  out=$("$bin/$1" --version 2>&1 || "$bin/$1" version --client 2>&1 || true)
+  [[ $out == *"$2"* ]]
+}
+
+# --- etcd -------------------------------------------------------------------------------
+if have etcd "$ETCD_VERSION"; then
+  log "etcd v$ETCD_VERSION already built"
+else
+  log "building etcd v$ETCD_VERSION (own throwaway module: go install refuses replace directives)"
+  d=$work/etcd-$ETCD_VERSION
+  rm -rf "$d" && mkdir -p "$d" && cd "$d"
+  go mod init pgop.local/testenv-etcd >/dev/null 2>&1
+  go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  go build -trimpath -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$bin/etcd.tmp" "$bin/etcd"
+  log "etcd built: $("$bin/etcd" --version | head -1)"
+fi
+
+# --- Kubernetes -------------------------------------------------------------------------
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+missing=()
+for c in "${k8s_cmds[@]}"; do
+  have "$c" "v$KUBERNETES_VERSION" || missing+=("$c")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  log "kubernetes v$KUBERNETES_VERSION already built"
+else
+  d=$work/kubernetes-$KUBERNETES_VERSION
+  mkdir -p "$d" && cd "$d"
+  if [ ! -f go.mod ] || ! grep -q "k8s.io/kubernetes v$KUBERNETES_VERSION" go.mod; then
+    log "preparing a Go module for k8s.io/kubernetes v$KUBERNETES_VERSION"
+    rm -f go.mod go.sum
+    go mod init pgop.local/testenv-kubernetes >/dev/null 2>&1
+    # k8s.io/kubernetes points its staging modules at ./staging/src/...; outside its own
+    # repository those must be pinned to their published versions. The list is the set of
+    # staging modules that the release's own go.mod requires and replaces (the two sample
+    # modules, sample-cli-plugin and sample-controller, are not required and not published
+    # for every release, so they are left out).
+    modfile=$(go mod download -json "k8s.io/kubernetes@v$KUBERNETES_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    [ -f "$modfile" ] || { log "could not download the go.mod of k8s.io/kubernetes v$KUBERNETES_VERSION"; exit 1; }
+    staging=$(awk '/=> \.\/staging\/src\//{print $1}' "$modfile")
+    required=$(awk '/^require \(/{r=1;next} r&&/^\)/{r=0} r{print $1}' "$modfile")
+    n=0
+    for m in $staging; do
+      if grep -qx "$m" <<<"$required"; then
+        go mod edit -replace "$m=$m@v$KUBERNETES_STAGING_VERSION"
+        n=$((n + 1))
+      fi
+    done
+    go mod edit -require "k8s.io/kubernetes@v$KUBERNETES_VERSION"
+    log "pinned $n staging modules to v$KUBERNETES_STAGING_VERSION"
+  fi
+  log "resolving dependencies (downloads a few hundred MB into the Go module cache on a cold machine)"
+  for c in "${k8s_cmds[@]}"; do
+    go get "k8s.io/kubernetes/cmd/$c@v$KUBERNETES_VERSION"
+  done
+  # The same version stamps that Kubernetes' own hack/lib/version.sh sets.
+  minor=$(cut -d. -f2 <<<"$KUBERNETES_VERSION")
+  ld="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=v$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  i=0
+  for c in "${missing[@]}"; do
+    i=$((i + 1))
+    log "building $c v$KUBERNETES_VERSION ($i/${#missing[@]}; a cold build takes several minutes each)"
+    go build -trimpath -ldflags "$ld" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    mv "$bin/$c.tmp" "$bin/$c"
+  done
+  log "kubernetes built: $("$bin/kube-apiserver" --version)"
+fi
+
+echo "$bin"
