@@ -49,8 +49,18 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 
 extern "C" fn cleanup_at_exit() {
     let Ok(mut reg) = REGISTRY.lock() else { return };
-    for pid in reg.pids.drain(..) {
-        signal_group(pid, libc::SIGKILL);
+    let pids: Vec<u32> = reg.pids.drain(..).collect();
+    for pid in &pids {
+        signal_group(*pid, libc::SIGKILL);
+    }
+    // Reap them, so no zombie outlives the exit either.
+    for pid in pids {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: waitpid on our own child; blocking is bounded since it was SIGKILLed.
+            unsafe {
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
     }
     for dir in reg.dirs.drain(..) {
         let _ = std::fs::remove_dir_all(dir);

@@ -37,6 +37,7 @@ async fn config_map_create_get_list_watch_apply_delete() -> Result {
             "0",
         )
         .await?
+        .try_filter(|e| std::future::ready(!matches!(e, WatchEvent::Bookmark(_))))
         .boxed();
 
     api.create(

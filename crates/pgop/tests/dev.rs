@@ -1,0 +1,161 @@
+//! `pgop dev`, the README's demo command, run as a user would: started, used with
+//! kubectl, then stopped with Ctrl-C, or killed outright.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+struct Dev {
+    child: Child,
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_dev() -> Result<Dev> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pgop"))
+        .arg("dev")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut kubeconfig = None;
+    let mut dir = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        if let Some(p) = line.strip_prefix("kubeconfig: ") {
+            kubeconfig = Some(PathBuf::from(p));
+        }
+        if let Some(p) = line.strip_prefix("directory: ") {
+            dir = Some(PathBuf::from(p));
+            break;
+        }
+    }
+    Ok(Dev {
+        child,
+        kubeconfig: kubeconfig.ok_or("pgop dev printed no kubeconfig path")?,
+        dir: dir.ok_or("pgop dev printed no directory")?,
+    })
+}
+
+/// Children of `pid`, from /proc.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let after = s.rsplit_once(')')?.1.to_string();
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    // Zombies count as gone: they hold no port, no memory and no files.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn wait_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn kubectl_get_namespaces(kubeconfig: &std::path::Path) -> Result<String> {
+    let kubectl = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
+    let out = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["get", "namespaces", "-o", "name"])
+        .output()?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
+    let mut dev = start_dev()?;
+    let namespaces = kubectl_get_namespaces(&dev.kubeconfig)?;
+    assert!(namespaces.contains("namespace/default"), "{namespaces}");
+    let pid = dev.child.id();
+    let children = children_of(pid);
+    assert_eq!(
+        children.len(),
+        4,
+        "etcd, apiserver, controller-manager, scheduler: {children:?}"
+    );
+
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = dev.child.try_wait()? {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pgop dev did not exit after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "pgop dev exited with {status}");
+    assert_eq!(
+        wait_gone(&children, Duration::from_secs(5)),
+        Vec::<u32>::new()
+    );
+    assert!(!dev.dir.exists(), "{} was left behind", dev.dir.display());
+    Ok(())
+}
+
+#[tokio::test]
+async fn killing_dev_outright_leaves_no_process_and_the_next_start_sweeps_its_directory() -> Result
+{
+    let mut dev = start_dev()?;
+    let children = children_of(dev.child.id());
+    assert_eq!(children.len(), 4, "{children:?}");
+    dev.child.kill()?; // SIGKILL: no cleanup code runs in pgop dev
+    dev.child.wait()?;
+    assert_eq!(
+        wait_gone(&children, Duration::from_secs(10)),
+        Vec::<u32>::new(),
+        "control-plane processes outlived their parent"
+    );
+    assert!(dev.dir.exists(), "nothing could have removed it yet");
+    let next = pgop_testenv::ControlPlane::start(pgop_testenv::Options::default()).await?;
+    assert!(
+        !dev.dir.exists(),
+        "the next start should sweep {}",
+        dev.dir.display()
+    );
+    next.stop();
+    Ok(())
+}
