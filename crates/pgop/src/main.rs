@@ -1,5 +1,6 @@
 //! `pgop`: the one binary of the pgop PostgreSQL operator.
 
+mod crd;
 mod dev;
 
 use clap::{Parser, Subcommand};
@@ -19,6 +20,8 @@ enum Command {
     /// kube-apiserver, kube-controller-manager, kube-scheduler) on loopback ports, usable
     /// with kubectl until Ctrl-C. Needs the binaries built by `hack/install-testenv.sh`.
     Dev(dev::Args),
+    /// Print the CustomResourceDefinitions (PostgresCluster, PostgresBackup) as YAML.
+    Crd,
 }
 
 fn init_tracing() {
@@ -36,6 +39,7 @@ async fn main() -> ExitCode {
     init_tracing();
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
+        Command::Crd => crd::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,122 @@
+//! `PostgresBackup`: one base backup of one cluster, taken on demand or by the schedule.
+
+use crate::cel;
+use crate::formats;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One base backup of a PostgresCluster, written to the cluster's backup store. Its spec
+/// cannot change after creation.
+// clippy mistakes the repeated `type_ = ...` of separate printer columns for duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.example.com",
+    version = "v1alpha1",
+    kind = "PostgresBackup",
+    namespaced,
+    doc = "One base backup of a PostgresCluster, taken on demand or by the cluster's backup schedule.",
+    category = "pgop",
+    status = "PostgresBackupStatus",
+    derive = "PartialEq",
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".spec.cluster.name",
+        description = "The PostgresCluster backed up"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Where the backup is"
+    ),
+    printcolumn(
+        name = "Started",
+        type_ = "date",
+        json_path = ".status.startedAt",
+        description = "When the backup started"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = cel::backup_spec_immutable())]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresBackupSpec {
+    /// The PostgresCluster (in this namespace) to back up.
+    pub cluster: ClusterReference,
+
+    /// How to take the backup; `baseBackup` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<BackupMethod>,
+}
+
+/// A PostgresCluster in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterReference {
+    /// Name of the PostgresCluster.
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+}
+
+/// How the backup is taken; `baseBackup` (the only method so far) when unset.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum BackupMethod {
+    /// A streamed base backup (`pg_basebackup`) from a standby when one is ready, else
+    /// from the primary, uploaded to the cluster's backup store.
+    #[default]
+    BaseBackup,
+}
+
+/// The observed state of a PostgresBackup, written only by pgop.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresBackupStatus {
+    /// Where the backup is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+
+    /// When the backup started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+
+    /// When the backup completed or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<Time>,
+
+    /// The LSN the backup starts at (WAL from here on is needed to restore it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+
+    /// The LSN the backup ends at (the earliest point it can be restored to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+
+    /// Size of the backup in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+
+    /// Why the backup failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where the backup is: Pending, Running, Completed or Failed (see `error`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupPhase {
+    /// Accepted, not started yet.
+    Pending,
+    /// Being taken.
+    Running,
+    /// Done; it can be restored.
+    Completed,
+    /// Failed; see `error`.
+    Failed,
+}

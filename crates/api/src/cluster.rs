@@ -1,0 +1,621 @@
+//! `PostgresCluster`: one highly available PostgreSQL cluster (a primary and its standbys).
+//!
+//! Every field's doc comment is what `kubectl explain` shows. Every schema rule (range,
+//! pattern, CEL) has a twin in [`crate::validation`], so a spec that slips past one layer
+//! is caught by the next with the same field named.
+
+use crate::cel;
+use crate::formats;
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// PostgreSQL parameters pgop sets itself. A cluster's `spec.postgresql.parameters` may not
+/// name any of them (case-insensitively, as PostgreSQL reads parameter names): the CRD's CEL
+/// rule and [`crate::validate`] are both generated from this one list.
+pub const OWNED_PARAMETERS: &[&str] = &[
+    // Where PostgreSQL listens and keeps its files: the pod layout depends on them.
+    "port",
+    "listen_addresses",
+    "unix_socket_directories",
+    "data_directory",
+    "config_file",
+    "hba_file",
+    "ident_file",
+    "external_pid_file",
+    // Replication and failover: set from spec.replicas and spec.replication.
+    "wal_level",
+    "hot_standby",
+    "wal_log_hints",
+    "full_page_writes",
+    "max_wal_senders",
+    "max_replication_slots",
+    "primary_conninfo",
+    "primary_slot_name",
+    "synchronous_standby_names",
+    "cluster_name",
+    // WAL archiving and recovery: set from spec.backup and spec.bootstrap.recovery.
+    "archive_mode",
+    "archive_command",
+    "archive_library",
+    "archive_cleanup_command",
+    "restore_command",
+    "recovery_end_command",
+    "recovery_target",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+    "recovery_target_lsn",
+    "recovery_target_name",
+    "recovery_target_time",
+    "recovery_target_timeline",
+    "recovery_target_xid",
+    // The instance manager collects the server log from stderr.
+    "logging_collector",
+    "log_destination",
+];
+
+/// Most instances a cluster may have (one primary and eight standbys).
+pub const MAX_REPLICAS: i32 = 9;
+/// Most entries in `spec.postgresql.parameters` (bounds the cost of its CEL rule).
+pub const MAX_PARAMETERS: usize = 256;
+/// Oldest PostgreSQL major version pgop runs.
+pub const MIN_POSTGRES_VERSION: i32 = 13;
+/// Longest cluster name: `<cluster>-<serial>` and `<cluster>-replication` must stay
+/// valid object names of at most 63 characters.
+pub const MAX_CLUSTER_NAME_LENGTH: usize = 50;
+
+/// The desired state of a highly available PostgreSQL cluster: one primary and
+/// `replicas - 1` streaming standbys, each with its own volume.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "database.example.com",
+    version = "v1alpha1",
+    kind = "PostgresCluster",
+    namespaced,
+    doc = "A highly available PostgreSQL cluster managed by pgop: a primary, streaming standbys, their volumes, services, credentials and backups.",
+    shortname = "pgc",
+    category = "pgop",
+    status = "PostgresClusterStatus",
+    derive = "PartialEq",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        json_path = ".spec.replicas",
+        description = "Desired number of instances"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Instances that are ready"
+    ),
+    printcolumn(
+        name = "Primary",
+        type_ = "string",
+        json_path = ".status.currentPrimary",
+        description = "The instance that accepts writes"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "What the cluster is doing"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = cel::cluster_name()
+)]
+#[x_kube(validation = cel::synchronous_below_replicas())]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresClusterSpec {
+    /// Number of PostgreSQL instances: one primary and `replicas - 1` streaming standbys
+    /// (1 to 9). Each standby holds a WAL sender and a replication slot on the primary.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 9))]
+    pub replicas: i32,
+
+    /// Container image of the instances: the pgop image with PostgreSQL inside. Defaults to
+    /// the operator's own image for `postgresVersion`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+
+    /// PostgreSQL major version the instances run, e.g. 17 (13 or newer). Chooses the
+    /// default image when `image` is not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 13))]
+    pub postgres_version: Option<i32>,
+
+    /// The persistent volume of each instance.
+    pub storage: StorageSpec,
+
+    /// CPU and memory requests and limits of each instance's PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// PostgreSQL configuration: parameters for postgresql.conf and extra pg_hba.conf rules.
+    #[serde(default)]
+    pub postgresql: PostgresqlSpec,
+
+    /// Streaming replication: how many standbys confirm each commit.
+    #[serde(default)]
+    pub replication: ReplicationSpec,
+
+    /// Seconds the primary must stay unready before pgop fails over to a standby (0: at
+    /// once). A longer delay rides out short hiccups at the price of a longer outage.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub failover_delay: i32,
+
+    /// Seconds a switchover (a planned change of primary) may take before pgop gives it up
+    /// and keeps the old primary.
+    #[serde(default = "default_switchover_timeout")]
+    #[schemars(range(min = 1))]
+    pub switchover_timeout: i32,
+
+    /// Scheduled base backups, their retention and the store they go to. WAL is archived
+    /// to the same store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+
+    /// How the first instance gets its data: a new database (initdb, the default) or a
+    /// restore from a backup. Read only when the cluster is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
+
+    /// Stop reconciling this cluster: pgop changes nothing (no failover either) until this is
+    /// false again. Nothing is deleted.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+fn default_switchover_timeout() -> i32 {
+    60
+}
+
+/// The persistent volume of each instance.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::storage_class_immutable())]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Size of each instance's volume, as a Kubernetes quantity of bytes greater than zero,
+    /// e.g. `10Gi` or `500M` (no exponent, no milli).
+    #[schemars(pattern(formats::QUANTITY_PATTERN))]
+    pub size: String,
+
+    /// StorageClass of the instances' volumes; the cluster's default StorageClass when
+    /// unset. Immutable once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub storage_class_name: Option<String>,
+}
+
+/// PostgreSQL configuration.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresqlSpec {
+    /// postgresql.conf parameters, name to value, e.g. `shared_buffers: 256MB`. Parameters
+    /// that pgop sets itself (listening, replication, archiving, recovery, logging) are
+    /// refused; at most 256 entries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_PARAMETERS))]
+    #[x_kube(validation = cel::no_owned_parameters())]
+    pub parameters: BTreeMap<String, String>,
+
+    /// Extra pg_hba.conf lines, one rule each (e.g. `hostssl all all 10.0.0.0/8
+    /// scram-sha-256`), placed after pgop's rules for local and replication connections and
+    /// before its final catch-all rule.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(pattern(formats::HBA_LINE_PATTERN)))]
+    pub pg_hba: Vec<String>,
+}
+
+/// Streaming replication settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = cel::required_durability_needs_synchronous())]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationSpec {
+    /// Number of standbys that must confirm each commit before it is acknowledged
+    /// (`ANY n` quorum over all standbys); 0 means asynchronous replication. Must be less
+    /// than `spec.replicas`.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 8))]
+    pub synchronous: i32,
+
+    /// What happens to commits when too few synchronous standbys are connected:
+    /// `preferred` keeps accepting writes with fewer confirmations; `required` never
+    /// acknowledges a commit that only the primary has (writes wait instead).
+    #[serde(default)]
+    pub data_durability: DataDurability,
+}
+
+/// What happens to commits when too few synchronous standbys are connected: `preferred`
+/// keeps accepting writes with fewer confirmations; `required` never acknowledges a commit
+/// that only the primary has (writes wait instead).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum DataDurability {
+    /// Keep writing with fewer synchronous standbys than asked for.
+    #[default]
+    Preferred,
+    /// Never acknowledge a commit that only the primary has.
+    Required,
+}
+
+/// Base backups and WAL archiving.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::schedule_needs_store())]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// When to take a base backup: a five-field cron expression (minute hour day-of-month
+    /// month day-of-week, numbers only, e.g. `0 2 * * *`). No scheduled backups when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(formats::cron_pattern()))]
+    pub schedule: Option<String>,
+
+    /// IANA time zone the schedule is read in, e.g. `Europe/Berlin`; UTC when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), pattern(formats::TIMEZONE_PATTERN))]
+    pub timezone: Option<String>,
+
+    /// Days a backup (and the WAL needed to restore it) is kept, 1 to 365.
+    #[serde(default = "default_retention_days")]
+    #[schemars(range(min = 1, max = 365))]
+    pub retention_days: i32,
+
+    /// Where backups and archived WAL go. Required when `schedule` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<BackupStore>,
+
+    /// After each base backup, restore it into a scratch instance and check that
+    /// PostgreSQL starts from it.
+    #[serde(default)]
+    pub verify: bool,
+}
+
+fn default_retention_days() -> i32 {
+    30
+}
+
+/// A place for backups and archived WAL: exactly one of `s3` or `volume`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::store_exactly_one())]
+#[serde(rename_all = "camelCase")]
+pub struct BackupStore {
+    /// An S3-compatible object store bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Store>,
+
+    /// A PersistentVolumeClaim in the cluster's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeStore>,
+}
+
+/// An S3-compatible bucket.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Store {
+    /// Bucket name (3 to 63 lower-case letters, digits, dots and hyphens).
+    #[schemars(pattern(formats::BUCKET_PATTERN))]
+    pub bucket: String,
+
+    /// Endpoint URL of an S3-compatible server, e.g. `https://minio.storage:9000`; AWS S3
+    /// when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(formats::URL_PATTERN))]
+    pub endpoint: Option<String>,
+
+    /// Region of the bucket, e.g. `eu-central-1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub region: Option<String>,
+
+    /// Key prefix inside the bucket under which this cluster's backups and WAL are
+    /// stored; the bucket's root when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub path: Option<String>,
+
+    /// The Secret (in the cluster's namespace) holding the access keys.
+    pub credentials_secret: S3Credentials,
+
+    /// Accept any TLS certificate from the endpoint. Only for tests.
+    #[serde(default)]
+    pub insecure_skip_tls_verify: bool,
+}
+
+/// Keys of a Secret that hold S3 credentials.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct S3Credentials {
+    /// Name of the Secret.
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+
+    /// Key in the Secret whose value is the access key id.
+    #[serde(default = "default_access_key_id_key")]
+    #[schemars(length(max = 253), pattern(formats::SECRET_KEY_PATTERN))]
+    pub access_key_id_key: String,
+
+    /// Key in the Secret whose value is the secret access key.
+    #[serde(default = "default_secret_access_key_key")]
+    #[schemars(length(max = 253), pattern(formats::SECRET_KEY_PATTERN))]
+    pub secret_access_key_key: String,
+}
+
+fn default_access_key_id_key() -> String {
+    "AWS_ACCESS_KEY_ID".to_string()
+}
+
+fn default_secret_access_key_key() -> String {
+    "AWS_SECRET_ACCESS_KEY".to_string()
+}
+
+/// A PersistentVolumeClaim used as backup store.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStore {
+    /// Name of the PersistentVolumeClaim, in the cluster's namespace. It must allow
+    /// ReadWriteMany access if instances on different nodes archive to it.
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub claim_name: String,
+}
+
+/// How the first instance gets its data: at most one of `initdb` or `recovery`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::bootstrap_at_most_one())]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Create a new, empty database cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb: Option<InitdbSpec>,
+
+    /// Restore from a base backup, optionally to a point in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<RecoverySpec>,
+}
+
+/// A new database cluster.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InitdbSpec {
+    /// Name of the application database to create.
+    #[serde(default = "default_app")]
+    #[schemars(pattern(formats::IDENTIFIER_PATTERN))]
+    pub database: String,
+
+    /// Name of the role that owns the application database; its password is stored in the
+    /// Secret `<cluster>-app`.
+    #[serde(default = "default_app")]
+    #[schemars(pattern(formats::IDENTIFIER_PATTERN))]
+    pub owner: String,
+}
+
+impl Default for InitdbSpec {
+    fn default() -> Self {
+        Self {
+            database: default_app(),
+            owner: default_app(),
+        }
+    }
+}
+
+fn default_app() -> String {
+    "app".to_string()
+}
+
+/// A restore from a base backup: exactly one of `backup` or `store`, and at most one
+/// recovery target (the end of the archived WAL when none).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::recovery_exactly_one_source())]
+#[x_kube(validation = cel::recovery_at_most_one_target())]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverySpec {
+    /// Name of a completed PostgresBackup in this namespace to restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub backup: Option<String>,
+
+    /// A backup store to restore from: the latest base backup before the target is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<BackupStore>,
+
+    /// Replay WAL up to this time (RFC 3339, e.g. `2025-01-31T12:00:00Z`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(formats::TIMESTAMP_PATTERN))]
+    pub target_time: Option<String>,
+
+    /// Replay WAL up to this LSN (e.g. `0/3000060`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(formats::LSN_PATTERN))]
+    pub target_lsn: Option<String>,
+}
+
+/// The observed state of a PostgresCluster, written only by pgop.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgresClusterStatus {
+    /// What the cluster is doing, in one word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClusterPhase>,
+
+    /// The conditions Ready, Progressing, Degraded, SpecValid and BackupSucceeded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// The instance that is the primary now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+
+    /// The instance that should be the primary; differs from `currentPrimary` during a
+    /// failover or switchover.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
+
+    /// Number of instances that exist (the scale subresource's replicas).
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Number of instances that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// Label selector of the instance Pods (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+
+    /// One entry per instance, ordered by serial.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = kube::core::ListMerge::Map(vec!["name".into()]))]
+    pub instances: Vec<InstanceStatus>,
+
+    /// The serial the next new instance gets. Serials are never reused, so a new instance
+    /// never meets a volume or replication slot of an old one.
+    #[serde(default = "default_next_serial")]
+    pub next_serial: i32,
+
+    /// When the last base backup completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup_time: Option<Time>,
+
+    /// The earliest point in time the cluster can be restored to from its backups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_recoverability_point: Option<Time>,
+}
+
+fn default_next_serial() -> i32 {
+    1
+}
+
+impl Default for PostgresClusterStatus {
+    /// The status of a cluster pgop has not seen yet; the same as deserializing `{}`.
+    fn default() -> Self {
+        Self {
+            phase: None,
+            conditions: Vec::new(),
+            observed_generation: None,
+            current_primary: None,
+            target_primary: None,
+            replicas: 0,
+            ready_replicas: 0,
+            selector: None,
+            instances: Vec::new(),
+            next_serial: default_next_serial(),
+            last_backup_time: None,
+            first_recoverability_point: None,
+        }
+    }
+}
+
+/// What the cluster is doing, in one word: Pending, Creating, Ready, Degraded,
+/// FailingOver, SwitchingOver, Invalid (see the SpecValid condition) or Deleting.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterPhase {
+    /// Accepted; nothing created yet.
+    Pending,
+    /// Creating the first instances.
+    Creating,
+    /// Every desired instance is ready.
+    Ready,
+    /// Serving with fewer ready instances than desired.
+    Degraded,
+    /// Promoting a standby because the primary failed.
+    FailingOver,
+    /// Moving the primary role on request or for an update.
+    SwitchingOver,
+    /// The spec is invalid; see the SpecValid condition. pgop waits for a change.
+    Invalid,
+    /// The cluster is being deleted.
+    Deleting,
+}
+
+/// The state of one instance as reported by its instance manager.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Instance name, `<cluster>-<serial>` (also its Pod's and PVC's name).
+    pub name: String,
+
+    /// The serial in the instance's name.
+    pub serial: i32,
+
+    /// The role the instance runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<InstanceRole>,
+
+    /// Whether the instance's Pod is ready.
+    #[serde(default)]
+    pub ready: bool,
+
+    /// PostgreSQL timeline the instance is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+
+    /// Primary: the current WAL write LSN. Standby: the last LSN received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_lsn: Option<String>,
+
+    /// Standby: the last LSN replayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_lsn: Option<String>,
+}
+
+/// The role the instance runs in: `primary` or `replica` (the same values as the
+/// `database.example.com/role` label).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceRole {
+    /// Accepts writes.
+    Primary,
+    /// Streams WAL from the primary and serves reads.
+    Replica,
+}
+
+impl InstanceRole {
+    /// The `database.example.com/role` label value.
+    pub fn label_value(self) -> &'static str {
+        match self {
+            Self::Primary => crate::labels::ROLE_PRIMARY,
+            Self::Replica => crate::labels::ROLE_REPLICA,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_status_is_the_default_status_and_serials_start_at_one() {
+        let empty: PostgresClusterStatus =
+            serde_json::from_value(serde_json::json!({})).expect("parses");
+        assert_eq!(empty, PostgresClusterStatus::default());
+        assert_eq!(empty.next_serial, 1);
+    }
+
+    #[test]
+    fn instance_roles_are_the_role_label_values() {
+        for role in [InstanceRole::Primary, InstanceRole::Replica] {
+            assert_eq!(
+                serde_json::to_value(role).expect("serializes"),
+                serde_json::json!(role.label_value())
+            );
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! Names shared by the operator and the instance manager: API group, field manager,
+//! annotations, ports and HTTP paths. Both sides import them from here so they cannot drift.
+
+/// The API group of pgop's custom resources.
+pub const GROUP: &str = "database.example.com";
+/// The served and stored version of pgop's custom resources.
+pub const VERSION: &str = "v1alpha1";
+/// `group/version`, as written in `apiVersion`.
+pub const API_VERSION: &str = "database.example.com/v1alpha1";
+
+/// The one field manager pgop uses for every server-side apply (children and status).
+pub const FIELD_MANAGER: &str = "pgop";
+
+/// The finalizer pgop puts on a PostgresCluster to clean up what ownerReferences cannot.
+pub const CLUSTER_FINALIZER: &str = "database.example.com/finalizer";
+
+/// Annotation on a PostgresCluster: set to an instance name to ask for a switchover to it.
+pub const ANNOTATION_SWITCHOVER_TO: &str = "database.example.com/switchover-to";
+/// Annotation on a PostgresCluster: set to any new value to ask the instances to restart.
+pub const ANNOTATION_RESTART: &str = "database.example.com/restart";
+/// Annotation on a child: a hash of the spec it was built from, to detect drift cheaply.
+pub const ANNOTATION_SPEC_HASH: &str = "database.example.com/spec-hash";
+/// Annotation on a PostgresBackup created by the schedule (value: the schedule that made it).
+pub const ANNOTATION_SCHEDULED: &str = "database.example.com/scheduled";
+
+/// The PostgreSQL port every instance listens on.
+pub const POSTGRES_PORT: u16 = 5432;
+/// Name of the PostgreSQL port in Pods and Services.
+pub const POSTGRES_PORT_NAME: &str = "postgres";
+/// The instance manager's HTTP port (health, readiness, status).
+pub const MANAGER_PORT: u16 = 8000;
+/// Name of the instance manager's port in Pods.
+pub const MANAGER_PORT_NAME: &str = "manager";
+
+/// Liveness of the instance manager.
+pub const PATH_HEALTHZ: &str = "/healthz";
+/// Readiness of the instance (PostgreSQL accepts connections in its expected role).
+pub const PATH_READYZ: &str = "/readyz";
+/// The instance's PostgreSQL status: role, timeline, LSNs, lag, pending restart.
+pub const PATH_PG_STATUS: &str = "/pg/status";

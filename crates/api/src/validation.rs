@@ -1,0 +1,553 @@
+//! Validation of specs in Rust, applying the same rules as the CRD schema and its CEL
+//! rules, so that the operator can check a spec that slipped past the API server (an old
+//! CRD, a disabled webhook) and report the field instead of looping on errors.
+//!
+//! Every check here has a twin in the schema (a range, pattern or required field in
+//! [`crate::cluster`]) or in [`crate::cel`]; each error names the field the way the API
+//! server does (`spec.backup.retentionDays`).
+
+use crate::backup::PostgresBackupSpec;
+use crate::cel;
+use crate::cluster::{
+    BackupSpec, BackupStore, BootstrapSpec, DataDurability, MAX_CLUSTER_NAME_LENGTH,
+    MAX_PARAMETERS, MAX_REPLICAS, MIN_POSTGRES_VERSION, OWNED_PARAMETERS, PostgresCluster,
+    PostgresClusterSpec, RecoverySpec, S3Store,
+};
+use crate::formats;
+use kube::ResourceExt;
+
+/// One invalid field: its path (`spec.replicas`) and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    /// Path of the field, as the API server writes it (`spec.postgresql.pgHba[2]`).
+    pub field: String,
+    /// What is wrong, for people.
+    pub message: String,
+}
+
+/// All errors in one line, for a condition message.
+pub fn summary(errors: &[FieldError]) -> String {
+    let all: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    all.join("; ")
+}
+
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn add(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.0.push(FieldError {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    fn check(&mut self, ok: bool, field: &str, message: impl FnOnce() -> String) {
+        if !ok {
+            self.add(field, message());
+        }
+    }
+
+    fn range(&mut self, field: &str, value: i32, min: i32, max: Option<i32>) {
+        let ok = value >= min && max.is_none_or(|max| value <= max);
+        self.check(ok, field, || match max {
+            Some(max) => format!("must be between {min} and {max}, got {value}"),
+            None => format!("must be {min} or more, got {value}"),
+        });
+    }
+
+    fn format(&mut self, field: &str, value: &str, ok: fn(&str) -> bool, what: &str) {
+        self.check(ok(value), field, || {
+            format!("must be {what}, got {value:?}")
+        });
+    }
+
+    fn name(&mut self, field: &str, value: &str) {
+        self.check(
+            value.len() <= 253 && formats::is_dns_subdomain(value),
+            field,
+            || {
+                format!(
+                    "must be an object name (at most 253 lower-case letters, digits, '-' and \
+                     '.'), got {value:?}"
+                )
+            },
+        );
+    }
+
+    fn non_empty(&mut self, field: &str, value: Option<&str>) {
+        self.check(value != Some(""), field, || "must not be empty".to_string());
+    }
+
+    fn into_result(self) -> Result<(), Vec<FieldError>> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(self.0)
+        }
+    }
+}
+
+/// Validates a PostgresCluster spec on its own (what the API server checks at create).
+pub fn validate(spec: &PostgresClusterSpec) -> Result<(), Vec<FieldError>> {
+    let mut errors = Errors::default();
+    validate_spec(spec, &mut errors);
+    errors.into_result()
+}
+
+/// Validates an update: the new spec on its own, and the changes from the old one.
+pub fn validate_update(
+    old: &PostgresClusterSpec,
+    new: &PostgresClusterSpec,
+) -> Result<(), Vec<FieldError>> {
+    let mut errors = Errors::default();
+    validate_spec(new, &mut errors);
+    if let Some(old_class) = &old.storage.storage_class_name {
+        errors.check(
+            new.storage.storage_class_name.as_ref() == Some(old_class),
+            "spec.storage.storageClassName",
+            || cel::MSG_STORAGE_CLASS_IMMUTABLE.to_string(),
+        );
+    }
+    errors.into_result()
+}
+
+/// Validates a cluster's name: it becomes part of the names of its Pods and Services.
+pub fn validate_cluster_name(name: &str) -> Result<(), FieldError> {
+    if name.len() <= MAX_CLUSTER_NAME_LENGTH && formats::is_dns_label(name) {
+        Ok(())
+    } else {
+        Err(FieldError {
+            field: "metadata.name".to_string(),
+            message: cel::msg_cluster_name(),
+        })
+    }
+}
+
+/// Validates a whole PostgresCluster at create: its name and its spec.
+pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>> {
+    let mut errors = Errors::default();
+    if let Err(e) = validate_cluster_name(&cluster.name_any()) {
+        errors.0.push(e);
+    }
+    validate_spec(&cluster.spec, &mut errors);
+    errors.into_result()
+}
+
+/// Validates a PostgresBackup spec.
+pub fn validate_backup(spec: &PostgresBackupSpec) -> Result<(), Vec<FieldError>> {
+    let mut errors = Errors::default();
+    errors.name("spec.cluster.name", &spec.cluster.name);
+    errors.into_result()
+}
+
+/// Validates a PostgresBackup update: its spec never changes.
+pub fn validate_backup_update(
+    old: &PostgresBackupSpec,
+    new: &PostgresBackupSpec,
+) -> Result<(), Vec<FieldError>> {
+    let mut errors = Errors::default();
+    errors.name("spec.cluster.name", &new.cluster.name);
+    errors.check(old == new, "spec", || {
+        cel::MSG_BACKUP_SPEC_IMMUTABLE.to_string()
+    });
+    errors.into_result()
+}
+
+fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
+    errors.range("spec.replicas", spec.replicas, 1, Some(MAX_REPLICAS));
+    errors.non_empty("spec.image", spec.image.as_deref());
+    if let Some(version) = spec.postgres_version {
+        errors.range("spec.postgresVersion", version, MIN_POSTGRES_VERSION, None);
+    }
+
+    errors.format(
+        "spec.storage.size",
+        &spec.storage.size,
+        formats::is_quantity,
+        "a quantity of bytes greater than zero such as 10Gi or 500M",
+    );
+    if let Some(class) = &spec.storage.storage_class_name {
+        errors.name("spec.storage.storageClassName", class);
+    }
+
+    let parameters = &spec.postgresql.parameters;
+    errors.check(
+        parameters.len() <= MAX_PARAMETERS,
+        "spec.postgresql.parameters",
+        || format!("must have at most {MAX_PARAMETERS} entries"),
+    );
+    let owned: Vec<&str> = parameters
+        .keys()
+        .map(String::as_str)
+        .filter(|k| OWNED_PARAMETERS.contains(&k.to_ascii_lowercase().as_str()))
+        .collect();
+    errors.check(owned.is_empty(), "spec.postgresql.parameters", || {
+        cel::msg_owned_parameters(&owned)
+    });
+    for (i, line) in spec.postgresql.pg_hba.iter().enumerate() {
+        errors.check(
+            formats::is_hba_line(line),
+            &format!("spec.postgresql.pgHba[{i}]"),
+            || "must be one non-empty line".to_string(),
+        );
+    }
+
+    let replication = &spec.replication;
+    errors.range(
+        "spec.replication.synchronous",
+        replication.synchronous,
+        0,
+        Some(MAX_REPLICAS - 1),
+    );
+    errors.check(
+        replication.synchronous < spec.replicas,
+        "spec.replication.synchronous",
+        || cel::MSG_SYNCHRONOUS_BELOW_REPLICAS.to_string(),
+    );
+    errors.check(
+        replication.data_durability != DataDurability::Required || replication.synchronous > 0,
+        "spec.replication.dataDurability",
+        || cel::MSG_REQUIRED_NEEDS_SYNCHRONOUS.to_string(),
+    );
+
+    errors.range("spec.failoverDelay", spec.failover_delay, 0, None);
+    errors.range("spec.switchoverTimeout", spec.switchover_timeout, 1, None);
+
+    if let Some(backup) = &spec.backup {
+        validate_backup_spec(backup, errors);
+    }
+    if let Some(bootstrap) = &spec.bootstrap {
+        validate_bootstrap(bootstrap, errors);
+    }
+}
+
+fn validate_backup_spec(backup: &BackupSpec, errors: &mut Errors) {
+    if let Some(schedule) = &backup.schedule
+        && let Some(problem) = formats::cron_problem(schedule)
+    {
+        errors.add(
+            "spec.backup.schedule",
+            format!("must be a five-field cron expression such as \"0 2 * * *\": {problem}"),
+        );
+    }
+    if let Some(timezone) = &backup.timezone {
+        errors.check(
+            timezone.len() <= 64 && formats::is_timezone(timezone),
+            "spec.backup.timezone",
+            || format!("must be an IANA time zone name such as Europe/Berlin, got {timezone:?}"),
+        );
+    }
+    errors.range(
+        "spec.backup.retentionDays",
+        backup.retention_days,
+        1,
+        Some(365),
+    );
+    errors.check(
+        backup.schedule.is_none() || backup.store.is_some(),
+        "spec.backup.store",
+        || cel::MSG_SCHEDULE_NEEDS_STORE.to_string(),
+    );
+    if let Some(store) = &backup.store {
+        validate_store("spec.backup.store", store, errors);
+    }
+}
+
+fn validate_store(path: &str, store: &BackupStore, errors: &mut Errors) {
+    errors.check(store.s3.is_some() != store.volume.is_some(), path, || {
+        cel::MSG_STORE_EXACTLY_ONE.to_string()
+    });
+    if let Some(s3) = &store.s3 {
+        validate_s3(&format!("{path}.s3"), s3, errors);
+    }
+    if let Some(volume) = &store.volume {
+        errors.name(&format!("{path}.volume.claimName"), &volume.claim_name);
+    }
+}
+
+fn validate_s3(path: &str, s3: &S3Store, errors: &mut Errors) {
+    errors.format(
+        &format!("{path}.bucket"),
+        &s3.bucket,
+        formats::is_bucket,
+        "an S3 bucket name (3 to 63 lower-case letters, digits, '.' and '-')",
+    );
+    if let Some(endpoint) = &s3.endpoint {
+        errors.format(
+            &format!("{path}.endpoint"),
+            endpoint,
+            formats::is_url,
+            "an http:// or https:// URL",
+        );
+    }
+    errors.non_empty(&format!("{path}.region"), s3.region.as_deref());
+    errors.non_empty(&format!("{path}.path"), s3.path.as_deref());
+    let secret = &s3.credentials_secret;
+    errors.name(&format!("{path}.credentialsSecret.name"), &secret.name);
+    for (field, key) in [
+        ("accessKeyIdKey", &secret.access_key_id_key),
+        ("secretAccessKeyKey", &secret.secret_access_key_key),
+    ] {
+        errors.check(
+            key.len() <= 253 && formats::is_secret_key(key),
+            &format!("{path}.credentialsSecret.{field}"),
+            || format!("must be a Secret key (letters, digits, '-', '_' and '.'), got {key:?}"),
+        );
+    }
+}
+
+fn validate_bootstrap(bootstrap: &BootstrapSpec, errors: &mut Errors) {
+    errors.check(
+        !(bootstrap.initdb.is_some() && bootstrap.recovery.is_some()),
+        "spec.bootstrap",
+        || cel::MSG_BOOTSTRAP_AT_MOST_ONE.to_string(),
+    );
+    if let Some(initdb) = &bootstrap.initdb {
+        for (field, value) in [
+            ("spec.bootstrap.initdb.database", &initdb.database),
+            ("spec.bootstrap.initdb.owner", &initdb.owner),
+        ] {
+            errors.format(
+                field,
+                value,
+                formats::is_identifier,
+                "a lower-case PostgreSQL identifier of at most 63 characters",
+            );
+        }
+    }
+    if let Some(recovery) = &bootstrap.recovery {
+        validate_recovery(recovery, errors);
+    }
+}
+
+fn validate_recovery(recovery: &RecoverySpec, errors: &mut Errors) {
+    let path = "spec.bootstrap.recovery";
+    errors.check(
+        recovery.backup.is_some() != recovery.store.is_some(),
+        path,
+        || cel::MSG_RECOVERY_EXACTLY_ONE_SOURCE.to_string(),
+    );
+    errors.check(
+        !(recovery.target_time.is_some() && recovery.target_lsn.is_some()),
+        path,
+        || cel::MSG_RECOVERY_AT_MOST_ONE_TARGET.to_string(),
+    );
+    if let Some(backup) = &recovery.backup {
+        errors.name(&format!("{path}.backup"), backup);
+    }
+    if let Some(store) = &recovery.store {
+        validate_store(&format!("{path}.store"), store, errors);
+    }
+    if let Some(time) = &recovery.target_time {
+        errors.format(
+            &format!("{path}.targetTime"),
+            time,
+            formats::is_timestamp,
+            "an RFC 3339 time with a time zone such as 2025-01-31T12:00:00Z",
+        );
+    }
+    if let Some(lsn) = &recovery.target_lsn {
+        errors.format(
+            &format!("{path}.targetLsn"),
+            lsn,
+            formats::is_lsn,
+            "a PostgreSQL LSN such as 0/3000060",
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(yaml: &str) -> PostgresClusterSpec {
+        serde_yaml::from_str(yaml).expect("test spec parses")
+    }
+
+    fn fields(result: Result<(), Vec<FieldError>>) -> Vec<String> {
+        result
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.field)
+            .collect()
+    }
+
+    const MINIMAL: &str = "storage: {size: 1Gi}";
+
+    #[test]
+    fn a_minimal_spec_is_valid_and_defaulted() {
+        let s = spec(MINIMAL);
+        assert_eq!(validate(&s), Ok(()));
+        assert_eq!(s.replicas, 1);
+        assert_eq!(s.switchover_timeout, 60);
+        assert_eq!(s.replication.synchronous, 0);
+    }
+
+    #[test]
+    fn a_full_spec_is_valid() {
+        let s = spec(
+            r#"
+replicas: 3
+postgresVersion: 17
+storage: {size: 10Gi, storageClassName: fast}
+postgresql:
+  parameters: {shared_buffers: 256MB, work_mem: 8MB}
+  pgHba: ["hostssl all all 10.0.0.0/8 scram-sha-256"]
+replication: {synchronous: 1, dataDurability: required}
+failoverDelay: 5
+backup:
+  schedule: "0 2 * * *"
+  timezone: Europe/Berlin
+  retentionDays: 7
+  store:
+    s3:
+      bucket: pg-backups
+      endpoint: https://minio:9000
+      credentialsSecret: {name: s3-creds}
+bootstrap:
+  recovery: {backup: nightly, targetTime: "2025-01-31T12:00:00Z"}
+"#,
+        );
+        assert_eq!(validate(&s), Ok(()));
+    }
+
+    #[test]
+    fn out_of_range_numbers_name_their_field() {
+        let s = spec(
+            "replicas: 10\nstorage: {size: 1Gi}\nfailoverDelay: -1\nswitchoverTimeout: 0\npostgresVersion: 9",
+        );
+        let f = fields(validate(&s));
+        for field in [
+            "spec.replicas",
+            "spec.failoverDelay",
+            "spec.switchoverTimeout",
+            "spec.postgresVersion",
+        ] {
+            assert!(f.contains(&field.to_string()), "{field} in {f:?}");
+        }
+    }
+
+    #[test]
+    fn synchronous_standbys_must_be_fewer_than_replicas() {
+        let s = spec("replicas: 2\nstorage: {size: 1Gi}\nreplication: {synchronous: 2}");
+        assert_eq!(
+            fields(validate(&s)),
+            vec!["spec.replication.synchronous".to_string()]
+        );
+        let s = spec("replicas: 3\nstorage: {size: 1Gi}\nreplication: {synchronous: 2}");
+        assert_eq!(validate(&s), Ok(()));
+    }
+
+    #[test]
+    fn required_durability_needs_synchronous_standbys() {
+        let s = spec("storage: {size: 1Gi}\nreplication: {dataDurability: required}");
+        assert_eq!(
+            fields(validate(&s)),
+            vec!["spec.replication.dataDurability".to_string()]
+        );
+    }
+
+    #[test]
+    fn owned_parameters_are_refused_by_name_and_case_insensitively() {
+        let s = spec(
+            "storage: {size: 1Gi}\npostgresql: {parameters: {Wal_Level: logical, port: '5433', work_mem: 4MB}}",
+        );
+        let errors = validate(&s).err().unwrap_or_default();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].field, "spec.postgresql.parameters");
+        assert!(errors[0].message.contains("Wal_Level"), "{}", errors[0]);
+        assert!(errors[0].message.contains("port"), "{}", errors[0]);
+        assert!(!errors[0].message.contains("work_mem"), "{}", errors[0]);
+    }
+
+    #[test]
+    fn every_owned_parameter_is_lower_case_and_unique() {
+        let mut seen = std::collections::BTreeSet::new();
+        for p in OWNED_PARAMETERS {
+            assert_eq!(p.to_ascii_lowercase(), *p);
+            assert!(seen.insert(p), "{p} twice");
+        }
+    }
+
+    #[test]
+    fn a_schedule_needs_a_store_and_a_store_one_kind() {
+        let s = spec("storage: {size: 1Gi}\nbackup: {schedule: '0 2 * * *'}");
+        assert_eq!(fields(validate(&s)), vec!["spec.backup.store".to_string()]);
+        let s = spec(
+            "storage: {size: 1Gi}\nbackup: {store: {volume: {claimName: b}, s3: {bucket: abc, credentialsSecret: {name: c}}}}",
+        );
+        assert_eq!(fields(validate(&s)), vec!["spec.backup.store".to_string()]);
+        let s = spec("storage: {size: 1Gi}\nbackup: {store: {}}");
+        assert_eq!(fields(validate(&s)), vec!["spec.backup.store".to_string()]);
+    }
+
+    #[test]
+    fn bootstrap_and_recovery_choices() {
+        let s = spec("storage: {size: 1Gi}\nbootstrap: {initdb: {}, recovery: {backup: b}}");
+        assert_eq!(fields(validate(&s)), vec!["spec.bootstrap".to_string()]);
+        let s = spec(
+            "storage: {size: 1Gi}\nbootstrap: {recovery: {targetLsn: '0/1', targetTime: '2025-01-01T00:00:00Z'}}",
+        );
+        assert_eq!(
+            fields(validate(&s)),
+            vec![
+                "spec.bootstrap.recovery".to_string(),
+                "spec.bootstrap.recovery".to_string()
+            ]
+        );
+    }
+
+    #[test]
+    fn storage_class_is_immutable_once_set() {
+        let old = spec("storage: {size: 1Gi, storageClassName: fast}");
+        let changed = spec("storage: {size: 1Gi, storageClassName: slow}");
+        let removed = spec("storage: {size: 1Gi}");
+        assert_eq!(
+            fields(validate_update(&old, &changed)),
+            vec!["spec.storage.storageClassName".to_string()]
+        );
+        assert_eq!(
+            fields(validate_update(&old, &removed)),
+            vec!["spec.storage.storageClassName".to_string()]
+        );
+        assert_eq!(validate_update(&old, &old), Ok(()));
+        // Setting it for the first time is allowed.
+        assert_eq!(validate_update(&removed, &old), Ok(()));
+    }
+
+    #[test]
+    fn cluster_names_must_fit_in_child_names() {
+        assert!(validate_cluster_name("main").is_ok());
+        assert!(validate_cluster_name(&"a".repeat(50)).is_ok());
+        assert!(validate_cluster_name(&"a".repeat(51)).is_err());
+        assert!(validate_cluster_name("1main").is_err());
+        assert!(validate_cluster_name("my.cluster").is_err());
+    }
+
+    #[test]
+    fn a_backup_spec_cannot_change() {
+        let a: PostgresBackupSpec = serde_yaml::from_str("cluster: {name: main}").expect("parses");
+        let b: PostgresBackupSpec = serde_yaml::from_str("cluster: {name: other}").expect("parses");
+        assert_eq!(validate_backup(&a), Ok(()));
+        assert_eq!(validate_backup_update(&a, &a), Ok(()));
+        assert_eq!(
+            fields(validate_backup_update(&a, &b)),
+            vec!["spec".to_string()]
+        );
+    }
+
+    #[test]
+    fn the_summary_lists_every_field() {
+        let s = spec("replicas: 0\nstorage: {size: big}");
+        let errors = validate(&s).err().unwrap_or_default();
+        let line = summary(&errors);
+        assert!(
+            line.contains("spec.replicas: must be between 1 and 9, got 0"),
+            "{line}"
+        );
+        assert!(line.contains("spec.storage.size"), "{line}");
+    }
+}

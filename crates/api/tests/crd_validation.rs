@@ -1,0 +1,798 @@
+//! The CRDs against a real API server (testenv): they are accepted, `kubectl explain` shows
+//! the field docs, bad manifests are refused with a message naming the field, and the Rust
+//! validation refuses the same manifests naming the same field — the layers agree.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
+use pgop_api::{PostgresBackup, PostgresCluster, PostgresClusterStatus, conditions, formats};
+use pgop_testenv::{TestNamespace, crds, shared};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+/// One manifest that must be refused. `spec` is created as is, or — when `before` is set —
+/// written as an update of an object created with `before` (for transition rules).
+struct Case {
+    what: &'static str,
+    name: &'static str,
+    before: Option<&'static str>,
+    spec: &'static str,
+    /// Both the API server's message and the Rust error must name this field.
+    field: &'static str,
+}
+
+const fn case(what: &'static str, spec: &'static str, field: &'static str) -> Case {
+    Case {
+        what,
+        name: "bad",
+        before: None,
+        spec,
+        field,
+    }
+}
+
+const BAD: &[Case] = &[
+    case(
+        "no instances",
+        "replicas: 0\nstorage: {size: 1Gi}",
+        "spec.replicas",
+    ),
+    case(
+        "too many instances",
+        "replicas: 10\nstorage: {size: 1Gi}",
+        "spec.replicas",
+    ),
+    case(
+        "retention of zero days",
+        "storage: {size: 1Gi}\nbackup: {retentionDays: 0}",
+        "spec.backup.retentionDays",
+    ),
+    case(
+        "retention over a year",
+        "storage: {size: 1Gi}\nbackup: {retentionDays: 366}",
+        "spec.backup.retentionDays",
+    ),
+    case(
+        "cron with four fields",
+        "storage: {size: 1Gi}\nbackup: {schedule: '0 2 * *', store: {volume: {claimName: backups}}}",
+        "spec.backup.schedule",
+    ),
+    case(
+        "cron minute 60",
+        "storage: {size: 1Gi}\nbackup: {schedule: '60 2 * * *', store: {volume: {claimName: backups}}}",
+        "spec.backup.schedule",
+    ),
+    case(
+        "size that is no quantity",
+        "storage: {size: ten gigabytes}",
+        "spec.storage.size",
+    ),
+    case("size of zero", "storage: {size: 0Gi}", "spec.storage.size"),
+    case(
+        "unknown dataDurability",
+        "storage: {size: 1Gi}\nreplicas: 3\nreplication: {synchronous: 1, dataDurability: sometimes}",
+        "spec.replication.dataDurability",
+    ),
+    Case {
+        what: "storage class changed",
+        name: "bad-class-change",
+        before: Some("storage: {size: 1Gi, storageClassName: fast}"),
+        spec: "storage: {size: 1Gi, storageClassName: slow}",
+        field: "spec.storage.storageClassName",
+    },
+    Case {
+        what: "storage class removed",
+        name: "bad-class-removal",
+        before: Some("storage: {size: 1Gi, storageClassName: fast}"),
+        spec: "storage: {size: 1Gi}",
+        field: "spec.storage.storageClassName",
+    },
+    case(
+        "pgop-owned parameter",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {port: '5433', work_mem: 8MB}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "pgop-owned parameter in another case",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {Wal_Level: logical}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "pg_hba rule of two lines",
+        "storage: {size: 1Gi}\npostgresql: {pgHba: [\"host all all 0.0.0.0/0 md5\\nlocal all all trust\"]}",
+        "spec.postgresql.pgHba[0]",
+    ),
+    case(
+        "storage without size",
+        "storage: {storageClassName: fast}",
+        "spec.storage.size",
+    ),
+    case("no storage", "replicas: 1", "spec.storage"),
+    case(
+        "as many synchronous standbys as instances",
+        "replicas: 2\nstorage: {size: 1Gi}\nreplication: {synchronous: 2}",
+        "spec.replication.synchronous",
+    ),
+    case(
+        "more synchronous standbys than possible",
+        "replicas: 9\nstorage: {size: 1Gi}\nreplication: {synchronous: 9}",
+        "spec.replication.synchronous",
+    ),
+    case(
+        "required durability without synchronous standbys",
+        "replicas: 3\nstorage: {size: 1Gi}\nreplication: {dataDurability: required}",
+        "spec.replication.dataDurability",
+    ),
+    case(
+        "negative failover delay",
+        "storage: {size: 1Gi}\nfailoverDelay: -1",
+        "spec.failoverDelay",
+    ),
+    case(
+        "schedule without store",
+        "storage: {size: 1Gi}\nbackup: {schedule: '0 2 * * *'}",
+        "spec.backup.store",
+    ),
+    case(
+        "schedule with a null store",
+        "storage: {size: 1Gi}\nbackup: {schedule: '0 2 * * *', store: null}",
+        "spec.backup.store",
+    ),
+    case(
+        "store with s3 and volume",
+        "storage: {size: 1Gi}\nbackup: {store: {volume: {claimName: backups}, s3: {bucket: pg-backups, credentialsSecret: {name: s3}}}}",
+        "spec.backup.store",
+    ),
+    case(
+        "store with neither s3 nor volume",
+        "storage: {size: 1Gi}\nbackup: {store: {}}",
+        "spec.backup.store",
+    ),
+    case(
+        "bucket name in capitals",
+        "storage: {size: 1Gi}\nbackup: {store: {s3: {bucket: PG, credentialsSecret: {name: s3}}}}",
+        "spec.backup.store.s3.bucket",
+    ),
+    case(
+        "both initdb and recovery",
+        "storage: {size: 1Gi}\nbootstrap: {initdb: {database: app}, recovery: {backup: nightly}}",
+        "spec.bootstrap",
+    ),
+    case(
+        "recovery without a source",
+        "storage: {size: 1Gi}\nbootstrap: {recovery: {targetLsn: '0/3000060'}}",
+        "spec.bootstrap.recovery",
+    ),
+    case(
+        "recovery to a time and an LSN",
+        "storage: {size: 1Gi}\nbootstrap: {recovery: {backup: nightly, targetLsn: '0/3000060', targetTime: '2025-01-31T12:00:00Z'}}",
+        "spec.bootstrap.recovery",
+    ),
+    case(
+        "recovery target time that is no time",
+        "storage: {size: 1Gi}\nbootstrap: {recovery: {backup: nightly, targetTime: yesterday}}",
+        "spec.bootstrap.recovery.targetTime",
+    ),
+    case(
+        "recovery target LSN that is no LSN",
+        "storage: {size: 1Gi}\nbootstrap: {recovery: {backup: nightly, targetLsn: 'zz'}}",
+        "spec.bootstrap.recovery.targetLsn",
+    ),
+    Case {
+        what: "cluster name too long for its children's names",
+        name: "a-cluster-name-that-is-far-too-long-to-fit-in-pod-names",
+        before: None,
+        spec: "storage: {size: 1Gi}",
+        field: "metadata.name",
+    },
+];
+
+/// A spec that uses every section.
+const VALID: &str = r#"
+replicas: 3
+postgresVersion: 17
+storage: {size: 10Gi, storageClassName: fast}
+resources:
+  requests: {cpu: 500m, memory: 1Gi}
+  limits: {memory: 1Gi}
+postgresql:
+  parameters: {shared_buffers: 256MB, work_mem: 8MB}
+  pgHba: ["hostssl all all 10.0.0.0/8 scram-sha-256"]
+replication: {synchronous: 1, dataDurability: required}
+failoverDelay: 5
+switchoverTimeout: 120
+backup:
+  schedule: "0 2 * * *"
+  timezone: Europe/Berlin
+  retentionDays: 14
+  verify: true
+  store:
+    s3:
+      bucket: pg-backups
+      endpoint: https://minio.storage:9000
+      region: eu-central-1
+      path: clusters/main
+      credentialsSecret: {name: s3-credentials}
+bootstrap:
+  initdb: {database: shop, owner: shop}
+paused: false
+"#;
+
+fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {
+    let spec: Value = serde_yaml::from_str(spec_yaml)?;
+    Ok(json!({
+        "apiVersion": "database.example.com/v1alpha1",
+        "kind": "PostgresCluster",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+}
+
+fn dynamic_api(client: Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client, ns, &ApiResource::erase::<PostgresCluster>(&()))
+}
+
+async fn setup(prefix: &str) -> Result<(Client, TestNamespace)> {
+    let plane = shared().await?;
+    let client = plane.client()?;
+    crds::install(&client, pgop_api::crds()).await?;
+    let ns = TestNamespace::create(plane.config(), prefix).await?;
+    Ok((client, ns))
+}
+
+/// The API server's verdict on creating (or, with `before`, updating to) a manifest:
+/// `Ok(())` when accepted, else the error message.
+async fn server_verdict(api: &Api<DynamicObject>, case: &Case) -> Result<Result<(), String>> {
+    let object: DynamicObject = serde_json::from_value(manifest(case.name, case.spec)?)?;
+    let outcome = match case.before {
+        None => api.create(&PostParams::default(), &object).await.map(drop),
+        Some(before) => {
+            let old: DynamicObject = serde_json::from_value(manifest(case.name, before)?)?;
+            let mut current = api.create(&PostParams::default(), &old).await?;
+            current.data["spec"] = object.data["spec"].clone();
+            api.replace(case.name, &PostParams::default(), &current)
+                .await
+                .map(drop)
+        }
+    };
+    match outcome {
+        Ok(()) => Ok(Ok(())),
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{}: {status:?}", case.what);
+            Ok(Err(status.message))
+        }
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// The field a serde_yaml error names: `spec.storage: missing field `size`` names
+/// `spec.storage.size`; other errors name the path in front of the colon.
+fn serde_error_field(message: &str) -> String {
+    let Some((path, rest)) = message.split_once(": ") else {
+        return message.to_string();
+    };
+    match rest
+        .strip_prefix("missing field `")
+        .and_then(|r| r.split('`').next())
+    {
+        Some(missing) => format!("{path}.{missing}"),
+        None => path.to_string(),
+    }
+}
+
+/// The Rust layer's verdict: deserializing (what the operator's watcher does), then
+/// `validate_cluster` or `validate_update`. Returns the fields it names.
+fn rust_verdict(case: &Case) -> Result<Vec<String>> {
+    let yaml = serde_yaml::to_string(&manifest(case.name, case.spec)?)?;
+    let new: PostgresCluster = match serde_yaml::from_str(&yaml) {
+        Ok(new) => new,
+        Err(e) => return Ok(vec![serde_error_field(&e.to_string())]),
+    };
+    let result = match case.before {
+        None => pgop_api::validation::validate_cluster(&new),
+        Some(before) => {
+            let old: PostgresCluster =
+                serde_yaml::from_str(&serde_yaml::to_string(&manifest(case.name, before)?)?)?;
+            pgop_api::validate_update(&old.spec, &new.spec)
+        }
+    };
+    Ok(result
+        .err()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.field)
+        .collect())
+}
+
+#[tokio::test]
+async fn crds_are_accepted_and_kubectl_explain_shows_the_field_docs() -> Result {
+    let (_client, ns) = setup("api-explain").await?;
+    let plane = shared().await?;
+    let kubectl = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
+    let normalize = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let expected =
+        "Each standby holds a WAL sender and a replication slot on the primary.".to_string();
+    // The published OpenAPI document follows the CRD a moment after it is Established.
+    let explained = pgop_testenv::wait::until(
+        "kubectl explain pgc.spec.replicas to show the doc comment",
+        Duration::from_secs(30),
+        || {
+            let kubectl = kubectl.clone();
+            let expected = expected.clone();
+            async move {
+                let out = tokio::process::Command::new(&kubectl)
+                    .arg("--kubeconfig")
+                    .arg(plane.kubeconfig())
+                    .args(["explain", "pgc.spec.replicas"])
+                    .output()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let text = normalize(&String::from_utf8_lossy(&out.stdout));
+                if out.status.success() && text.contains(&expected) {
+                    Ok(text)
+                } else {
+                    Err(format!("{text} {}", String::from_utf8_lossy(&out.stderr)))
+                }
+            }
+        },
+    )
+    .await?;
+    assert!(
+        explained.contains("FIELD: replicas <integer>"),
+        "{explained}"
+    );
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_manifests_are_refused_by_the_api_server_and_by_validate_naming_the_field() -> Result {
+    let (client, ns) = setup("api-bad").await?;
+    let api = dynamic_api(client, ns.name());
+    assert!(BAD.len() >= 15);
+    let mut failures = Vec::new();
+    for case in BAD {
+        match server_verdict(&api, case).await? {
+            Ok(()) => failures.push(format!("{}: the API server accepted it", case.what)),
+            Err(message) if !message.contains(case.field) => failures.push(format!(
+                "{}: the API server's message does not name {}: {message}",
+                case.what, case.field
+            )),
+            Err(message) => println!("{}: {message}", case.what),
+        }
+        let fields = rust_verdict(case)?;
+        if !fields.iter().any(|f| f == case.field) {
+            failures.push(format!(
+                "{}: Rust validation does not name {} (it named {fields:?})",
+                case.what, case.field
+            ));
+        }
+        // Update cases leave their object behind; the next case may reuse the name.
+        if case.before.is_some() {
+            api.delete(case.name, &Default::default()).await?;
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_valid_manifest_is_accepted_and_defaulted_as_serde_defaults_it() -> Result {
+    let (client, ns) = setup("api-valid").await?;
+    let api: Api<PostgresCluster> = Api::namespaced(client.clone(), ns.name());
+
+    let full: PostgresCluster = serde_json::from_value(manifest("main", VALID)?)?;
+    assert_eq!(pgop_api::validation::validate_cluster(&full), Ok(()));
+    let created = api.create(&PostParams::default(), &full).await?;
+    assert_eq!(created.spec, full.spec);
+
+    // The API server applies the schema defaults; serde applies the Rust ones. They agree.
+    let minimal: PostgresCluster =
+        serde_json::from_value(manifest("minimal", "storage: {size: 1Gi}")?)?;
+    let raw = dynamic_api(client, ns.name());
+    let sent: DynamicObject = serde_json::from_value(manifest("minimal", "storage: {size: 1Gi}")?)?;
+    let stored = raw.create(&PostParams::default(), &sent).await?;
+    let stored: PostgresCluster = serde_json::from_value(serde_json::to_value(&stored)?)?;
+    assert_eq!(stored.spec, minimal.spec);
+    assert_eq!(
+        serde_json::to_value(&stored.spec)?,
+        json!({
+            "replicas": 1,
+            "storage": {"size": "1Gi"},
+            "postgresql": {},
+            "replication": {"synchronous": 0, "dataDurability": "preferred"},
+            "failoverDelay": 0,
+            "switchoverTimeout": 60,
+            "paused": false
+        })
+    );
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -> Result {
+    let (client, ns) = setup("api-status").await?;
+    let plane = shared().await?;
+    let api: Api<PostgresCluster> = Api::namespaced(client, ns.name());
+    let cluster: PostgresCluster =
+        serde_json::from_value(manifest("main", "replicas: 2\nstorage: {size: 1Gi}")?)?;
+    api.create(&PostParams::default(), &cluster).await?;
+
+    let now = conditions::whole_seconds(Time(k8s_openapi::jiff::Timestamp::now()));
+    let mut conds = Vec::new();
+    conditions::set_condition(
+        &mut conds,
+        conditions::new_condition(
+            conditions::READY,
+            true,
+            "AllInstancesReady",
+            "2/2 instances ready",
+            Some(1),
+            now.clone(),
+        ),
+        now.clone(),
+    );
+    let status = PostgresClusterStatus {
+        phase: Some(ClusterPhase::Ready),
+        conditions: conds,
+        observed_generation: Some(1),
+        current_primary: Some("main-1".into()),
+        target_primary: Some("main-1".into()),
+        replicas: 2,
+        ready_replicas: 2,
+        selector: Some(pgop_api::labels::instance_selector("main")),
+        instances: vec![
+            InstanceStatus {
+                name: "main-1".into(),
+                serial: 1,
+                role: Some(InstanceRole::Primary),
+                ready: true,
+                timeline: Some(1),
+                received_lsn: Some("0/3000060".into()),
+                replayed_lsn: None,
+            },
+            InstanceStatus {
+                name: "main-2".into(),
+                serial: 2,
+                role: Some(InstanceRole::Replica),
+                ready: true,
+                timeline: Some(1),
+                received_lsn: Some("0/3000060".into()),
+                replayed_lsn: Some("0/3000060".into()),
+            },
+        ],
+        next_serial: 3,
+        last_backup_time: Some(now.clone()),
+        first_recoverability_point: None,
+    };
+    let patch = json!({
+        "apiVersion": pgop_api::constants::API_VERSION,
+        "kind": "PostgresCluster",
+        "status": status,
+    });
+    let patched = api
+        .patch_status(
+            "main",
+            &PatchParams::apply(pgop_api::constants::FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    assert_eq!(patched.status.as_ref(), Some(&status));
+
+    let kubectl = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
+    let run = |args: Vec<String>| {
+        let kubectl = kubectl.clone();
+        async move {
+            let out = tokio::process::Command::new(kubectl)
+                .arg("--kubeconfig")
+                .arg(plane.kubeconfig())
+                .args(&args)
+                .output()
+                .await?;
+            Ok::<_, std::io::Error>((
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            ))
+        }
+    };
+    let ns_args = |rest: &[&str]| -> Vec<String> {
+        ["-n", ns.name()]
+            .iter()
+            .chain(rest)
+            .map(ToString::to_string)
+            .collect()
+    };
+
+    // Printer columns, and the `pgop` category.
+    let (ok, table) = run(ns_args(&["get", "pgop"])).await?;
+    assert!(ok, "{table}");
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "REPLICAS", "READY", "PRIMARY", "PHASE", "AGE"],
+        "{table}"
+    );
+    let row: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row.get(..5),
+        Some(
+            &[
+                "postgrescluster.database.example.com/main",
+                "2",
+                "2",
+                "main-1",
+                "Ready"
+            ][..]
+        ),
+        "{table}"
+    );
+
+    // The scale subresource: within the range it changes spec.replicas, outside it is refused.
+    let (ok, out) = run(ns_args(&["scale", "pgc/main", "--replicas=3"])).await?;
+    assert!(ok, "{out}");
+    assert_eq!(api.get("main").await?.spec.replicas, 3);
+    let (ok, out) = run(ns_args(&["scale", "pgc/main", "--replicas=10"])).await?;
+    assert!(!ok, "scaling to 10 must fail: {out}");
+    assert!(out.contains("spec.replicas"), "{out}");
+    let scale = api.get_scale("main").await?;
+    assert_eq!(
+        scale.status.and_then(|s| s.selector).as_deref(),
+        Some("database.example.com/cluster=main,app.kubernetes.io/component=database")
+    );
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_backup_is_accepted_and_its_spec_cannot_change() -> Result {
+    let (client, ns) = setup("api-backup").await?;
+    let api: Api<PostgresBackup> = Api::namespaced(client, ns.name());
+    let backup: PostgresBackup = serde_json::from_value(json!({
+        "apiVersion": "database.example.com/v1alpha1",
+        "kind": "PostgresBackup",
+        "metadata": {"name": "nightly"},
+        "spec": {"cluster": {"name": "main"}},
+    }))?;
+    assert_eq!(pgop_api::validation::validate_backup(&backup.spec), Ok(()));
+    let mut created = api.create(&PostParams::default(), &backup).await?;
+    created.spec.cluster.name = "other".into();
+    let err = api
+        .replace("nightly", &PostParams::default(), &created)
+        .await
+        .expect_err("changing a backup's spec must be refused");
+    match err {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(status.message.contains("spec"), "{}", status.message);
+            assert!(status.message.contains("immutable"), "{}", status.message);
+        }
+        other => panic!("expected an API error, got {other}"),
+    }
+    let fields: Vec<String> =
+        pgop_api::validation::validate_backup_update(&backup.spec, &created.spec)
+            .err()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.field)
+            .collect();
+    assert_eq!(fields, ["spec"]);
+    ns.delete().await?;
+    Ok(())
+}
+
+/// Where a sample goes in a valid spec, and the Rust function that judges it.
+struct Format {
+    name: &'static str,
+    set: fn(&mut Value, &str),
+    rust: fn(&str) -> bool,
+    samples: &'static [&'static str],
+}
+
+/// A valid spec with a slot for every format.
+fn format_base() -> Value {
+    json!({
+        "replicas": 3,
+        "storage": {"size": "1Gi"},
+        "backup": {
+            "schedule": "0 2 * * *",
+            "timezone": "UTC",
+            "store": {"volume": {"claimName": "backups"}},
+        },
+        "bootstrap": {"recovery": {"store": {"s3": {
+            "bucket": "pg-backups",
+            "endpoint": "https://minio:9000",
+            "credentialsSecret": {"name": "s3"},
+        }}}},
+    })
+}
+
+const FORMATS: &[Format] = &[
+    Format {
+        name: "quantity",
+        set: |s, v| s["storage"]["size"] = json!(v),
+        rust: formats::is_quantity,
+        samples: &[
+            "1", "10Gi", "500M", "1.5Ti", "0.5Gi", "100k", "0", "0Gi", "0.0", "01Gi", "1.", ".5",
+            "1e9", "100m", "10 Gi", "10gi", "1Gib", "-1Gi",
+        ],
+    },
+    Format {
+        name: "cron",
+        set: |s, v| s["backup"]["schedule"] = json!(v),
+        rust: formats::is_cron,
+        samples: &[
+            "0 2 * * *",
+            "*/15 * * * *",
+            "0,30 8-18 * * 1-5",
+            "59 23 31 12 7",
+            "05 04 01 01 0",
+            "0 0 1-31/2 * *",
+            "0 2 * *",
+            "0 2 * * * *",
+            "0  2 * * *",
+            "60 2 * * *",
+            "0 24 * * *",
+            "0 2 0 * *",
+            "0 2 * 13 *",
+            "0 2 * * 8",
+            "0 2 * * 01",
+            "*/0 * * * *",
+            "*/100 * * * *",
+            "0 2 * * MON",
+            "@daily",
+            "1- 2 * * *",
+        ],
+    },
+    Format {
+        name: "timezone",
+        set: |s, v| s["backup"]["timezone"] = json!(v),
+        rust: formats::is_timezone,
+        samples: &[
+            "UTC",
+            "Europe/Berlin",
+            "America/Argentina/Buenos_Aires",
+            "Etc/GMT+5",
+            "/UTC",
+            "Europe/",
+            "Europe//Berlin",
+            "1UTC",
+            "Europe Berlin",
+        ],
+    },
+    Format {
+        name: "claim name",
+        set: |s, v| s["backup"]["store"]["volume"]["claimName"] = json!(v),
+        rust: formats::is_dns_subdomain,
+        samples: &["backups", "my-pvc.v1", "a", "-a", "a-", "A", "a..b", "a_b"],
+    },
+    Format {
+        name: "bucket",
+        set: |s, v| s["bootstrap"]["recovery"]["store"]["s3"]["bucket"] = json!(v),
+        rust: formats::is_bucket,
+        samples: &["pg-backups.eu", "abc", "ab", "-abc", "abc-", "ABC", "a_b_c"],
+    },
+    Format {
+        name: "endpoint",
+        set: |s, v| s["bootstrap"]["recovery"]["store"]["s3"]["endpoint"] = json!(v),
+        rust: formats::is_url,
+        samples: &[
+            "https://minio.storage:9000",
+            "http://127.0.0.1:9000/",
+            "https://s3.example.com/a/b",
+            "minio:9000",
+            "https://",
+            "https:///x",
+            "ftp://x",
+            "https://a b",
+        ],
+    },
+    Format {
+        name: "target time",
+        set: |s, v| s["bootstrap"]["recovery"]["targetTime"] = json!(v),
+        rust: formats::is_timestamp,
+        samples: &[
+            "2025-01-31T12:00:00Z",
+            "2025-01-31T23:59:59.123456+01:00",
+            "2025-12-01T00:00:00-05:30",
+            "2025-01-31",
+            "2025-01-31 12:00:00Z",
+            "2025-13-01T00:00:00Z",
+            "2025-01-32T00:00:00Z",
+            "2025-01-31T24:00:00Z",
+            "2025-01-31T12:00:00",
+            "2025-01-31T12:00:00.Z",
+            "2025-01-31T12:00:00+1:00",
+        ],
+    },
+    Format {
+        name: "target LSN",
+        set: |s, v| s["bootstrap"]["recovery"]["targetLsn"] = json!(v),
+        rust: formats::is_lsn,
+        samples: &[
+            "0/3000060",
+            "FFFFFFFF/ffffffff",
+            "0",
+            "0/",
+            "/1",
+            "0/123456789",
+            "g/1",
+        ],
+    },
+    Format {
+        name: "pg_hba line",
+        set: |s, v| s["postgresql"] = json!({"pgHba": [v]}),
+        rust: formats::is_hba_line,
+        samples: &["host all all 10.0.0.0/8 scram-sha-256", "", "a\nb", "a\rb"],
+    },
+    Format {
+        name: "database name",
+        set: |s, v| {
+            s["bootstrap"] = json!({"initdb": {"database": v}});
+        },
+        rust: formats::is_identifier,
+        samples: &["app", "_x1", "1app", "App", "my-app"],
+    },
+];
+
+#[tokio::test]
+async fn every_format_is_judged_alike_by_the_api_server_and_by_rust() -> Result {
+    let (client, ns) = setup("api-formats").await?;
+    let api = dynamic_api(client, ns.name());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let mut disagreements = Vec::new();
+    for format in FORMATS {
+        for sample in format.samples {
+            let mut spec = format_base();
+            (format.set)(&mut spec, sample);
+            let object: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "database.example.com/v1alpha1",
+                "kind": "PostgresCluster",
+                "metadata": {"name": "formats"},
+                "spec": spec,
+            }))?;
+            let server = match api.create(&dry_run, &object).await {
+                Ok(_) => true,
+                Err(kube::Error::Api(status)) if status.code == 422 => false,
+                Err(other) => return Err(other.into()),
+            };
+            let rust = (format.rust)(sample);
+            if server != rust {
+                disagreements.push(format!(
+                    "{} {sample:?}: API server accepts: {server}, Rust accepts: {rust}",
+                    format.name
+                ));
+            }
+            // The whole spec must be judged alike too, not only the format function.
+            let typed: PostgresCluster = serde_json::from_value(serde_json::to_value(&object)?)?;
+            let validated = pgop_api::validate(&typed.spec).is_ok();
+            if server != validated {
+                disagreements.push(format!(
+                    "{} {sample:?}: API server accepts: {server}, validate accepts: {validated}",
+                    format.name
+                ));
+            }
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    ns.delete().await?;
+    Ok(())
+}
