@@ -40,10 +40,8 @@ pub async fn run(args: Args) -> Result<(), Error> {
     println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  kubectl get namespaces");
     println!();
-    println!(
-        "Ctrl-C stops everything and removes {}",
-        plane.dir().display()
-    );
+    println!("directory: {}", plane.dir().display());
+    println!("Ctrl-C stops everything and removes that directory.");
     wait_for_shutdown().await?;
     eprintln!("pgop dev: stopping ...");
     plane.stop();

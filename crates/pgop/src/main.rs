@@ -21,9 +21,10 @@ enum Command {
     Dev(dev::Args),
 }
 
-fn init_tracing() {
+/// `RUST_LOG` wins; otherwise `default`.
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -33,7 +34,10 @@ fn init_tracing() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // The dev environment polls components until they answer; their refusals are noise.
+    init_tracing(match cli.command {
+        Command::Dev(_) => "warn,kube_client=off",
+    });
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
     };
