@@ -1,6 +1,7 @@
 //! `pgop`: the one binary of the pgop PostgreSQL operator.
 
 mod dev;
+mod operator;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,6 +20,10 @@ enum Command {
     /// kube-apiserver, kube-controller-manager, kube-scheduler) on loopback ports, usable
     /// with kubectl until Ctrl-C. Needs the binaries built by `hack/install-testenv.sh`.
     Dev(dev::Args),
+    /// Run the operator: reconcile PostgresClusters into instance Pods, PVCs, Services,
+    /// Secrets, a PodDisruptionBudget and RBAC, and report their status. Uses the
+    /// kubeconfig (KUBECONFIG) or the in-cluster service account.
+    Operator(operator::Args),
 }
 
 /// `RUST_LOG` wins; otherwise `default`.
@@ -37,9 +42,11 @@ async fn main() -> ExitCode {
     // The dev environment polls components until they answer; their refusals are noise.
     init_tracing(match cli.command {
         Command::Dev(_) => "warn,kube_client=off",
+        Command::Operator(_) => "info",
     });
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
+        Command::Operator(args) => operator::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
