@@ -68,3 +68,13 @@ fn error_chain(err: &dyn std::error::Error) -> String {
     }
     msg
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -4,6 +4,7 @@
 use pgop_operator::{DEFAULT_IMAGE, Options, Settings};
 
 #[derive(Debug, clap::Args)]
+#[group(id = "operator")]
 pub struct Args {
     /// Watch only this namespace (all namespaces when unset).
     #[arg(long, env = "PGOP_NAMESPACE")]
