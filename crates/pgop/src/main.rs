@@ -2,6 +2,7 @@
 
 mod crd;
 mod dev;
+mod operator;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -20,13 +21,18 @@ enum Command {
     /// kube-apiserver, kube-controller-manager, kube-scheduler) on loopback ports, usable
     /// with kubectl until Ctrl-C. Needs the binaries built by `hack/install-testenv.sh`.
     Dev(dev::Args),
+    /// Run the operator: reconcile PostgresClusters into instance Pods, PVCs, Services,
+    /// Secrets, a PodDisruptionBudget and RBAC, and report their status. Uses the
+    /// kubeconfig (KUBECONFIG) or the in-cluster service account.
+    Operator(operator::Args),
     /// Print the CustomResourceDefinitions (PostgresCluster, PostgresBackup) as YAML.
     Crd,
 }
 
-fn init_tracing() {
+/// `RUST_LOG` wins; otherwise `default`.
+fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -36,9 +42,15 @@ fn init_tracing() {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // The dev environment polls components until they answer; their refusals are noise.
+    init_tracing(match cli.command {
+        Command::Dev(_) => "warn,kube_client=off",
+        Command::Operator(_) => "info",
+        Command::Crd => "warn",
+    });
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
+        Command::Operator(args) => operator::run(args).await,
         Command::Crd => crd::run(),
     };
     match result {
@@ -60,4 +72,14 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }

@@ -10,6 +10,8 @@ type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 struct Dev {
     child: Child,
+    /// Everything `pgop dev` printed up to its directory line.
+    printed: String,
     kubeconfig: PathBuf,
     dir: PathBuf,
 }
@@ -30,8 +32,11 @@ fn start_dev() -> Result<Dev> {
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let mut kubeconfig = None;
     let mut dir = None;
+    let mut printed = String::new();
     for line in BufReader::new(stdout).lines() {
         let line = line?;
+        printed.push_str(&line);
+        printed.push('\n');
         if let Some(p) = line.strip_prefix("kubeconfig: ") {
             kubeconfig = Some(PathBuf::from(p));
         }
@@ -42,6 +47,7 @@ fn start_dev() -> Result<Dev> {
     }
     Ok(Dev {
         child,
+        printed,
         kubeconfig: kubeconfig.ok_or("pgop dev printed no kubeconfig path")?,
         dir: dir.ok_or("pgop dev printed no directory")?,
     })
@@ -88,12 +94,12 @@ fn wait_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
     }
 }
 
-fn kubectl_get_namespaces(kubeconfig: &std::path::Path) -> Result<String> {
+fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> Result<String> {
     let kubectl = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
     let out = Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args(["get", "namespaces", "-o", "name"])
+        .args(args)
         .output()?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
@@ -104,8 +110,27 @@ fn kubectl_get_namespaces(kubeconfig: &std::path::Path) -> Result<String> {
 #[test]
 fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
     let mut dev = start_dev()?;
-    let namespaces = kubectl_get_namespaces(&dev.kubeconfig)?;
+    let namespaces = kubectl(&dev.kubeconfig, &["get", "namespaces", "-o", "name"])?;
     assert!(namespaces.contains("namespace/default"), "{namespaces}");
+    // The example cluster was applied and the in-process operator created its instances.
+    assert!(
+        dev.printed.contains("NAME") && dev.printed.contains("example"),
+        "{}",
+        dev.printed
+    );
+    let pods = kubectl(&dev.kubeconfig, &["get", "pods", "-o", "name"])?;
+    assert_eq!(pods.lines().count(), 3, "{pods}");
+    let pgc = kubectl(
+        &dev.kubeconfig,
+        &[
+            "get",
+            "pgc",
+            "example",
+            "-o",
+            "jsonpath={.status.currentPrimary}",
+        ],
+    )?;
+    assert_eq!(pgc, "example-1");
     let pid = dev.child.id();
     let children = children_of(pid);
     assert_eq!(

@@ -392,6 +392,11 @@ impl ControlPlane {
         self.processes.iter().map(ManagedProcess::pid).collect()
     }
 
+    /// Name and pid of every running component, in start order.
+    pub fn components(&self) -> Vec<(&str, u32)> {
+        self.processes.iter().map(|p| (p.name(), p.pid())).collect()
+    }
+
     /// Stops every component: the newest first, etcd last, each with a grace period.
     pub fn stop(mut self) {
         self.stop_processes();

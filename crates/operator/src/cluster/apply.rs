@@ -1,0 +1,417 @@
+//! Apply: make the API server hold the built children, writing only what differs.
+//!
+//! - Most children go through server-side apply under the one field manager, and only
+//!   when the built object is not already contained in the live one. A reconcile that
+//!   finds everything in place therefore sends no write at all, and fields that others
+//!   add (a user's extra label, server defaults) are neither fought over nor counted as drift.
+//! - Secrets are created once and their data never rewritten (passwords are generated
+//!   once); Pods are created once, since their spec is immutable (restarts for new
+//!   settings are the rolling update's job). For both, drifted labels and a missing
+//!   ownerReference are repaired with a metadata-only patch.
+//! - Instances the plan removed lose their Pod, then their PVC.
+
+use super::build::Children;
+use super::dereference::Observed;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use pgop_api::constants::FIELD_MANAGER;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::fmt::Debug;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to apply {kind} {name}")]
+    Apply {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to delete {kind} {name}")]
+    Delete {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to serialize {kind} {name}")]
+    Serialize {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What an apply pass changed, for events and status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Names of objects that did not exist and were created, as `Kind/name`.
+    pub created: Vec<String>,
+    /// Names of objects that existed and were changed back to the desired state.
+    pub repaired: Vec<String>,
+    /// Names of objects deleted, as `Kind/name`.
+    pub deleted: Vec<String>,
+}
+
+/// True when every field of `desired` is present with the same value in `live`.
+/// Objects compare key by key (extra keys in `live` are fine), lists element by element
+/// (same length), scalars by equality.
+pub fn is_contained(desired: &Value, live: &Value) -> bool {
+    match (desired, live) {
+        (Value::Object(d), Value::Object(l)) => d
+            .iter()
+            .all(|(k, v)| v.is_null() || l.get(k).is_some_and(|lv| is_contained(v, lv))),
+        (Value::Array(d), Value::Array(l)) => {
+            d.len() == l.len() && d.iter().zip(l).all(|(a, b)| is_contained(a, b))
+        }
+        _ => desired == live,
+    }
+}
+
+fn find<'a, K: ResourceExt>(live: &'a [K], name: &str) -> Option<&'a K> {
+    live.iter().find(|o| o.name_any() == name)
+}
+
+fn api<K>(client: &Client, namespace: &str) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    Api::namespaced(client.clone(), namespace)
+}
+
+/// Server-side applies `desired` unless `live` already contains it.
+async fn apply_if_changed<K>(
+    client: &Client,
+    namespace: &str,
+    desired: &K,
+    live: &[K],
+    extra_equal: impl Fn(&K, &K) -> bool,
+    outcome: &mut Outcome,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + k8s_openapi::Resource
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    let name = desired.name_any();
+    let label = format!("{}/{name}", <K as k8s_openapi::Resource>::KIND);
+    let current = find(live, &name);
+    if let Some(current) = current {
+        let d = serde_json::to_value(desired).map_err(|source| Error::Serialize {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            name: name.clone(),
+            source,
+        })?;
+        let l = serde_json::to_value(current).map_err(|source| Error::Serialize {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            name: name.clone(),
+            source,
+        })?;
+        if is_contained(&d, &l) && extra_equal(desired, current) {
+            return Ok(());
+        }
+    }
+    api::<K>(client, namespace)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|source| Error::Apply {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            name,
+            source,
+        })?;
+    if current.is_some() {
+        outcome.repaired.push(label);
+    } else {
+        outcome.created.push(label);
+    }
+    Ok(())
+}
+
+/// Creates `desired` if it does not exist; otherwise only repairs its labels and
+/// ownerReference, never its data or spec.
+async fn create_or_fix_metadata<K>(
+    client: &Client,
+    namespace: &str,
+    desired: &K,
+    live: &[K],
+    outcome: &mut Outcome,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + k8s_openapi::Resource
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    let name = desired.name_any();
+    let label = format!("{}/{name}", <K as k8s_openapi::Resource>::KIND);
+    let api = api::<K>(client, namespace);
+    let apply_err = |source| Error::Apply {
+        kind: <K as k8s_openapi::Resource>::KIND,
+        name: name.clone(),
+        source,
+    };
+    let Some(current) = find(live, &name) else {
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(apply_err)?;
+        outcome.created.push(label);
+        return Ok(());
+    };
+    if let Some(patch) = metadata_patch(desired.meta(), current.meta()) {
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(patch),
+        )
+        .await
+        .map_err(apply_err)?;
+        outcome.repaired.push(label);
+    }
+    Ok(())
+}
+
+/// A merge patch setting the desired labels and adding the desired ownerReferences, or
+/// `None` when the live metadata already has them. Other labels are left alone.
+pub fn metadata_patch(desired: &ObjectMeta, live: &ObjectMeta) -> Option<Value> {
+    let live_labels = live.labels.clone().unwrap_or_default();
+    let mut labels = serde_json::Map::new();
+    for (k, v) in desired.labels.iter().flatten() {
+        if live_labels.get(k) != Some(v) {
+            labels.insert(k.clone(), Value::String(v.clone()));
+        }
+    }
+    let live_owners = live.owner_references.clone().unwrap_or_default();
+    let missing: Vec<_> = desired
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|o| !live_owners.iter().any(|l| l.uid == o.uid))
+        .cloned()
+        .collect();
+    if labels.is_empty() && missing.is_empty() {
+        return None;
+    }
+    let mut meta = serde_json::Map::new();
+    if !labels.is_empty() {
+        meta.insert("labels".into(), Value::Object(labels));
+    }
+    if !missing.is_empty() {
+        let mut all = live_owners;
+        all.extend(missing);
+        meta.insert("ownerReferences".into(), serde_json::to_value(all).ok()?);
+    }
+    Some(serde_json::json!({ "metadata": meta }))
+}
+
+fn selectors_equal(
+    a: &k8s_openapi::api::core::v1::Service,
+    b: &k8s_openapi::api::core::v1::Service,
+) -> bool {
+    // A Service's selector must match exactly: an extra key would starve it of endpoints.
+    let sel =
+        |s: &k8s_openapi::api::core::v1::Service| s.spec.as_ref().and_then(|s| s.selector.clone());
+    sel(a) == sel(b)
+}
+
+fn always<K>(_: &K, _: &K) -> bool {
+    true
+}
+
+/// Applies every built child against what was observed.
+pub async fn apply(
+    client: &Client,
+    namespace: &str,
+    children: &Children,
+    observed: &Observed,
+) -> Result<Outcome, Error> {
+    let Children {
+        service_account,
+        role,
+        role_binding,
+        app_secret,
+        replication_secret,
+        services,
+        pod_disruption_budget,
+        pvcs,
+        pods,
+    } = children;
+    let mut out = Outcome::default();
+    apply_if_changed(
+        client,
+        namespace,
+        service_account,
+        &observed.service_accounts,
+        always,
+        &mut out,
+    )
+    .await?;
+    apply_if_changed(client, namespace, role, &observed.roles, always, &mut out).await?;
+    apply_if_changed(
+        client,
+        namespace,
+        role_binding,
+        &observed.role_bindings,
+        always,
+        &mut out,
+    )
+    .await?;
+    create_or_fix_metadata(client, namespace, app_secret, &observed.secrets, &mut out).await?;
+    create_or_fix_metadata(
+        client,
+        namespace,
+        replication_secret,
+        &observed.secrets,
+        &mut out,
+    )
+    .await?;
+    for service in services {
+        apply_if_changed(
+            client,
+            namespace,
+            service,
+            &observed.services,
+            selectors_equal,
+            &mut out,
+        )
+        .await?;
+    }
+    apply_if_changed(
+        client,
+        namespace,
+        pod_disruption_budget,
+        &observed.pod_disruption_budgets,
+        always,
+        &mut out,
+    )
+    .await?;
+    for pvc in pvcs {
+        apply_if_changed(client, namespace, pvc, &observed.pvcs, always, &mut out).await?;
+    }
+    for pod in pods {
+        create_or_fix_metadata(client, namespace, pod, &observed.pods, &mut out).await?;
+    }
+    Ok(out)
+}
+
+async fn delete<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    out: &mut Outcome,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + k8s_openapi::Resource
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    match api::<K>(client, namespace)
+        .delete(name, &DeleteParams::background())
+        .await
+    {
+        Ok(_) => {
+            out.deleted
+                .push(format!("{}/{name}", <K as k8s_openapi::Resource>::KIND));
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(Error::Delete {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Deletes the Pod and PVC of every named instance that still has them.
+pub async fn delete_instances(
+    client: &Client,
+    namespace: &str,
+    names: &[String],
+    observed: &Observed,
+    out: &mut Outcome,
+) -> Result<(), Error> {
+    for name in names {
+        if find(&observed.pods, name).is_some() {
+            delete::<Pod>(client, namespace, name, out).await?;
+        }
+        if find(&observed.pvcs, name).is_some() {
+            delete::<PersistentVolumeClaim>(client, namespace, name, out).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn server_defaults_and_extra_labels_are_not_drift() {
+        let desired =
+            json!({"metadata": {"labels": {"a": "1"}}, "spec": {"ports": [{"port": 5432}]}});
+        let live = json!({
+            "metadata": {"labels": {"a": "1", "user": "x"}, "uid": "u"},
+            "spec": {"ports": [{"port": 5432, "protocol": "TCP"}], "clusterIP": "10.0.0.7"}
+        });
+        assert!(is_contained(&desired, &live));
+    }
+
+    #[test]
+    fn a_changed_value_or_missing_item_is_drift() {
+        let desired = json!({"spec": {"selector": {"role": "primary"}, "ports": [{"port": 5432}]}});
+        let changed = json!({"spec": {"selector": {"role": "replica"}, "ports": [{"port": 5432}]}});
+        let fewer = json!({"spec": {"selector": {"role": "primary"}, "ports": []}});
+        assert!(!is_contained(&desired, &changed));
+        assert!(!is_contained(&desired, &fewer));
+    }
+
+    #[test]
+    fn metadata_patch_adds_labels_and_owner_without_touching_others() {
+        let desired: ObjectMeta = serde_json::from_value(json!({
+            "labels": {"role": "primary"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "c", "uid": "1"}]
+        }))
+        .expect("valid meta");
+        let live: ObjectMeta = serde_json::from_value(json!({
+            "labels": {"role": "replica", "mine": "keep"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Y", "name": "o", "uid": "2"}]
+        }))
+        .expect("valid meta");
+        let patch = metadata_patch(&desired, &live).expect("a patch");
+        assert_eq!(patch["metadata"]["labels"], json!({"role": "primary"}));
+        assert_eq!(
+            patch["metadata"]["ownerReferences"]
+                .as_array()
+                .map(Vec::len),
+            Some(2)
+        );
+        let fixed: ObjectMeta = serde_json::from_value(json!({
+            "labels": {"role": "primary", "mine": "keep"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "c", "uid": "1"}]
+        }))
+        .expect("valid meta");
+        assert_eq!(metadata_patch(&desired, &fixed), None);
+    }
+}

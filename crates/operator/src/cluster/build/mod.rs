@@ -1,0 +1,169 @@
+//! Build: the desired children of a cluster as plain values. Pure functions only —
+//! nothing here reads the clock, the network or the environment; tests feed YAML
+//! fixtures and compare the objects.
+
+mod pdb;
+mod pod;
+mod pvc;
+mod rbac;
+mod secret;
+mod service;
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use pgop_api::PostgresCluster;
+use pgop_api::labels;
+use std::collections::BTreeMap;
+
+pub use secret::{APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, REPLICATION_USER};
+
+/// The image instance pods run when neither the cluster nor the operator names one.
+pub const DEFAULT_IMAGE: &str = concat!("pgop:", env!("CARGO_PKG_VERSION"));
+
+/// Operator-wide settings that shape every child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Image of instance pods when a cluster names none (PostgreSQL plus the pgop binary).
+    pub image: String,
+    /// uid and gid the instance containers run as (non-root; PostgreSQL refuses root).
+    pub run_as_user: i64,
+    pub run_as_group: i64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            image: DEFAULT_IMAGE.to_string(),
+            run_as_user: 26,
+            run_as_group: 26,
+        }
+    }
+}
+
+/// One instance to build: its name, and whether it is the primary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceSpec {
+    pub name: String,
+    pub primary: bool,
+}
+
+/// The passwords of the two credentials Secrets: read from the existing Secrets, or
+/// freshly generated when a Secret does not exist yet (it is then created once).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Passwords {
+    pub app: String,
+    pub replication: String,
+}
+
+/// Every child of one cluster. Destructured without `..` by the applier, so adding a
+/// child type here without applying it does not compile.
+#[derive(Clone, Debug)]
+pub struct Children {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub app_secret: Secret,
+    pub replication_secret: Secret,
+    pub services: Vec<Service>,
+    pub pod_disruption_budget: PodDisruptionBudget,
+    pub pvcs: Vec<PersistentVolumeClaim>,
+    pub pods: Vec<Pod>,
+}
+
+/// Failure to build children from a cluster that lacks what every stored object has.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the cluster has no {0} (is it a stored object?)")]
+    MissingMetadata(&'static str),
+}
+
+/// What every child has in common: name, namespace, labels, and the controller
+/// ownerReference that lets the garbage collector delete it with the cluster.
+pub(crate) struct Common {
+    pub cluster: String,
+    pub namespace: String,
+    pub owner: OwnerReference,
+}
+
+impl Common {
+    fn new(cluster: &PostgresCluster) -> Result<Self, Error> {
+        let name = cluster
+            .metadata
+            .name
+            .clone()
+            .ok_or(Error::MissingMetadata("name"))?;
+        let namespace = cluster
+            .metadata
+            .namespace
+            .clone()
+            .ok_or(Error::MissingMetadata("namespace"))?;
+        let uid = cluster
+            .metadata
+            .uid
+            .clone()
+            .ok_or(Error::MissingMetadata("uid"))?;
+        Ok(Self {
+            owner: OwnerReference {
+                api_version: pgop_api::constants::API_VERSION.to_string(),
+                kind: "PostgresCluster".to_string(),
+                name: name.clone(),
+                uid,
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+            cluster: name,
+            namespace,
+        })
+    }
+
+    pub fn labels(&self, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
+        let mut l = labels::cluster_labels(&self.cluster);
+        for (k, v) in extra {
+            l.insert((*k).to_string(), (*v).to_string());
+        }
+        l
+    }
+
+    pub fn meta(&self, name: &str, extra_labels: &[(&str, &str)]) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels(extra_labels)),
+            owner_references: Some(vec![self.owner.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Builds every child of `cluster` (whose spec is already defaulted and validated).
+pub fn children(
+    cluster: &PostgresCluster,
+    instances: &[InstanceSpec],
+    passwords: &Passwords,
+    settings: &Settings,
+) -> Result<Children, Error> {
+    let common = Common::new(cluster)?;
+    let spec = &cluster.spec;
+    Ok(Children {
+        service_account: rbac::service_account(&common),
+        role: rbac::role(&common),
+        role_binding: rbac::role_binding(&common),
+        app_secret: secret::app(&common, spec, &passwords.app),
+        replication_secret: secret::replication(&common, &passwords.replication),
+        services: service::all(&common),
+        pod_disruption_budget: pdb::pod_disruption_budget(&common),
+        pvcs: instances
+            .iter()
+            .map(|i| pvc::pvc(&common, spec, &i.name))
+            .collect(),
+        pods: instances
+            .iter()
+            .map(|i| pod::pod(&common, spec, i, settings))
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,223 @@
+//! The instance Pod: `pgop instance run` as PID 1, its data volume, ports, probes and a
+//! security context that passes the Pod Security "restricted" profile.
+
+use super::{Common, InstanceSpec, Settings};
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, Probe, SeccompProfile, SecurityContext, Volume,
+    VolumeMount, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use pgop_api::PostgresClusterSpec;
+use pgop_api::constants::{
+    MANAGER_PORT, MANAGER_PORT_NAME, PATH_HEALTHZ, PATH_READYZ, POSTGRES_PORT, POSTGRES_PORT_NAME,
+};
+use pgop_api::labels;
+
+/// Where the instance's PVC is mounted; PGDATA is a directory below it, so that the
+/// volume's root (often owned by root, with lost+found) is never the data directory.
+pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
+/// Writable scratch space on a read-only root filesystem: the socket directory and /tmp.
+pub const RUN_MOUNT: &str = "/run/postgresql";
+pub const TMP_MOUNT: &str = "/tmp";
+
+/// Environment variable names the instance manager reads.
+pub mod env {
+    pub const POD_NAME: &str = "POD_NAME";
+    pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
+    pub const POD_IP: &str = "POD_IP";
+    pub const CLUSTER: &str = "PGOP_CLUSTER";
+    pub const PGDATA: &str = "PGDATA";
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_string(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn value_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.to_string()),
+        ..EnvVar::default()
+    }
+}
+
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String(MANAGER_PORT_NAME.to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        timeout_seconds: Some(2),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    }
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        ..VolumeMount::default()
+    }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }
+}
+
+pub fn pod(
+    c: &Common,
+    spec: &PostgresClusterSpec,
+    instance: &InstanceSpec,
+    settings: &Settings,
+) -> Pod {
+    let role = if instance.primary {
+        labels::ROLE_PRIMARY
+    } else {
+        labels::ROLE_REPLICA
+    };
+    let image = spec.image.clone().unwrap_or_else(|| settings.image.clone());
+    let container = Container {
+        name: "postgres".to_string(),
+        image: Some(image),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec![
+            "pgop".to_string(),
+            "instance".to_string(),
+            "run".to_string(),
+        ]),
+        env: Some(vec![
+            field_env(env::POD_NAME, "metadata.name"),
+            field_env(env::POD_NAMESPACE, "metadata.namespace"),
+            field_env(env::POD_IP, "status.podIP"),
+            value_env(env::CLUSTER, &c.cluster),
+            value_env(env::PGDATA, PGDATA),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some(POSTGRES_PORT_NAME.to_string()),
+                container_port: i32::from(POSTGRES_PORT),
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some(MANAGER_PORT_NAME.to_string()),
+                container_port: i32::from(MANAGER_PORT),
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+        ]),
+        // Bootstrap (initdb, or cloning a large primary) may take long: the startup probe
+        // allows an hour before liveness takes over.
+        startup_probe: Some(http_probe(PATH_HEALTHZ, 10, 360)),
+        liveness_probe: Some(http_probe(PATH_HEALTHZ, 10, 3)),
+        // Short period: readiness drives the -rw/-ro endpoints and failover detection.
+        readiness_probe: Some(http_probe(PATH_READYZ, 2, 1)),
+        resources: spec.resources.clone(),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_string(),
+                ..SeccompProfile::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("pgdata", DATA_MOUNT),
+            mount("run", RUN_MOUNT),
+            mount("tmp", TMP_MOUNT),
+        ]),
+        ..Container::default()
+    };
+    let cluster_selector = LabelSelector {
+        match_labels: Some([(labels::CLUSTER.to_string(), c.cluster.clone())].into()),
+        ..LabelSelector::default()
+    };
+    Pod {
+        metadata: c.meta(
+            &instance.name,
+            &[
+                (labels::COMPONENT, labels::COMPONENT_DATABASE),
+                (labels::INSTANCE_NAME, &instance.name),
+                (labels::ROLE, role),
+            ],
+        ),
+        spec: Some(PodSpec {
+            hostname: Some(instance.name.clone()),
+            service_account_name: Some(c.cluster.clone()),
+            enable_service_links: Some(false),
+            restart_policy: Some("Always".to_string()),
+            termination_grace_period_seconds: Some(i64::from(spec.switchover_timeout.max(30))),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(settings.run_as_user),
+                run_as_group: Some(settings.run_as_group),
+                fs_group: Some(settings.run_as_group),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_string(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            // Spread instances over nodes where the scheduler can.
+            affinity: Some(Affinity {
+                pod_anti_affinity: Some(PodAntiAffinity {
+                    preferred_during_scheduling_ignored_during_execution: Some(vec![
+                        WeightedPodAffinityTerm {
+                            weight: 100,
+                            pod_affinity_term: PodAffinityTerm {
+                                label_selector: Some(cluster_selector),
+                                topology_key: "kubernetes.io/hostname".to_string(),
+                                ..PodAffinityTerm::default()
+                            },
+                        },
+                    ]),
+                    ..PodAntiAffinity::default()
+                }),
+                ..Affinity::default()
+            }),
+            containers: vec![container],
+            volumes: Some(vec![
+                Volume {
+                    name: "pgdata".to_string(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: instance.name.clone(),
+                        ..PersistentVolumeClaimVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                },
+                empty_dir("run"),
+                empty_dir("tmp"),
+            ]),
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}

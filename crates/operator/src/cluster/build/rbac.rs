@@ -1,0 +1,76 @@
+//! The identity of instance pods: a ServiceAccount, and a Role that lets the instance
+//! manager read its own cluster and credentials and hold the primary Lease — nothing more.
+
+use super::Common;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use pgop_api::constants::GROUP;
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[String]) -> PolicyRule {
+    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        resource_names: (!names.is_empty()).then(|| names.to_vec()),
+        ..PolicyRule::default()
+    }
+}
+
+pub fn service_account(c: &Common) -> ServiceAccount {
+    ServiceAccount {
+        metadata: c.meta(&c.cluster, &[]),
+        ..ServiceAccount::default()
+    }
+}
+
+pub fn role(c: &Common) -> Role {
+    let cluster = vec![c.cluster.clone()];
+    let secrets = vec![
+        format!("{}{}", c.cluster, super::APP_SECRET_SUFFIX),
+        format!("{}{}", c.cluster, super::REPLICATION_SECRET_SUFFIX),
+    ];
+    Role {
+        metadata: c.meta(&c.cluster, &[]),
+        rules: Some(vec![
+            rule(
+                &[GROUP],
+                &["postgresclusters"],
+                &["get", "list", "watch"],
+                &cluster,
+            ),
+            rule(&[""], &["secrets"], &["get"], &secrets),
+            // The primary Lease: only its holder may accept writes.
+            rule(&["coordination.k8s.io"], &["leases"], &["create"], &[]),
+            rule(
+                &["coordination.k8s.io"],
+                &["leases"],
+                &["get", "update"],
+                &cluster,
+            ),
+            rule(
+                &["", "events.k8s.io"],
+                &["events"],
+                &["create", "patch"],
+                &[],
+            ),
+        ]),
+    }
+}
+
+pub fn role_binding(c: &Common) -> RoleBinding {
+    RoleBinding {
+        metadata: c.meta(&c.cluster, &[]),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_string(),
+            kind: "Role".to_string(),
+            name: c.cluster.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_string(),
+            name: c.cluster.clone(),
+            namespace: Some(c.namespace.clone()),
+            ..Subject::default()
+        }]),
+    }
+}

@@ -1,0 +1,241 @@
+//! Build from YAML fixtures: `fixtures/cluster.yaml` in, `fixtures/cluster.children.yaml`
+//! expected out. Set `PGOP_UPDATE_FIXTURES=1` to rewrite the expected file after an
+//! intended change, then review its diff.
+
+use super::*;
+use k8s_openapi::api::core::v1::Pod;
+
+fn fixture() -> PostgresCluster {
+    let mut c: PostgresCluster =
+        serde_yaml::from_str(include_str!("fixtures/cluster.yaml")).expect("fixture parses");
+    c.spec = pgop_api::with_defaults(c.spec);
+    c
+}
+
+fn instances() -> Vec<InstanceSpec> {
+    vec![
+        InstanceSpec {
+            name: "main-1".into(),
+            primary: true,
+        },
+        InstanceSpec {
+            name: "main-2".into(),
+            primary: false,
+        },
+        InstanceSpec {
+            name: "main-4".into(),
+            primary: false,
+        },
+    ]
+}
+
+fn passwords() -> Passwords {
+    Passwords {
+        app: "app-password".into(),
+        replication: "replication-password".into(),
+    }
+}
+
+fn build() -> Children {
+    children(&fixture(), &instances(), &passwords(), &Settings::default()).expect("builds")
+}
+
+fn to_yaml(c: &Children) -> String {
+    let Children {
+        service_account,
+        role,
+        role_binding,
+        app_secret,
+        replication_secret,
+        services,
+        pod_disruption_budget,
+        pvcs,
+        pods,
+    } = c;
+    let mut docs = vec![
+        serde_yaml::to_string(service_account),
+        serde_yaml::to_string(role),
+        serde_yaml::to_string(role_binding),
+        serde_yaml::to_string(app_secret),
+        serde_yaml::to_string(replication_secret),
+    ];
+    docs.extend(services.iter().map(serde_yaml::to_string));
+    docs.push(serde_yaml::to_string(pod_disruption_budget));
+    docs.extend(pvcs.iter().map(serde_yaml::to_string));
+    docs.extend(pods.iter().map(serde_yaml::to_string));
+    docs.into_iter()
+        .map(|d| d.expect("serializes"))
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+#[test]
+fn children_match_the_expected_fixture() {
+    let actual = to_yaml(&build());
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/cluster/build/fixtures/cluster.children.yaml"
+    );
+    if std::env::var_os("PGOP_UPDATE_FIXTURES").is_some() {
+        std::fs::write(path, &actual).expect("write fixture");
+    }
+    let expected = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        actual == expected,
+        "built children differ from {path}; if the change is intended, rerun with PGOP_UPDATE_FIXTURES=1 and review the diff"
+    );
+}
+
+fn pod(name: &str) -> Pod {
+    build()
+        .pods
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some(name))
+        .expect("pod built")
+}
+
+#[test]
+fn every_child_is_owned_by_the_cluster_and_labelled() {
+    let yaml = to_yaml(&build());
+    for doc in yaml.split("---\n") {
+        let v: serde_yaml::Value = serde_yaml::from_str(doc).expect("doc");
+        let owner = &v["metadata"]["ownerReferences"][0];
+        assert_eq!(
+            owner["uid"].as_str(),
+            Some("0b6f5d3c-1111-4c2e-9a3e-000000000001"),
+            "{doc}"
+        );
+        assert_eq!(owner["controller"].as_bool(), Some(true), "{doc}");
+        assert_eq!(
+            v["metadata"]["labels"]["database.example.com/cluster"].as_str(),
+            Some("main"),
+            "{doc}"
+        );
+        assert_eq!(
+            v["metadata"]["labels"]["app.kubernetes.io/managed-by"].as_str(),
+            Some("pgop"),
+            "{doc}"
+        );
+        assert_eq!(v["metadata"]["namespace"].as_str(), Some("db"), "{doc}");
+    }
+}
+
+#[test]
+fn only_the_primary_carries_the_primary_role_label() {
+    let role = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::ROLE))
+            .cloned()
+    };
+    assert_eq!(role(&pod("main-1")).as_deref(), Some("primary"));
+    assert_eq!(role(&pod("main-2")).as_deref(), Some("replica"));
+    assert_eq!(role(&pod("main-4")).as_deref(), Some("replica"));
+}
+
+#[test]
+fn the_pod_runs_the_instance_manager_under_a_restricted_security_context() {
+    let p = pod("main-2");
+    let spec = p.spec.expect("spec");
+    let c = &spec.containers[0];
+    assert_eq!(
+        c.command.as_deref(),
+        Some(&["pgop".to_string(), "instance".into(), "run".into()][..])
+    );
+    let sc = c
+        .security_context
+        .as_ref()
+        .expect("container security context");
+    assert_eq!(sc.run_as_non_root, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+    assert_eq!(
+        sc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+        Some("RuntimeDefault")
+    );
+    let psc = spec.security_context.expect("pod security context");
+    assert_eq!(psc.run_as_user, Some(26));
+    let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+    assert_eq!(ports, vec![5432, 8000]);
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref()
+            .and_then(|p| p.http_get.as_ref())
+            .and_then(|h| h.path.clone())
+    };
+    assert_eq!(probe_path(&c.readiness_probe).as_deref(), Some("/readyz"));
+    assert_eq!(probe_path(&c.liveness_probe).as_deref(), Some("/healthz"));
+    let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    for name in ["POD_NAME", "POD_NAMESPACE", "PGOP_CLUSTER"] {
+        assert!(env.contains(&name), "{name} missing from {env:?}");
+    }
+    let claim = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find_map(|v| v.persistent_volume_claim.as_ref());
+    assert_eq!(claim.map(|c| c.claim_name.as_str()), Some("main-2"));
+    // Every path PostgreSQL writes to is a volume (the root filesystem is read-only).
+    let mounts: Vec<&str> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    assert_eq!(
+        mounts,
+        vec!["/var/lib/postgresql/data", "/run/postgresql", "/tmp"]
+    );
+}
+
+#[test]
+fn services_select_by_role_and_the_app_secret_names_the_initdb_owner() {
+    let c = build();
+    let selector = |i: usize| {
+        c.services[i]
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(c.services[0].metadata.name.as_deref(), Some("main-rw"));
+    assert_eq!(
+        selector(0).get(labels::ROLE).map(String::as_str),
+        Some("primary")
+    );
+    assert_eq!(
+        selector(1).get(labels::ROLE).map(String::as_str),
+        Some("replica")
+    );
+    assert!(selector(2).get(labels::ROLE).is_none());
+    let data = c.app_secret.string_data.clone().unwrap_or_default();
+    assert_eq!(data.get("username").map(String::as_str), Some("shopper"));
+    assert_eq!(data.get("dbname").map(String::as_str), Some("shop"));
+    assert_eq!(
+        data.get("password").map(String::as_str),
+        Some("app-password")
+    );
+}
+
+#[test]
+fn the_cluster_image_overrides_the_operator_default() {
+    let mut cluster = fixture();
+    cluster.spec.image = Some("registry.example/pgop:custom".into());
+    let c = children(&cluster, &instances(), &passwords(), &Settings::default()).expect("builds");
+    let image = c.pods[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers[0].image.clone());
+    assert_eq!(image.as_deref(), Some("registry.example/pgop:custom"));
+}
+
+#[test]
+fn a_cluster_without_uid_is_an_error_not_a_panic() {
+    let mut cluster = fixture();
+    cluster.metadata.uid = None;
+    assert!(children(&cluster, &instances(), &passwords(), &Settings::default()).is_err());
+}

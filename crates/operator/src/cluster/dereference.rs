@@ -1,0 +1,74 @@
+//! Dereference: read what exists. Every child carries the cluster label, so one labelled
+//! LIST per kind finds them all; nothing here writes.
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, ListParams};
+use kube::{Client, Resource};
+use pgop_api::labels;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+
+#[derive(Debug, thiserror::Error)]
+#[error("failed to list {kind}s of the cluster")]
+pub struct Error {
+    pub kind: &'static str,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Every child of one cluster as the API server has it now.
+#[derive(Clone, Debug, Default)]
+pub struct Observed {
+    pub service_accounts: Vec<ServiceAccount>,
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
+    pub secrets: Vec<Secret>,
+    pub services: Vec<Service>,
+    pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
+    pub pvcs: Vec<PersistentVolumeClaim>,
+    pub pods: Vec<Pod>,
+}
+
+async fn list<K>(client: &Client, namespace: &str, selector: &str) -> Result<Vec<K>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + k8s_openapi::Resource
+        + Clone
+        + DeserializeOwned
+        + Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    api.list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .map_err(|source| Error {
+            kind: <K as k8s_openapi::Resource>::KIND,
+            source,
+        })
+}
+
+pub async fn observe(client: &Client, namespace: &str, cluster: &str) -> Result<Observed, Error> {
+    let sel = format!("{}={cluster}", labels::CLUSTER);
+    let (service_accounts, roles, role_bindings, secrets, services, pdbs, pvcs, pods) = tokio::try_join!(
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+        list(client, namespace, &sel),
+    )?;
+    Ok(Observed {
+        service_accounts,
+        roles,
+        role_bindings,
+        secrets,
+        services,
+        pod_disruption_budgets: pdbs,
+        pvcs,
+        pods,
+    })
+}

@@ -1,0 +1,340 @@
+//! The PostgresCluster controller.
+//!
+//! Reconcile is a pipeline; each step is a module with its own error type:
+//! 1. read — the cluster arrives from the watch; deletion and `spec.paused` stop here;
+//! 2. validate — defaults, then the same rules as the CRD schema and CEL (`pgop_api`);
+//!    an invalid spec sets phase Invalid and waits for the next change, never retries;
+//! 3. [`dereference`] — list the children that exist (one labelled LIST per kind);
+//! 4. [`instances`] — plan the instance serials (pure);
+//! 5. [`build`] — the desired children as plain values (pure);
+//! 6. [`apply`] — server-side apply what differs, create what is missing, delete the
+//!    instances the plan removed;
+//! 7. [`status`] — compute status and conditions (pure) and patch them when they changed.
+//!
+//! No finalizer: every child carries a controller ownerReference, so the garbage
+//! collector deletes them with the cluster, and nothing outside the API server (yet)
+//! needs cleaning up.
+
+pub mod apply;
+pub mod build;
+pub mod dereference;
+pub mod instances;
+pub mod status;
+
+use crate::Context;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use pgop_api::cluster::ClusterPhase;
+use pgop_api::constants::FIELD_MANAGER;
+use pgop_api::{PostgresCluster, PostgresClusterStatus};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a healthy cluster is looked at even when nothing changes.
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to read the cluster's children")]
+    Dereference(#[from] dereference::Error),
+    #[error("failed to build the cluster's children")]
+    Build(#[from] build::Error),
+    #[error("failed to apply the cluster's children")]
+    Apply(#[from] apply::Error),
+    #[error("failed to patch the cluster's status")]
+    PatchStatus(#[source] kube::Error),
+    #[error("failed to generate a password")]
+    GeneratePassword(#[source] getrandom::Error),
+    #[error("the cluster has no namespace")]
+    NoNamespace,
+}
+
+impl Error {
+    /// The variant name: a metric label and an Event reason.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Dereference(_) => "Dereference",
+            Error::Build(_) => "Build",
+            Error::Apply(_) => "Apply",
+            Error::PatchStatus(_) => "PatchStatus",
+            Error::GeneratePassword(_) => "GeneratePassword",
+            Error::NoNamespace => "NoNamespace",
+        }
+    }
+}
+
+fn key(cluster: &PostgresCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Reconciles one PostgresCluster. See the module doc for the steps.
+pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let action = reconcile_inner(&cluster, &ctx).await?;
+    ctx.backoff.reset(&key(&cluster));
+    Ok(action)
+}
+
+/// Retries a failed reconcile after this object's own exponential backoff.
+pub fn error_policy(cluster: Arc<PostgresCluster>, error: &Error, ctx: Arc<Context>) -> Action {
+    let delay = ctx.backoff.next_delay(&key(&cluster));
+    tracing::warn!(
+        cluster = %key(&cluster),
+        reason = error.metric_label(),
+        error = %crate::error_chain(error),
+        retry_in = ?delay,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Action, Error> {
+    let namespace = cluster.namespace().ok_or(Error::NoNamespace)?;
+    let name = cluster.name_any();
+
+    // 1. read
+    if cluster.metadata.deletion_timestamp.is_some() {
+        let mut status = cluster.status.clone().unwrap_or_default();
+        status.phase = Some(ClusterPhase::Deleting);
+        if patch_status(ctx, cluster, &namespace, status).await? {
+            publish(
+                ctx,
+                cluster,
+                EventType::Normal,
+                "Deleting",
+                "the cluster is being deleted; the garbage collector removes its children",
+            )
+            .await;
+        }
+        return Ok(Action::await_change());
+    }
+    if cluster.spec.paused {
+        // Paused: nothing is read, written or deleted until the flag is cleared.
+        return Ok(Action::await_change());
+    }
+
+    // 2. validate
+    let mut defaulted = cluster.clone();
+    defaulted.spec = pgop_api::with_defaults(cluster.spec.clone());
+    if let Err(errors) = pgop_api::validation::validate_cluster(&defaulted) {
+        let message = pgop_api::validation::summary(&errors);
+        let status = status::invalid(cluster, &message, now());
+        if patch_status(ctx, cluster, &namespace, status).await? {
+            publish(ctx, cluster, EventType::Warning, "InvalidSpec", &message).await;
+        }
+        return Ok(Action::await_change());
+    }
+
+    // 3. dereference
+    let observed = dereference::observe(&ctx.client, &namespace, &name).await?;
+
+    // 4. plan
+    let existing: BTreeSet<i32> = observed
+        .pods
+        .iter()
+        .map(|p| p.name_any())
+        .chain(observed.pvcs.iter().map(|p| p.name_any()))
+        .filter_map(|n| instances::serial_of(&name, &n))
+        .collect();
+    let old_status = cluster.status.clone().unwrap_or_default();
+    let current_primary = old_status
+        .current_primary
+        .as_deref()
+        .and_then(|p| instances::serial_of(&name, p));
+    let plan = instances::plan(
+        defaulted.spec.replicas,
+        &existing,
+        old_status.next_serial,
+        current_primary,
+    );
+    let created = plan.created(&existing);
+    if !created.is_empty() && plan.next_serial > old_status.next_serial {
+        // Reserve the serials before creating anything, so a crash in between cannot
+        // hand the same serial to a different instance later.
+        let mut reserved = old_status.clone();
+        reserved.next_serial = plan.next_serial;
+        patch_status(ctx, cluster, &namespace, reserved).await?;
+    }
+
+    // 5. build
+    let passwords = build::Passwords {
+        app: password_of(
+            &observed.secrets,
+            &format!("{name}{}", build::APP_SECRET_SUFFIX),
+        )?,
+        replication: password_of(
+            &observed.secrets,
+            &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
+        )?,
+    };
+    let wanted: Vec<build::InstanceSpec> = plan
+        .serials
+        .iter()
+        .map(|s| build::InstanceSpec {
+            name: instances::instance_name(&name, *s),
+            primary: *s == plan.primary,
+        })
+        .collect();
+    let children = build::children(&defaulted, &wanted, &passwords, &ctx.settings)?;
+
+    // 6. apply, then delete what the plan removed
+    let mut outcome = apply::apply(&ctx.client, &namespace, &children, &observed).await?;
+    let removed: Vec<String> = plan
+        .remove
+        .iter()
+        .map(|s| instances::instance_name(&name, *s))
+        .collect();
+    apply::delete_instances(&ctx.client, &namespace, &removed, &observed, &mut outcome).await?;
+
+    // 7. status
+    let status = status::compute(cluster, &plan, &observed.pods, now());
+    patch_status(ctx, cluster, &namespace, status).await?;
+
+    let new_instances: Vec<String> = created
+        .iter()
+        .map(|s| instances::instance_name(&name, *s))
+        .collect();
+    if existing.is_empty() && !new_instances.is_empty() {
+        publish(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "Created",
+            &format!("created instances {}", new_instances.join(", ")),
+        )
+        .await;
+    } else if !new_instances.is_empty() || !removed.is_empty() {
+        let mut parts = Vec::new();
+        if !new_instances.is_empty() {
+            parts.push(format!("added {}", new_instances.join(", ")));
+        }
+        if !removed.is_empty() {
+            parts.push(format!("removed {}", removed.join(", ")));
+        }
+        publish(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "Scaled",
+            &format!(
+                "scaled to {} instances: {}",
+                plan.serials.len(),
+                parts.join("; ")
+            ),
+        )
+        .await;
+    }
+    if !outcome.repaired.is_empty() {
+        publish(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "Repaired",
+            &format!("restored {}", outcome.repaired.join(", ")),
+        )
+        .await;
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+/// The password in an existing Secret, or a new one when the Secret does not exist yet.
+fn password_of(secrets: &[Secret], name: &str) -> Result<String, Error> {
+    let existing = secrets
+        .iter()
+        .find(|s| s.name_any() == name)
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("password"))
+        .and_then(|p| String::from_utf8(p.0.clone()).ok());
+    match existing {
+        Some(p) => Ok(p),
+        None => generate_password(),
+    }
+}
+
+/// 32 random characters from [A-Za-z0-9] (about 190 bits).
+fn generate_password() -> Result<String, Error> {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut out = String::with_capacity(32);
+    while out.len() < 32 {
+        let mut buf = [0u8; 64];
+        getrandom::fill(&mut buf).map_err(Error::GeneratePassword)?;
+        // Rejection sampling keeps every character equally likely.
+        for b in buf {
+            if (b as usize) < 248 && out.len() < 32 {
+                out.push(ALPHABET[b as usize % ALPHABET.len()] as char);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Server-side applies `status` unless the cluster already shows it; true if written.
+async fn patch_status(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    status: PostgresClusterStatus,
+) -> Result<bool, Error> {
+    if cluster.status.as_ref() == Some(&status) {
+        return Ok(false);
+    }
+    let api: Api<PostgresCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": pgop_api::constants::API_VERSION,
+        "kind": "PostgresCluster",
+        "status": status,
+    });
+    api.patch_status(
+        &cluster.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::PatchStatus)?;
+    Ok(true)
+}
+
+/// Publishes an Event on the cluster. A failure to publish is logged, not fatal: events
+/// are for people, and the status carries the same facts.
+async fn publish(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
+        tracing::warn!(cluster = %key(cluster), reason, error = %e, "failed to publish event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_are_32_alphanumerics_and_differ() {
+        let a = super::generate_password().expect("password");
+        let b = super::generate_password().expect("password");
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,276 @@
+//! Status: computed from what was observed (pure), then patched once, and only when it
+//! differs from what the cluster already shows.
+
+use super::instances::{Plan, instance_name};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
+use pgop_api::conditions::{self, new_condition, set_condition};
+use pgop_api::{PostgresCluster, PostgresClusterStatus, labels};
+
+/// Whether a Pod's Ready condition is True.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The status of a cluster whose spec is valid, given its instance plan and pods.
+pub fn compute(
+    cluster: &PostgresCluster,
+    plan: &Plan,
+    pods: &[Pod],
+    now: Time,
+) -> PostgresClusterStatus {
+    let name = cluster.name_any();
+    let generation = cluster.metadata.generation;
+    let old = cluster.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+
+    let primary = instance_name(&name, plan.primary);
+    status.instances = plan
+        .serials
+        .iter()
+        .map(|serial| {
+            let instance = instance_name(&name, *serial);
+            let pod = pods.iter().find(|p| p.name_any() == instance);
+            let previous = old.instances.iter().find(|i| i.name == instance);
+            InstanceStatus {
+                role: Some(if instance == primary {
+                    InstanceRole::Primary
+                } else {
+                    InstanceRole::Replica
+                }),
+                ready: pod.is_some_and(pod_ready),
+                // PostgreSQL-level facts come from the instances themselves; keep them.
+                timeline: previous.and_then(|p| p.timeline),
+                received_lsn: previous.and_then(|p| p.received_lsn.clone()),
+                replayed_lsn: previous.and_then(|p| p.replayed_lsn.clone()),
+                name: instance,
+                serial: *serial,
+            }
+        })
+        .collect();
+    let desired = plan.serials.len() as i32;
+    let existing = status
+        .instances
+        .iter()
+        .filter(|i| pods.iter().any(|p| p.name_any() == i.name))
+        .count() as i32;
+    let ready = status.instances.iter().filter(|i| i.ready).count() as i32;
+    status.replicas = existing;
+    status.ready_replicas = ready;
+    status.selector = Some(labels::instance_selector(&name));
+    status.next_serial = plan.next_serial;
+    status.observed_generation = generation;
+    status.current_primary = Some(primary.clone());
+    if status.target_primary.is_none() {
+        status.target_primary = Some(primary.clone());
+    }
+
+    let was_ready = matches!(
+        old.phase,
+        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    );
+    let all_ready = ready == desired && existing == desired;
+    status.phase = Some(if all_ready {
+        ClusterPhase::Ready
+    } else if was_ready {
+        ClusterPhase::Degraded
+    } else {
+        ClusterPhase::Creating
+    });
+
+    let c = &mut status.conditions;
+    let cond = |t, s, r, m: String| new_condition(t, s, r, m, generation, now.clone());
+    set_condition(
+        c,
+        cond(
+            conditions::SPEC_VALID,
+            true,
+            "Valid",
+            "the spec is valid".into(),
+        ),
+        now.clone(),
+    );
+    set_condition(
+        c,
+        if all_ready {
+            cond(
+                conditions::READY,
+                true,
+                "AllInstancesReady",
+                format!("{ready} of {desired} instances are ready"),
+            )
+        } else {
+            cond(
+                conditions::READY,
+                false,
+                "InstancesNotReady",
+                format!("{ready} of {desired} instances are ready"),
+            )
+        },
+        now.clone(),
+    );
+    let scaling = existing != desired;
+    set_condition(
+        c,
+        if all_ready {
+            cond(
+                conditions::PROGRESSING,
+                false,
+                "ReconcileComplete",
+                "every instance is in place and ready".into(),
+            )
+        } else if scaling {
+            cond(
+                conditions::PROGRESSING,
+                true,
+                "Scaling",
+                format!("{existing} of {desired} instances exist"),
+            )
+        } else {
+            cond(
+                conditions::PROGRESSING,
+                true,
+                "WaitingForInstances",
+                format!(
+                    "waiting for {} instance(s) to become ready",
+                    desired - ready
+                ),
+            )
+        },
+        now.clone(),
+    );
+    set_condition(
+        c,
+        if was_ready && !all_ready {
+            cond(
+                conditions::DEGRADED,
+                true,
+                "InstancesNotReady",
+                format!("{} of {desired} instances are not ready", desired - ready),
+            )
+        } else {
+            cond(
+                conditions::DEGRADED,
+                false,
+                "NotDegraded",
+                "no instance that was ready has failed".into(),
+            )
+        },
+        now,
+    );
+    status
+}
+
+/// The status of a cluster whose spec failed validation: everything observed before
+/// stays, the phase is Invalid and SpecValid names the fields.
+pub fn invalid(cluster: &PostgresCluster, message: &str, now: Time) -> PostgresClusterStatus {
+    let generation = cluster.metadata.generation;
+    let mut status = cluster.status.clone().unwrap_or_default();
+    status.phase = Some(ClusterPhase::Invalid);
+    status.observed_generation = generation;
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            conditions::SPEC_VALID,
+            false,
+            "InvalidSpec",
+            message,
+            generation,
+            now.clone(),
+        ),
+        now,
+    );
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::instances::plan;
+    use k8s_openapi::jiff::Timestamp;
+    use std::collections::BTreeSet;
+
+    fn cluster(status: Option<PostgresClusterStatus>) -> PostgresCluster {
+        let mut c: PostgresCluster = serde_yaml::from_str(
+            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {name: main, namespace: db, uid: u1, generation: 3}\nspec: {replicas: 2, storage: {size: 1Gi}}\n",
+        )
+        .expect("fixture parses");
+        c.status = status;
+        c
+    }
+
+    fn pod(name: &str, ready: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+        }))
+        .expect("pod")
+    }
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).expect("valid time"))
+    }
+
+    #[test]
+    fn all_pods_ready_makes_the_cluster_ready() {
+        let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
+        let s = compute(
+            &cluster(None),
+            &p,
+            &[pod("main-1", true), pod("main-2", true)],
+            at(100),
+        );
+        assert_eq!(s.phase, Some(ClusterPhase::Ready));
+        assert_eq!(s.ready_replicas, 2);
+        assert_eq!(s.current_primary.as_deref(), Some("main-1"));
+        assert_eq!(s.observed_generation, Some(3));
+        assert!(conditions::is_true(&s.conditions, conditions::READY));
+        assert!(!conditions::is_true(&s.conditions, conditions::PROGRESSING));
+    }
+
+    #[test]
+    fn an_unready_pod_after_ready_is_degraded_and_transition_times_move_only_on_change() {
+        let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
+        let ready = compute(
+            &cluster(None),
+            &p,
+            &[pod("main-1", true), pod("main-2", true)],
+            at(100),
+        );
+        let again = compute(
+            &cluster(Some(ready.clone())),
+            &p,
+            &[pod("main-1", true), pod("main-2", true)],
+            at(200),
+        );
+        assert_eq!(ready, again, "nothing changed, so nothing to write");
+        let degraded = compute(
+            &cluster(Some(ready)),
+            &p,
+            &[pod("main-1", true), pod("main-2", false)],
+            at(300),
+        );
+        assert_eq!(degraded.phase, Some(ClusterPhase::Degraded));
+        let r = conditions::find_condition(&degraded.conditions, conditions::READY).expect("Ready");
+        assert_eq!(r.last_transition_time, at(300));
+        let v = conditions::find_condition(&degraded.conditions, conditions::SPEC_VALID)
+            .expect("SpecValid");
+        assert_eq!(v.last_transition_time, at(100));
+    }
+
+    #[test]
+    fn a_new_cluster_is_creating_until_its_pods_are_ready() {
+        let p = plan(2, &BTreeSet::new(), 1, None);
+        let s = compute(&cluster(None), &p, &[], at(1));
+        assert_eq!(s.phase, Some(ClusterPhase::Creating));
+        assert_eq!(s.next_serial, 3);
+        let prog = conditions::find_condition(&s.conditions, conditions::PROGRESSING)
+            .expect("Progressing");
+        assert_eq!(prog.reason, "Scaling");
+    }
+}

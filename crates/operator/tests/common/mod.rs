@@ -1,0 +1,198 @@
+//! Helpers shared by the operator's integration tests.
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use pgop_api::PostgresCluster;
+use pgop_testenv::{ControlPlane, TestNamespace, wait};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The shared control plane with pgop's CRDs installed, and a fresh namespace.
+pub async fn setup(prefix: &str) -> Result<(&'static ControlPlane, Client, TestNamespace)> {
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = TestNamespace::create(plane.config(), prefix).await?;
+    Ok((plane, client, ns))
+}
+
+/// A running operator watching one namespace; stops when dropped or on [`Operator::stop`].
+pub struct Operator {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Operator {
+    pub fn start(client: &Client, namespace: &str) -> Self {
+        let (tx, rx) = oneshot::channel::<()>();
+        let options = pgop_operator::Options {
+            namespace: Some(namespace.to_string()),
+            ..pgop_operator::Options::default()
+        };
+        let client = client.clone();
+        let task = tokio::spawn(async move {
+            pgop_operator::run(client, options, async move {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        Self {
+            stop: Some(tx),
+            task: Some(task),
+        }
+    }
+
+    /// Graceful stop: reconciles in flight finish.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// Crash: the task is dropped wherever it is, mid-reconcile or not.
+    pub async fn kill(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+pub fn cluster(name: &str, replicas: i32) -> PostgresCluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.example.com/v1alpha1",
+        "kind": "PostgresCluster",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "storage": {"size": "1Gi"}}
+    }))
+    .expect("a valid cluster")
+}
+
+pub async fn create(client: &Client, ns: &str, c: &PostgresCluster) -> Result<PostgresCluster> {
+    Ok(Api::<PostgresCluster>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), c)
+        .await?)
+}
+
+pub async fn get(client: &Client, ns: &str, name: &str) -> Result<PostgresCluster> {
+    Ok(Api::<PostgresCluster>::namespaced(client.clone(), ns)
+        .get(name)
+        .await?)
+}
+
+/// Names of the objects of kind `K` labelled with the cluster, sorted.
+pub async fn names<K>(client: &Client, ns: &str, cluster: &str) -> Result<Vec<String>>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    let list = api
+        .list(&ListParams::default().labels(&format!("database.example.com/cluster={cluster}")))
+        .await?;
+    let mut names: Vec<String> = list.items.iter().map(|o| o.name_any()).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Waits until `names::<K>` equals `expected`.
+pub async fn wait_names<K>(client: &Client, ns: &str, cluster: &str, expected: &[&str]) -> Result
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let mut expected: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    let what = format!(
+        "{}s {expected:?}",
+        std::any::type_name::<K>()
+            .rsplit("::")
+            .next()
+            .unwrap_or("object")
+    );
+    wait::until(&what, TIMEOUT, || {
+        let expected = expected.clone();
+        async move {
+            match names::<K>(client, ns, cluster).await {
+                Ok(n) if n == expected => Ok(()),
+                Ok(n) => Err(format!("{n:?}")),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits until the cluster's status satisfies `check`; returns the cluster.
+pub async fn wait_cluster(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&PostgresCluster) -> bool,
+) -> Result<PostgresCluster> {
+    let check = &check;
+    Ok(wait::until(what, TIMEOUT, || async move {
+        match get(client, ns, name).await {
+            Ok(c) if check(&c) => Ok(c),
+            Ok(c) => Err(format!("{:?}", c.status)),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await?)
+}
+
+/// Plays kubelet for the test: marks the pod Running and Ready (there is no node yet).
+pub async fn make_ready(client: &Client, ns: &str, pod: &str, ready: bool) -> Result {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let status = if ready { "True" } else { "False" };
+    let patch = serde_json::json!({
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {"type": "Ready", "status": status, "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": status, "lastTransitionTime": now}
+            ]
+        }
+    });
+    api.patch_status(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+pub fn phase(c: &PostgresCluster) -> Option<pgop_api::cluster::ClusterPhase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+pub fn condition<'a>(
+    c: &'a PostgresCluster,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|x| x.type_ == type_))
+}
