@@ -211,7 +211,7 @@ fn services_select_by_role_and_the_app_secret_names_the_initdb_owner() {
         selector(1).get(labels::ROLE).map(String::as_str),
         Some("replica")
     );
-    assert!(selector(2).get(labels::ROLE).is_none());
+    assert!(!selector(2).contains_key(labels::ROLE));
     let data = c.app_secret.string_data.clone().unwrap_or_default();
     assert_eq!(data.get("username").map(String::as_str), Some("shopper"));
     assert_eq!(data.get("dbname").map(String::as_str), Some("shop"));
