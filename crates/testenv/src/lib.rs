@@ -20,6 +20,7 @@ mod control_plane;
 pub mod crds;
 mod kubeconfig;
 mod namespace;
+pub mod node;
 mod pki;
 mod process;
 mod shared;
