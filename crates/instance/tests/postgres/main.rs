@@ -1,0 +1,5 @@
+//! Scenarios against real PostgreSQL servers on loopback ports (no Kubernetes): each test
+//! names what a user would notice, and leaves no server or directory behind.
+
+mod common;
+mod replication;
