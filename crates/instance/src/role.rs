@@ -21,7 +21,9 @@ pub enum Error {
     ManageSlots(#[source] tokio_postgres::Error),
 }
 
-/// Promotes a standby and returns once it accepts writes.
+/// Promotes a standby and returns once it accepts writes and has checkpointed: pg_rewind of
+/// the former primary reads the new timeline from the control file, which only the first
+/// checkpoint after promotion updates.
 pub async fn promote(client: &Client, timeout: Duration) -> Result<(), Error> {
     let wait_seconds = i32::try_from(timeout.as_secs().max(1)).unwrap_or(i32::MAX);
     client
@@ -36,13 +38,17 @@ pub async fn promote(client: &Client, timeout: Duration) -> Result<(), Error> {
             .map_err(Error::Promote)?;
         let in_recovery: bool = row.try_get(0).map_err(Error::Promote)?;
         if !in_recovery {
-            return Ok(());
+            break;
         }
         if tokio::time::Instant::now() >= deadline {
             return Err(Error::PromoteTimeout(timeout));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    client
+        .batch_execute("CHECKPOINT")
+        .await
+        .map_err(Error::Promote)
 }
 
 /// Rewinds a stopped former primary onto the new primary's timeline. pg_rewind runs crash

@@ -2,4 +2,5 @@
 //! names what a user would notice, and leaves no server or directory behind.
 
 mod common;
+mod failover;
 mod replication;
