@@ -181,3 +181,72 @@ where
 pub fn names(v: &[&str]) -> Vec<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
+
+/// Serves the node's HTTP endpoints on a free loopback port until the guard drops.
+pub struct Http {
+    pub addr: std::net::SocketAddr,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Http {
+    pub async fn serve(node: &Node) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, server) = pgop_instance::http::bind(
+            "127.0.0.1:0".parse().expect("address"),
+            node.instance.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        )
+        .await
+        .expect("bind the HTTP server");
+        tokio::spawn(server);
+        Self { addr, _stop: stop }
+    }
+
+    /// GET `path`: the status code and the body.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.expect("send");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.expect("receive");
+        let code = response
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .expect("status code");
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (code, body)
+    }
+
+    pub async fn status(&self) -> pgop_instance::PgStatus {
+        let (code, body) = self.get(pgop_api::constants::PATH_PG_STATUS).await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("status JSON")
+    }
+}
+
+/// `SHOW name` on a new connection.
+pub async fn show(node: &Node, name: &str) -> String {
+    let row = node
+        .superuser()
+        .await
+        .query_one(&format!("SHOW {name}"), &[])
+        .await
+        .expect("SHOW");
+    row.get(0)
+}
+
+/// `name = value` pairs as a parameter map.
+pub fn params(v: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    v.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}

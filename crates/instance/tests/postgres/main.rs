@@ -2,5 +2,6 @@
 //! names what a user would notice, and leaves no server or directory behind.
 
 mod common;
+mod config;
 mod failover;
 mod replication;
