@@ -4,5 +4,6 @@
 mod bootstrap;
 mod common;
 mod config;
+mod durability;
 mod failover;
 mod replication;
