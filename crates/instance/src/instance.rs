@@ -84,6 +84,8 @@ struct Desired {
     sync_names: String,
     invalid: Vec<InvalidParameter>,
     fenced: bool,
+    /// The last spec applied, so that an unchanged spec is not reloaded again.
+    applied: Option<(BTreeMap<String, String>, Vec<String>, ConfigReport)>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -124,6 +126,7 @@ impl Instance {
                 sync_names: String::new(),
                 invalid: Vec::new(),
                 fenced: false,
+                applied: None,
             }),
             ops: tokio::sync::Mutex::new(()),
         }
@@ -231,6 +234,28 @@ impl Instance {
         self.start_locked().await
     }
 
+    /// Starts PostgreSQL in `mode` (a manager restarting on an existing data directory).
+    pub async fn start_as(&self, mode: Mode) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.desired().mode = mode;
+        self.start_locked().await
+    }
+
+    /// The mode the configuration is rendered for.
+    pub fn mode(&self) -> Mode {
+        self.desired().mode.clone()
+    }
+
+    /// Whether the data directory was left as a standby's (`standby.signal`).
+    pub fn has_standby_signal(&self) -> bool {
+        self.options.layout.pgdata.join("standby.signal").exists()
+    }
+
+    /// Whether the manager fenced PostgreSQL.
+    pub fn fenced(&self) -> bool {
+        self.desired().fenced
+    }
+
     /// Stops PostgreSQL: smart, then fast after the stop timeout.
     pub async fn stop(&self) -> Result<(), Error> {
         let _op = self.ops.lock().await;
@@ -322,6 +347,13 @@ impl Instance {
         pg_hba: &[String],
     ) -> Result<ConfigReport, Error> {
         let _op = self.ops.lock().await;
+        if let Some((params, hba, report)) = &self.desired().applied
+            && params == parameters
+            && hba == pg_hba
+            && report.pending_restart.is_empty()
+        {
+            return Ok(report.clone());
+        }
         let mut client = self.endpoint().connect().await.map_err(Error::Connect)?;
         let (valid, mut invalid) = config::validate(&mut client, parameters)
             .await
@@ -363,11 +395,14 @@ impl Instance {
         let pending_restart = config::pending_restart(&client)
             .await
             .map_err(Error::ApplyConfig)?;
-        self.desired().invalid = invalid.clone();
-        Ok(ConfigReport {
+        let report = ConfigReport {
             invalid,
             pending_restart,
-        })
+        };
+        let mut d = self.desired();
+        d.invalid = report.invalid.clone();
+        d.applied = Some((parameters.clone(), pg_hba.to_vec(), report.clone()));
+        Ok(report)
     }
 
     /// Primary: keeps `synchronous_standby_names` in step with the spec and the standbys.

@@ -8,6 +8,7 @@ pub mod http;
 pub mod instance;
 pub mod pg;
 pub mod role;
+pub mod run;
 pub mod status;
 pub mod supervisor;
 pub mod sync;

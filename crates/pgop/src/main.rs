@@ -1,6 +1,7 @@
 //! `pgop`: the one binary of the pgop PostgreSQL operator.
 
 mod dev;
+mod instance;
 mod operator;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,8 @@ enum Command {
     /// Secrets, a PodDisruptionBudget and RBAC, and report their status. Uses the
     /// kubeconfig (KUBECONFIG) or the in-cluster service account.
     Operator(operator::Args),
+    /// The instance manager (PID 1 of every PostgreSQL pod): `pgop instance run`.
+    Instance(instance::Args),
 }
 
 /// `RUST_LOG` wins; otherwise `default`.
@@ -42,11 +45,12 @@ async fn main() -> ExitCode {
     // The dev environment polls components until they answer; their refusals are noise.
     init_tracing(match cli.command {
         Command::Dev(_) => "warn,kube_client=off",
-        Command::Operator(_) => "info",
+        Command::Operator(_) | Command::Instance(_) => "info",
     });
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
         Command::Operator(args) => operator::run(args).await,
+        Command::Instance(args) => instance::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

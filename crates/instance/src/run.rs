@@ -1,0 +1,347 @@
+//! `pgop instance run`: the instance manager inside a pod. It reads its own PostgresCluster
+//! (a watch narrowed to that one object, plus a periodic resync) and the cluster's Secrets,
+//! and turns the cluster status into calls on [`Instance`]: bootstrap, start, promote when
+//! `targetPrimary` names this instance, follow or rejoin the primary otherwise, slots and
+//! synchronous standbys on the primary, configuration everywhere. It must never choose a
+//! primary: with no `targetPrimary`/`currentPrimary` in the status it waits.
+
+use crate::bootstrap::{Credentials, DataState};
+use crate::config::{Layout, Mode};
+use crate::instance::{self, Instance, Options};
+use crate::pg::{Binaries, RunAs, Upstream};
+use crate::status::PgRole;
+use crate::sync::SyncSpec;
+use crate::{error_chain, http};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::runtime::watcher;
+use pgop_api::PostgresCluster;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to read PostgresCluster {name}")]
+    ReadCluster {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to read Secret {name}")]
+    ReadSecret {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to read key {key} of Secret {name}")]
+    ReadSecretKey { name: String, key: &'static str },
+    #[error("failed to find the address of primary {name}")]
+    ResolvePrimary {
+        name: String,
+        #[source]
+        source: Option<kube::Error>,
+    },
+    #[error("failed to serve HTTP")]
+    ServeHttp(#[source] http::Error),
+    #[error("failed to manage the instance")]
+    ManageInstance(#[source] instance::Error),
+    #[error("failed to stop PostgreSQL")]
+    Shutdown(#[source] instance::Error),
+}
+
+/// Everything `pgop instance run` is told by its pod.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub pod_name: String,
+    pub namespace: String,
+    pub cluster: String,
+    /// Where PostgreSQL listens (the pod IP) besides the Unix socket.
+    pub listen_addresses: String,
+    pub pg_port: u16,
+    pub pgdata: PathBuf,
+    pub socket_dir: PathBuf,
+    pub http_listen: SocketAddr,
+    pub binaries: Binaries,
+    pub run_as: Option<RunAs>,
+    pub stop_timeout: Duration,
+    /// How often the cluster is read even without a watch event.
+    pub resync: Duration,
+}
+
+/// Runs the manager until `shutdown` completes, then stops PostgreSQL cleanly.
+pub async fn run(
+    client: kube::Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &settings.namespace);
+    let mut shutdown = Box::pin(shutdown);
+    let credentials = tokio::select! {
+        () = &mut shutdown => return Ok(()),
+        credentials = wait_for_credentials(&client, &settings) => credentials,
+    };
+    let instance = Arc::new(Instance::new(Options {
+        layout: Layout {
+            instance: settings.pod_name.clone(),
+            cluster: settings.cluster.clone(),
+            pgdata: settings.pgdata.clone(),
+            listen_addresses: settings.listen_addresses.clone(),
+            port: settings.pg_port,
+            socket_dir: settings.socket_dir.clone(),
+        },
+        binaries: settings.binaries.clone(),
+        run_as: settings.run_as,
+        credentials,
+        stop_timeout: settings.stop_timeout,
+        start_timeout: Duration::from_secs(300),
+        forward_logs: true,
+    }));
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr, server) = http::bind(settings.http_listen, instance.clone(), async move {
+        let _ = http_stopped.await;
+    })
+    .await
+    .map_err(Error::ServeHttp)?;
+    tracing::info!(%addr, instance = %settings.pod_name, "serving health and status");
+    let server = tokio::spawn(server);
+
+    let events = watcher(
+        clusters.clone(),
+        watcher::Config::default().fields(&format!("metadata.name={}", settings.cluster)),
+    );
+    let mut events = std::pin::pin!(events);
+    let mut resync = tokio::time::interval(settings.resync);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = events.next() => {}
+            _ = resync.tick() => {}
+        }
+        let step = async {
+            let cluster = clusters
+                .get_opt(&settings.cluster)
+                .await
+                .map_err(|source| Error::ReadCluster {
+                    name: settings.cluster.clone(),
+                    source,
+                })?;
+            match cluster {
+                Some(cluster) => reconcile(&client, &settings, &instance, &cluster).await,
+                None => Ok(()),
+            }
+        };
+        tokio::select! {
+            // An interrupted bootstrap leaves its marker: the next start redoes it.
+            () = &mut shutdown => break,
+            result = step => if let Err(err) = result {
+                tracing::warn!(error = %error_chain(&err), "reconcile failed; retrying");
+            }
+        }
+    }
+    tracing::info!("shutting down PostgreSQL");
+    let stopped = instance.shutdown().await.map_err(Error::Shutdown);
+    let _ = stop_http.send(());
+    let _ = server.await;
+    stopped
+}
+
+/// One pass: make the instance match what the cluster status says.
+async fn reconcile(
+    client: &kube::Client,
+    settings: &Settings,
+    instance: &Instance,
+    cluster: &PostgresCluster,
+) -> Result<(), Error> {
+    let status = cluster.status.clone().unwrap_or_default();
+    let Some(primary) = status
+        .target_primary
+        .clone()
+        .or(status.current_primary.clone())
+    else {
+        return Ok(());
+    };
+    let me = settings.pod_name.as_str();
+    let others: Vec<String> = status
+        .instances
+        .iter()
+        .map(|i| i.name.clone())
+        .filter(|n| n != me)
+        .collect();
+    let spec = &cluster.spec;
+    let sync = SyncSpec {
+        synchronous: u32::try_from(spec.replication.synchronous).unwrap_or(0),
+        durability: spec.replication.data_durability,
+    };
+    let manage = Error::ManageInstance;
+    if instance.fenced() {
+        return Ok(());
+    }
+
+    if primary == me {
+        match instance.data_state() {
+            DataState::Missing | DataState::Incomplete => {
+                tracing::info!("bootstrapping a new primary with initdb");
+                instance.bootstrap_primary().await.map_err(manage)?;
+            }
+            DataState::Ready if instance.pid().is_none() => {
+                let mode = if instance.has_standby_signal() {
+                    // A standby chosen as the new primary after a restart: start, then promote.
+                    let current = status.current_primary.clone().filter(|c| c != me);
+                    match current {
+                        Some(current) => Mode::Standby {
+                            upstream: upstream(client, settings, instance, &current).await?,
+                        },
+                        None => Mode::Primary,
+                    }
+                } else {
+                    Mode::Primary
+                };
+                instance.start_as(mode).await.map_err(manage)?;
+            }
+            DataState::Ready => {}
+        }
+        // Ahead of a promotion, so that the first commit as primary already waits for them.
+        instance
+            .set_synchronous(sync, &others)
+            .await
+            .map_err(manage)?;
+        instance.ensure_slots(&others).await.map_err(manage)?;
+        if instance.status().await.role == PgRole::Replica {
+            tracing::info!("promoting: the cluster status names this instance the primary");
+            instance.promote().await.map_err(manage)?;
+        }
+    } else {
+        let upstream = upstream(client, settings, instance, &primary).await?;
+        match instance.data_state() {
+            DataState::Missing | DataState::Incomplete => {
+                tracing::info!(%primary, "cloning the primary");
+                instance
+                    .bootstrap_standby(&upstream)
+                    .await
+                    .map_err(manage)?;
+            }
+            DataState::Ready if instance.pid().is_none() => {
+                if instance.has_standby_signal() {
+                    instance
+                        .start_as(Mode::Standby { upstream })
+                        .await
+                        .map_err(manage)?;
+                } else {
+                    tracing::info!(%primary, "rejoining as a standby of the new primary");
+                    instance.demote(&upstream).await.map_err(manage)?;
+                }
+            }
+            DataState::Ready => {
+                let role = instance.status().await.role;
+                if role == PgRole::Primary && status.current_primary.as_deref() == Some(&primary) {
+                    tracing::info!(%primary, "demoting: another instance is the primary");
+                    instance.demote(&upstream).await.map_err(manage)?;
+                } else if role == PgRole::Replica
+                    && instance.mode()
+                        != (Mode::Standby {
+                            upstream: upstream.clone(),
+                        })
+                {
+                    instance.follow(&upstream).await.map_err(manage)?;
+                }
+            }
+        }
+        let mut peers = others.clone();
+        peers.retain(|p| p != &primary);
+        peers.push(me.to_string());
+        instance
+            .set_synchronous(sync, &peers)
+            .await
+            .map_err(manage)?;
+    }
+    let report = instance
+        .apply_config(&spec.postgresql.parameters, &spec.postgresql.pg_hba)
+        .await
+        .map_err(manage)?;
+    for bad in &report.invalid {
+        tracing::warn!(parameter = %bad.name, reason = %bad.reason, "refused a parameter");
+    }
+    Ok(())
+}
+
+/// The primary's address: its Pod's IP.
+async fn upstream(
+    client: &kube::Client,
+    settings: &Settings,
+    instance: &Instance,
+    primary: &str,
+) -> Result<Upstream, Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &settings.namespace);
+    let pod = pods
+        .get(primary)
+        .await
+        .map_err(|source| Error::ResolvePrimary {
+            name: primary.to_string(),
+            source: Some(source),
+        })?;
+    let ip = pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .ok_or_else(|| Error::ResolvePrimary {
+            name: primary.to_string(),
+            source: None,
+        })?;
+    Ok(instance.as_upstream(&ip))
+}
+
+/// The cluster's Secrets, retried until the operator has created them.
+async fn wait_for_credentials(client: &kube::Client, settings: &Settings) -> Credentials {
+    loop {
+        match read_credentials(client, settings).await {
+            Ok(credentials) => return credentials,
+            Err(err) => {
+                tracing::info!(error = %error_chain(&err), "waiting for the cluster's Secrets")
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn read_credentials(
+    client: &kube::Client,
+    settings: &Settings,
+) -> Result<Credentials, Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let read = |name: String| {
+        let secrets = secrets.clone();
+        async move {
+            let secret = secrets
+                .get(&name)
+                .await
+                .map_err(|source| Error::ReadSecret {
+                    name: name.clone(),
+                    source,
+                })?;
+            Ok::<_, Error>((name, secret))
+        }
+    };
+    let key = |(name, secret): &(String, Secret), key: &'static str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .ok_or_else(|| Error::ReadSecretKey {
+                name: name.clone(),
+                key,
+            })
+    };
+    let app = read(format!("{}-app", settings.cluster)).await?;
+    let replication = read(format!("{}-replication", settings.cluster)).await?;
+    Ok(Credentials {
+        app_user: key(&app, "username")?,
+        app_password: key(&app, "password")?,
+        app_database: key(&app, "dbname")?,
+        replication_user: key(&replication, "username")?,
+        replication_password: key(&replication, "password")?,
+    })
+}
