@@ -529,8 +529,12 @@ impl Instance {
         status
     }
 
-    /// Ready: accepting connections; a standby also streams from its primary.
+    /// Ready: bootstrap finished and accepting connections; a standby also streams from
+    /// its primary.
     pub async fn ready(&self) -> bool {
+        if self.data_state() != DataState::Ready {
+            return false;
+        }
         let status = self.status().await;
         match status.role {
             PgRole::Primary => true,

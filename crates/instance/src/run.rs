@@ -209,11 +209,11 @@ async fn reconcile(
             .set_synchronous(sync, &others)
             .await
             .map_err(manage)?;
-        instance.ensure_slots(&others).await.map_err(manage)?;
         if instance.status().await.role == PgRole::Replica {
             tracing::info!("promoting: the cluster status names this instance the primary");
             instance.promote().await.map_err(manage)?;
         }
+        instance.ensure_slots(&others).await.map_err(manage)?;
     } else {
         let upstream = upstream(client, settings, instance, &primary).await?;
         match instance.data_state() {
