@@ -5,11 +5,14 @@
 //! synchronous standbys on the primary, configuration everywhere. It must never choose a
 //! primary: with no `targetPrimary`/`currentPrimary` in the status it waits.
 
-use crate::bootstrap::{Credentials, DataState};
+mod plan;
+
+pub use plan::{Action, Observed, Plan, plan};
+
+use crate::bootstrap::Credentials;
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
 use crate::pg::{Binaries, RunAs, Upstream};
-use crate::status::PgRole;
 use crate::sync::SyncSpec;
 use crate::{error_chain, http};
 use futures::StreamExt;
@@ -149,115 +152,110 @@ pub async fn run(
     stopped
 }
 
-/// One pass: make the instance match what the cluster status says.
+/// One pass: observe, plan (pure, in [`plan`]), act, then slots, synchronous standbys and
+/// configuration.
 async fn reconcile(
     client: &kube::Client,
     settings: &Settings,
     instance: &Instance,
     cluster: &PostgresCluster,
 ) -> Result<(), Error> {
-    let status = cluster.status.clone().unwrap_or_default();
-    let Some(primary) = status
-        .target_primary
-        .clone()
-        .or(status.current_primary.clone())
-    else {
-        return Ok(());
-    };
-    let me = settings.pod_name.as_str();
-    let others: Vec<String> = status
-        .instances
-        .iter()
-        .map(|i| i.name.clone())
-        .filter(|n| n != me)
-        .collect();
-    let spec = &cluster.spec;
-    let sync = SyncSpec {
-        synchronous: u32::try_from(spec.replication.synchronous).unwrap_or(0),
-        durability: spec.replication.data_durability,
-    };
-    let manage = Error::ManageInstance;
     if instance.fenced() {
         return Ok(());
     }
-
-    if primary == me {
-        match instance.data_state() {
-            DataState::Missing | DataState::Incomplete => {
-                tracing::info!("bootstrapping a new primary with initdb");
-                instance.bootstrap_primary().await.map_err(manage)?;
-            }
-            DataState::Ready if instance.pid().is_none() => {
-                let mode = if instance.has_standby_signal() {
-                    // A standby chosen as the new primary after a restart: start, then promote.
-                    let current = status.current_primary.clone().filter(|c| c != me);
-                    match current {
-                        Some(current) => Mode::Standby {
-                            upstream: upstream(client, settings, instance, &current).await?,
-                        },
-                        None => Mode::Primary,
-                    }
-                } else {
-                    Mode::Primary
-                };
-                instance.start_as(mode).await.map_err(manage)?;
-            }
-            DataState::Ready => {}
+    let status = cluster.status.clone().unwrap_or_default();
+    let me = settings.pod_name.as_str();
+    let named = status
+        .target_primary
+        .clone()
+        .or_else(|| status.current_primary.clone());
+    // The primary's address, when another instance is the primary.
+    let upstream_of_primary = match named.as_deref() {
+        Some(primary) if primary != me => {
+            Some(upstream(client, settings, instance, primary).await?)
         }
-        // Ahead of a promotion, so that the first commit as primary already waits for them.
-        instance
-            .set_synchronous(sync, &others)
-            .await
-            .map_err(manage)?;
-        if instance.status().await.role == PgRole::Replica {
+        _ => None,
+    };
+    let observed = Observed {
+        data: instance.data_state(),
+        running: instance.pid().is_some(),
+        standby_signal: instance.has_standby_signal(),
+        role: instance.status().await.role,
+        follows_primary: upstream_of_primary.as_ref().is_some_and(|u| {
+            instance.mode()
+                == Mode::Standby {
+                    upstream: u.clone(),
+                }
+        }),
+    };
+    let plan = plan::plan(me, &status, &observed);
+    let manage = Error::ManageInstance;
+    let upstream_for = |primary: &str| {
+        let known = upstream_of_primary.clone();
+        let primary = primary.to_string();
+        async move {
+            match known {
+                Some(u) if named.as_deref() == Some(primary.as_str()) => Ok(u),
+                _ => upstream(client, settings, instance, &primary).await,
+            }
+        }
+    };
+    match &plan.action {
+        Action::Wait => return Ok(()),
+        Action::Keep => {}
+        Action::BootstrapPrimary => {
+            tracing::info!("bootstrapping a new primary with initdb");
+            instance.bootstrap_primary().await.map_err(manage)?;
+        }
+        Action::StartPrimary => instance.start_as(Mode::Primary).await.map_err(manage)?,
+        Action::StartStandby { primary } => {
+            let upstream = upstream_for(primary).await?;
+            instance
+                .start_as(Mode::Standby { upstream })
+                .await
+                .map_err(manage)?;
+        }
+        Action::Promote => {
+            // First the synchronous standbys, so that the first commit as primary waits.
+            let sync = sync_spec(cluster);
+            instance
+                .set_synchronous(sync, &plan.sync_standbys)
+                .await
+                .map_err(manage)?;
             tracing::info!("promoting: the cluster status names this instance the primary");
             instance.promote().await.map_err(manage)?;
         }
-        instance.ensure_slots(&others).await.map_err(manage)?;
-    } else {
-        let upstream = upstream(client, settings, instance, &primary).await?;
-        match instance.data_state() {
-            DataState::Missing | DataState::Incomplete => {
-                tracing::info!(%primary, "cloning the primary");
-                instance
-                    .bootstrap_standby(&upstream)
-                    .await
-                    .map_err(manage)?;
-            }
-            DataState::Ready if instance.pid().is_none() => {
-                if instance.has_standby_signal() {
-                    instance
-                        .start_as(Mode::Standby { upstream })
-                        .await
-                        .map_err(manage)?;
-                } else {
-                    tracing::info!(%primary, "rejoining as a standby of the new primary");
-                    instance.demote(&upstream).await.map_err(manage)?;
-                }
-            }
-            DataState::Ready => {
-                let role = instance.status().await.role;
-                if role == PgRole::Primary && status.current_primary.as_deref() == Some(&primary) {
-                    tracing::info!(%primary, "demoting: another instance is the primary");
-                    instance.demote(&upstream).await.map_err(manage)?;
-                } else if role == PgRole::Replica
-                    && instance.mode()
-                        != (Mode::Standby {
-                            upstream: upstream.clone(),
-                        })
-                {
-                    instance.follow(&upstream).await.map_err(manage)?;
-                }
-            }
+        Action::Clone { primary } => {
+            tracing::info!(%primary, "cloning the primary");
+            let upstream = upstream_for(primary).await?;
+            instance
+                .bootstrap_standby(&upstream)
+                .await
+                .map_err(manage)?;
         }
-        let mut peers = others.clone();
-        peers.retain(|p| p != &primary);
-        peers.push(me.to_string());
-        instance
-            .set_synchronous(sync, &peers)
-            .await
-            .map_err(manage)?;
+        Action::Rejoin { primary } => {
+            tracing::info!(%primary, "rejoining as a standby of the primary");
+            let upstream = upstream_for(primary).await?;
+            let how = instance.demote(&upstream).await.map_err(manage)?;
+            tracing::info!(?how, "rejoined");
+        }
+        Action::Follow { primary } => {
+            tracing::info!(%primary, "following the primary");
+            let upstream = upstream_for(primary).await?;
+            instance.follow(&upstream).await.map_err(manage)?;
+        }
     }
+    if instance.pid().is_none() {
+        return Ok(());
+    }
+    instance
+        .set_synchronous(sync_spec(cluster), &plan.sync_standbys)
+        .await
+        .map_err(manage)?;
+    if plan.primary.as_deref() == Some(me) {
+        instance.ensure_slots(&plan.slots).await.map_err(manage)?;
+    }
+    let spec = &cluster.spec;
     let report = instance
         .apply_config(&spec.postgresql.parameters, &spec.postgresql.pg_hba)
         .await
@@ -266,6 +264,14 @@ async fn reconcile(
         tracing::warn!(parameter = %bad.name, reason = %bad.reason, "refused a parameter");
     }
     Ok(())
+}
+
+fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
+    let replication = &cluster.spec.replication;
+    SyncSpec {
+        synchronous: u32::try_from(replication.synchronous).unwrap_or(0),
+        durability: replication.data_durability,
+    }
 }
 
 /// The primary's address: its Pod's IP.
