@@ -42,6 +42,8 @@ pub enum Error {
     ReadReplication(#[source] tokio_postgres::Error),
     #[error("failed to read the status")]
     ReadStatus(#[source] status::Error),
+    #[error("failed to check the new primary before re-cloning from it")]
+    ProbePrimary(#[source] sql::Error),
 }
 
 /// Everything about the instance that does not change while it runs.
@@ -471,7 +473,9 @@ impl Instance {
     }
 
     /// A former primary (running, stopped or killed) becomes a standby of `upstream`:
-    /// pg_rewind, or a fresh clone when rewinding cannot work.
+    /// pg_rewind, or a fresh clone when rewinding cannot work. The data is only thrown away
+    /// for a clone once `upstream` answers as a primary; otherwise it is kept and an error
+    /// returned (to be retried).
     pub async fn demote(&self, upstream: &Upstream) -> Result<Rejoin, Error> {
         let _op = self.ops.lock().await;
         let o = &self.options;
@@ -501,6 +505,11 @@ impl Instance {
                 }
             }
         }
+        // Re-cloning wipes this instance's data: only for an upstream that is a primary now.
+        upstream
+            .probe_primary()
+            .await
+            .map_err(Error::ProbePrimary)?;
         self.clone_locked(upstream).await?;
         Ok(Rejoin::Recloned)
     }

@@ -15,6 +15,15 @@ pub enum Error {
     Connect(#[source] tokio_postgres::Error),
     #[error("failed to connect to PostgreSQL within {0:?}")]
     ConnectTimeout(Duration),
+    #[error("failed to reach the primary at {host}:{port}")]
+    ReachPrimary {
+        host: String,
+        port: u16,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("failed to reach the primary at {host}:{port}: it is in recovery")]
+    PrimaryInRecovery { host: String, port: u16 },
 }
 
 /// How the manager reaches its own server: the Unix socket directory and port.
@@ -101,6 +110,44 @@ impl Upstream {
             parts.push(format!("dbname={}", conninfo_value(db)));
         }
         parts.join(" ")
+    }
+}
+
+impl Upstream {
+    /// Checks that the upstream answers and accepts writes (not in recovery), before
+    /// anything is thrown away to copy from it.
+    pub async fn probe_primary(&self) -> Result<(), Error> {
+        let reach = |source| Error::ReachPrimary {
+            host: self.host.clone(),
+            port: self.port,
+            source,
+        };
+        let (client, connection) = tokio_postgres::Config::new()
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .password(&self.password)
+            .dbname("postgres")
+            .application_name("pgop-instance")
+            .connect_timeout(Duration::from_secs(5))
+            .connect(NoTls)
+            .await
+            .map_err(reach)?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let row = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(reach)?;
+        let in_recovery: bool = row.try_get(0).map_err(reach)?;
+        if in_recovery {
+            return Err(Error::PrimaryInRecovery {
+                host: self.host.clone(),
+                port: self.port,
+            });
+        }
+        Ok(())
     }
 }
 

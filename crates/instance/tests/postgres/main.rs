@@ -6,4 +6,5 @@ mod common;
 mod config;
 mod durability;
 mod failover;
+mod rejoin;
 mod replication;
