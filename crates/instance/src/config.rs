@@ -5,7 +5,7 @@
 
 use crate::pg::sql::{SUPERUSER, quote_ident};
 use crate::pg::{RunAs, Upstream, sql};
-use serde::{Deserialize, Serialize};
+pub use crate::status::InvalidParameter;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -48,15 +48,6 @@ pub struct Layout {
 pub enum Mode {
     Primary,
     Standby { upstream: Upstream },
-}
-
-/// A user parameter the server would not accept, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct InvalidParameter {
-    pub name: String,
-    pub value: String,
-    pub reason: String,
 }
 
 /// Defaults pgop picks that a user may override.

@@ -1,8 +1,8 @@
-//! `/pg/status`: what the instance's PostgreSQL is doing, read over SQL. The JSON struct is
-//! the contract with the operator (it moves to `crates/api`); this module only reads and
-//! must never change the server's state.
+//! `/pg/status`: what the instance's PostgreSQL is doing, read over SQL. The JSON types
+//! (`PgStatus`, `PgRole`, `StandbyReplication`, `InvalidParameter`, `parse_lsn`) are the
+//! contract with the operator and move to `crates/api` as they are; this module only reads
+//! and must never change the server's state.
 
-use crate::config::InvalidParameter;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
 
@@ -10,6 +10,15 @@ use tokio_postgres::Client;
 pub enum Error {
     #[error("failed to query the instance status")]
     QueryStatus(#[source] tokio_postgres::Error),
+}
+
+/// A user parameter (or `pgHba` for the pg_hba rules) the server would not accept, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InvalidParameter {
+    pub name: String,
+    pub value: String,
+    pub reason: String,
 }
 
 /// The role PostgreSQL runs in right now.

@@ -75,12 +75,23 @@ impl Endpoint {
 }
 
 /// Where a standby streams from: the primary's address and the replication credentials.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Upstream {
     pub host: String,
     pub port: u16,
     pub user: String,
     pub password: String,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password never reaches a log line.
+        f.debug_struct("Upstream")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Upstream {
@@ -191,5 +202,26 @@ mod tests {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(conninfo_value("p'w\\"), "'p\\'w\\\\'");
         assert_eq!(slot_name("demo-3"), "pgop_demo_3");
+    }
+
+    #[test]
+    fn passwords_stay_out_of_debug_output_and_off_command_lines() {
+        let upstream = Upstream {
+            host: "10.0.0.1".into(),
+            port: 5432,
+            user: "streaming_replica".into(),
+            password: "s3cret".into(),
+        };
+        assert!(!format!("{upstream:?}").contains("s3cret"));
+        assert!(
+            !upstream
+                .conninfo_without_password("demo-2", None)
+                .contains("s3cret")
+        );
+        assert!(
+            upstream
+                .conninfo("demo-2", None)
+                .contains("password='s3cret'")
+        );
     }
 }
