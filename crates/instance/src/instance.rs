@@ -552,21 +552,21 @@ impl Instance {
         }
     }
 
-    /// Alive: PostgreSQL is not wedged (a stopped or restarting server is not wedged; one
-    /// that accepts a connection but does not answer within 10 seconds is).
+    /// Alive: PostgreSQL is not wedged. A stopped, starting or crash-restarting server is
+    /// not wedged (it refuses connections at once); one that does not even answer a
+    /// connection attempt, or a query, within a few seconds is.
     pub async fn healthy(&self) -> bool {
+        const PATIENCE: Duration = Duration::from_secs(3);
         if self.supervisor.pid().is_none() {
             return true;
         }
-        let probe = async {
-            match self.endpoint().connect().await {
-                Ok(client) => client.simple_query("SELECT 1").await.is_ok(),
-                Err(_) => true,
-            }
-        };
-        tokio::time::timeout(Duration::from_secs(10), probe)
-            .await
-            .unwrap_or(false)
+        match tokio::time::timeout(PATIENCE, self.endpoint().connect()).await {
+            Err(_elapsed) => false,
+            Ok(Err(_refused_or_starting)) => true,
+            Ok(Ok(client)) => tokio::time::timeout(PATIENCE, client.simple_query("SELECT 1"))
+                .await
+                .is_ok(),
+        }
     }
 
     /// Stops PostgreSQL for good (SIGTERM of the manager).

@@ -87,3 +87,28 @@ async fn a_crashed_postmaster_restarts_and_shutdown_is_clean_within_the_timeout(
     );
     Ok(())
 }
+
+/// A postmaster that stops answering (SIGSTOP) fails `/healthz` and `/readyz`, and passes
+/// again once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wedged_postgres_fails_the_liveness_probe() -> TestResult {
+    let node = Node::new("wedge-1");
+    node.instance.bootstrap_primary().await?;
+    let http = crate::common::Http::serve(&node).await;
+    assert_eq!(http.get(pgop_api::constants::PATH_HEALTHZ).await.0, 200);
+    let pid = node.instance.pid().expect("running") as i32;
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let (healthz, readyz) = (
+        http.get(pgop_api::constants::PATH_HEALTHZ).await.0,
+        http.get(pgop_api::constants::PATH_READYZ).await.0,
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert_eq!((healthz, readyz), (503, 503));
+    eventually("healthy again", WAIT, || async {
+        (http.get(pgop_api::constants::PATH_HEALTHZ).await.0 == 200).then_some(())
+    })
+    .await;
+    Ok(())
+}
