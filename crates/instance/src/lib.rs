@@ -7,6 +7,7 @@ pub mod config;
 pub mod http;
 pub mod instance;
 pub mod pg;
+pub mod reaper;
 pub mod role;
 pub mod run;
 pub mod status;

@@ -183,6 +183,7 @@ async fn supervise(
                 }
             }
         };
+        crate::reaper::forget(pid);
         state.send_replace(State::Stopped);
         if crashed && *want.borrow() == Want::Running {
             restarts.fetch_add(1, Ordering::Relaxed);
@@ -206,7 +207,7 @@ fn spawn(options: &Options) -> std::io::Result<Child> {
         // reaches only the manager, which then shuts PostgreSQL down in order.
         .process_group(0)
         .kill_on_drop(false);
-    let mut child = cmd.spawn()?;
+    let mut child = crate::reaper::spawn(&mut cmd)?;
     if let Some(stderr) = child.stderr.take() {
         let instance = options.instance.clone();
         let forward = options.forward_logs;

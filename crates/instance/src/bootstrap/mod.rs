@@ -134,11 +134,16 @@ pub(crate) async fn run(
     program: &'static str,
     mut cmd: tokio::process::Command,
 ) -> Result<Output, Error> {
-    let output = cmd
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|source| Error::SpawnProgram { program, source })?;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child =
+        crate::reaper::spawn(&mut cmd).map_err(|source| Error::SpawnProgram { program, source })?;
+    // Forgotten also when this future is dropped (the child is then killed and reaped by
+    // tokio in the background).
+    let _registered = crate::reaper::Registered(child.id());
+    let output = child.wait_with_output().await;
+    let output = output.map_err(|source| Error::SpawnProgram { program, source })?;
     if output.status.success() {
         Ok(output)
     } else {

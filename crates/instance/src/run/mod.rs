@@ -83,6 +83,9 @@ pub async fn run(
 ) -> Result<(), Error> {
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &settings.namespace);
     let mut shutdown = Box::pin(shutdown);
+    if crate::reaper::is_init() {
+        tokio::spawn(crate::reaper::run(Duration::from_secs(2)));
+    }
     let credentials = tokio::select! {
         () = &mut shutdown => return Ok(()),
         credentials = wait_for_credentials(&client, &settings) => credentials,

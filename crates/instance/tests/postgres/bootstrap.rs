@@ -112,3 +112,42 @@ async fn a_wedged_postgres_fails_the_liveness_probe() -> TestResult {
     .await;
     Ok(())
 }
+
+/// As PID 1 (here: a child subreaper) the manager inherits the backends of a postmaster
+/// killed with SIGKILL; they are reaped instead of staying zombies, and PostgreSQL restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_backends_of_a_killed_postmaster_are_reaped() -> TestResult {
+    pgop_instance::reaper::become_subreaper()?;
+    let reaper = tokio::spawn(pgop_instance::reaper::run(Duration::from_millis(100)));
+    let node = Node::new("reap-1");
+    node.instance.bootstrap_primary().await?;
+    let sessions = [node.app().await?, node.app().await?, node.app().await?];
+    let backends: Vec<i32> = {
+        let mut pids = Vec::new();
+        for s in &sessions {
+            pids.push(s.query_one("SELECT pg_backend_pid()", &[]).await?.get(0));
+        }
+        pids
+    };
+    let postmaster = node.instance.pid().expect("running") as i32;
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(postmaster, libc::SIGKILL) };
+    eventually(
+        "the orphaned backends gone, zombies included",
+        WAIT,
+        || async {
+            // SAFETY: signal 0 only checks that the process exists (a zombie still does).
+            backends
+                .iter()
+                .all(|pid| unsafe { libc::kill(*pid, 0) } != 0)
+                .then_some(())
+        },
+    )
+    .await;
+    eventually("PostgreSQL restarted", WAIT, || async {
+        node.instance.endpoint().connect().await.ok().map(|_| ())
+    })
+    .await;
+    reaper.abort();
+    Ok(())
+}
