@@ -95,6 +95,9 @@ pub struct StandbyReplication {
     /// Bytes between the primary's current LSN and the standby's replayed LSN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_lag_bytes: Option<i64>,
+    /// `pg_stat_replication.replay_lag` in seconds (unset while the standby is idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lag_seconds: Option<f64>,
 }
 
 impl PgStatus {
@@ -189,7 +192,8 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
             .query(
                 "SELECT application_name, COALESCE(state, ''), COALESCE(sync_state, ''),
                         sent_lsn::text, flush_lsn::text, replay_lsn::text,
-                        pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint
+                        pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint,
+                        EXTRACT(EPOCH FROM replay_lag)::float8
                  FROM pg_stat_replication ORDER BY application_name",
                 &[],
             )
@@ -204,6 +208,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
                 flush_lsn: row.try_get(4).map_err(e)?,
                 replay_lsn: row.try_get(5).map_err(e)?,
                 replay_lag_bytes: row.try_get(6).map_err(e)?,
+                replay_lag_seconds: row.try_get(7).map_err(e)?,
             });
         }
     }

@@ -70,5 +70,18 @@ async fn primary_and_two_standbys_stream_through_slots() -> TestResult {
                 .is_err()
         );
     }
+    eventually(
+        "the replay lag of both standbys on /pg/status",
+        WAIT,
+        || async {
+            let status = primary.instance.status().await;
+            let lags = status
+                .replication
+                .iter()
+                .filter(|r| r.replay_lag_bytes.is_some());
+            (lags.count() == 2).then_some(())
+        },
+    )
+    .await;
     Ok(())
 }
