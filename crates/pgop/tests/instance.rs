@@ -328,6 +328,27 @@ async fn instance_run_becomes_the_primary_the_cluster_status_names_and_stops_on_
     })
     .await;
 
+    // A parameter that needs a restart waits for the cluster's restart annotation.
+    let change = serde_json::json!({"spec": {"postgresql": {"parameters": {"work_mem": "16MB", "max_connections": "42"}}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&change))
+        .await?;
+    eventually(
+        "pendingRestart on /pg/status",
+        Duration::from_secs(30),
+        || async { (manager.pg_status()?["pendingRestart"] == true).then_some(()) },
+    )
+    .await;
+    let restart = serde_json::json!({"metadata": {"annotations": {pgop_api::constants::ANNOTATION_RESTART: "1"}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&restart))
+        .await?;
+    eventually("the restart applied", Duration::from_secs(30), || async {
+        let status = manager.pg_status()?;
+        (status["pendingRestart"] == false && status["running"] == true).then_some(())
+    })
+    .await;
+
     let exit = manager.terminate().await?;
     assert!(exit.success(), "{exit:?}");
     ns.delete().await?;

@@ -17,9 +17,10 @@ use crate::sync::SyncSpec;
 use crate::{error_chain, http};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::Api;
 use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
 use pgop_api::PostgresCluster;
+use pgop_api::constants::ANNOTATION_RESTART;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -121,6 +122,7 @@ pub async fn run(
     );
     let mut events = std::pin::pin!(events);
     let mut resync = tokio::time::interval(settings.resync);
+    let mut restarts = RestartRequests::default();
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -136,7 +138,9 @@ pub async fn run(
                     source,
                 })?;
             match cluster {
-                Some(cluster) => reconcile(&client, &settings, &instance, &cluster).await,
+                Some(cluster) => {
+                    reconcile(&client, &settings, &instance, &cluster, &mut restarts).await
+                }
                 None => Ok(()),
             }
         };
@@ -162,6 +166,7 @@ async fn reconcile(
     settings: &Settings,
     instance: &Instance,
     cluster: &PostgresCluster,
+    restarts: &mut RestartRequests,
 ) -> Result<(), Error> {
     if instance.fenced() {
         return Ok(());
@@ -266,7 +271,50 @@ async fn reconcile(
     for bad in &report.invalid {
         tracing::warn!(parameter = %bad.name, reason = %bad.reason, "refused a parameter");
     }
+    let requested = cluster
+        .annotations()
+        .get(ANNOTATION_RESTART)
+        .map(String::as_str);
+    if restarts.changed(requested) {
+        tracing::info!(pending = ?report.pending_restart, "restarting PostgreSQL as the cluster's restart annotation asks");
+        instance.restart().await.map_err(manage)?;
+    }
     Ok(())
+}
+
+/// The cluster's restart annotation: a new value asks every instance to restart once
+/// (parameters pending a restart). The value seen first is only recorded: a manager that
+/// starts has just started PostgreSQL anyway.
+#[derive(Debug, Default)]
+pub struct RestartRequests {
+    seen: Option<Option<String>>,
+}
+
+impl RestartRequests {
+    /// Whether `requested` is a new request since the last call.
+    pub fn changed(&mut self, requested: Option<&str>) -> bool {
+        let requested = requested.map(str::to_string);
+        match self.seen.replace(requested.clone()) {
+            None => false,
+            Some(previous) => previous != requested,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RestartRequests;
+
+    #[test]
+    fn only_a_new_restart_annotation_restarts() {
+        let mut r = RestartRequests::default();
+        assert!(!r.changed(Some("1")), "the first value is only recorded");
+        assert!(!r.changed(Some("1")));
+        assert!(r.changed(Some("2")));
+        assert!(!r.changed(Some("2")));
+        assert!(r.changed(None));
+        assert!(!r.changed(None));
+    }
 }
 
 fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
