@@ -301,22 +301,6 @@ impl RestartRequests {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::RestartRequests;
-
-    #[test]
-    fn only_a_new_restart_annotation_restarts() {
-        let mut r = RestartRequests::default();
-        assert!(!r.changed(Some("1")), "the first value is only recorded");
-        assert!(!r.changed(Some("1")));
-        assert!(r.changed(Some("2")));
-        assert!(!r.changed(Some("2")));
-        assert!(r.changed(None));
-        assert!(!r.changed(None));
-    }
-}
-
 fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
     let replication = &cluster.spec.replication;
     SyncSpec {
@@ -401,4 +385,20 @@ async fn read_credentials(
         replication_user: key(&replication, "username")?,
         replication_password: key(&replication, "password")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RestartRequests;
+
+    #[test]
+    fn only_a_new_restart_annotation_restarts() {
+        let mut r = RestartRequests::default();
+        assert!(!r.changed(Some("1")), "the first value is only recorded");
+        assert!(!r.changed(Some("1")));
+        assert!(r.changed(Some("2")));
+        assert!(!r.changed(Some("2")));
+        assert!(r.changed(None));
+        assert!(!r.changed(None));
+    }
 }
