@@ -2,6 +2,7 @@
 
 mod crd;
 mod dev;
+mod instance;
 mod operator;
 
 use clap::{Parser, Subcommand};
@@ -25,32 +26,44 @@ enum Command {
     /// Secrets, a PodDisruptionBudget and RBAC, and report their status. Uses the
     /// kubeconfig (KUBECONFIG) or the in-cluster service account.
     Operator(operator::Args),
+    /// The instance manager (PID 1 of every PostgreSQL pod): `pgop instance run`.
+    Instance(instance::Args),
     /// Print the CustomResourceDefinitions (PostgresCluster, PostgresBackup) as YAML.
     Crd,
 }
 
-/// `RUST_LOG` wins; otherwise `default`.
-fn init_tracing(default: &str) {
+/// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance manager, whose output
+/// is a pod's log (PostgreSQL's own lines are JSON there too).
+fn init_tracing(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if json {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The dev environment polls components until they answer; their refusals are noise.
-    init_tracing(match cli.command {
-        Command::Dev(_) => "warn,kube_client=off",
-        Command::Operator(_) => "info",
-        Command::Crd => "warn",
-    });
+    let json = matches!(cli.command, Command::Instance(_));
+    init_tracing(
+        match cli.command {
+            Command::Dev(_) => "warn,kube_client=off",
+            Command::Operator(_) | Command::Instance(_) => "info",
+            Command::Crd => "warn",
+        },
+        json,
+    );
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
         Command::Operator(args) => operator::run(args).await,
+        Command::Instance(args) => instance::run(args).await,
         Command::Crd => crd::run(),
     };
     match result {

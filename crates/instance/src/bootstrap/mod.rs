@@ -1,0 +1,169 @@
+//! Creating the data directory: initdb for the first primary, pg_basebackup for a standby.
+//! Bootstrap is restartable: a marker file beside PGDATA is written before and removed after,
+//! so a half-finished directory is wiped and redone. It must never start PostgreSQL on a data
+//! directory whose marker is still there.
+
+pub mod clone;
+pub mod initdb;
+
+use crate::pg::RunAs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to run {program}")]
+    SpawnProgram {
+        program: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to run {program}: it exited with {status}: {stderr}")]
+    RunProgram {
+        program: &'static str,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+    #[error("failed to prepare the data directory {path}")]
+    PrepareDataDirectory {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to mark the data directory complete")]
+    FinishBootstrap(#[source] std::io::Error),
+    #[error("failed to create the application database and roles")]
+    CreateRoles(#[source] tokio_postgres::Error),
+}
+
+/// The credentials bootstrap creates (from the cluster's `-app` and `-replication` Secrets).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub app_user: String,
+    pub app_password: String,
+    pub app_database: String,
+    pub replication_user: String,
+    pub replication_password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Passwords never reach a log line.
+        f.debug_struct("Credentials")
+            .field("app_user", &self.app_user)
+            .field("app_database", &self.app_database)
+            .field("replication_user", &self.replication_user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What is in the data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataState {
+    /// Nothing usable: bootstrap.
+    Missing,
+    /// A bootstrap was interrupted: wipe and bootstrap again.
+    Incomplete,
+    /// A complete data directory.
+    Ready,
+}
+
+/// The marker beside PGDATA (PGDATA itself must be empty for initdb and pg_basebackup).
+pub fn marker_path(pgdata: &Path) -> PathBuf {
+    let mut name = pgdata
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_else(|| "pgdata".into());
+    name.push(".pgop-bootstrapping");
+    pgdata.with_file_name(name)
+}
+
+/// Looks at the data directory and the marker.
+pub fn inspect(pgdata: &Path) -> DataState {
+    if marker_path(pgdata).exists() {
+        DataState::Incomplete
+    } else if pgdata.join("PG_VERSION").is_file() && pgdata.join("global/pg_control").is_file() {
+        DataState::Ready
+    } else if pgdata.exists()
+        && std::fs::read_dir(pgdata).is_ok_and(|mut entries| entries.next().is_some())
+    {
+        // Files without PG_VERSION: not ours to trust, and not a finished bootstrap.
+        DataState::Incomplete
+    } else {
+        DataState::Missing
+    }
+}
+
+/// Writes the marker, then leaves PGDATA empty (mode 0700, owned by PostgreSQL's user).
+pub fn begin(pgdata: &Path, run_as: Option<RunAs>) -> Result<(), Error> {
+    let prepare = |path: &Path| -> std::io::Result<()> {
+        std::fs::write(marker_path(path), b"bootstrap in progress\n")?;
+        sync_parent(path)?;
+        if path.exists() {
+            std::fs::remove_dir_all(path)?;
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(path)?;
+        if let Some(user) = run_as {
+            user.chown(path)?;
+        }
+        Ok(())
+    };
+    prepare(pgdata).map_err(|source| Error::PrepareDataDirectory {
+        path: pgdata.to_path_buf(),
+        source,
+    })
+}
+
+/// Removes the marker once the data directory is complete and durable.
+pub fn finish(pgdata: &Path) -> Result<(), Error> {
+    std::fs::remove_file(marker_path(pgdata))
+        .and_then(|()| sync_parent(pgdata))
+        .map_err(Error::FinishBootstrap)
+}
+
+fn sync_parent(path: &Path) -> std::io::Result<()> {
+    match path.parent() {
+        Some(parent) => std::fs::File::open(parent)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
+/// Runs a program to completion; its stderr becomes the error message on failure.
+pub(crate) async fn run(
+    program: &'static str,
+    mut cmd: tokio::process::Command,
+) -> Result<Output, Error> {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child =
+        crate::reaper::spawn(&mut cmd).map_err(|source| Error::SpawnProgram { program, source })?;
+    // Forgotten also when this future is dropped (the child is then killed and reaped by
+    // tokio in the background).
+    let _registered = crate::reaper::Registered(child.id());
+    let output = child.wait_with_output().await;
+    let output = output.map_err(|source| Error::SpawnProgram { program, source })?;
+    if output.status.success() {
+        Ok(output)
+    } else {
+        Err(Error::RunProgram {
+            program,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_marker_sits_beside_pgdata() {
+        assert_eq!(
+            marker_path(Path::new("/var/lib/postgresql/data/pgdata")),
+            Path::new("/var/lib/postgresql/data/pgdata.pgop-bootstrapping")
+        );
+    }
+}

@@ -1,0 +1,487 @@
+//! postgresql.conf and pg_hba.conf, rendered from the cluster spec: pgop-owned parameters
+//! (listening, replication, synchronous standbys) always win; user parameters are validated
+//! against the running server's `pg_settings` first. It must never write a parameter the
+//! server would reject: a rejected one is reported and its last good value kept.
+
+use crate::pg::sql::{SUPERUSER, quote_ident};
+use crate::pg::{RunAs, Upstream, sql};
+pub use crate::status::InvalidParameter;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_postgres::Client;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to write {path}")]
+    WriteFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to read pg_settings")]
+    ReadSettings(#[source] tokio_postgres::Error),
+    #[error("failed to reload the configuration")]
+    Reload(#[source] tokio_postgres::Error),
+    #[error("failed to see the configuration reloaded within {0:?}")]
+    ReloadTimeout(Duration),
+    #[error("failed to read pending restarts")]
+    ReadPendingRestart(#[source] tokio_postgres::Error),
+}
+
+/// Where the instance listens and what it is called: the parts of the config that come
+/// from the pod, not from the spec.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub instance: String,
+    pub cluster: String,
+    pub pgdata: PathBuf,
+    pub listen_addresses: String,
+    pub port: u16,
+    pub socket_dir: PathBuf,
+}
+
+/// The role the configuration is rendered for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    Primary,
+    Standby { upstream: Upstream },
+}
+
+/// Defaults pgop picks that a user may override.
+const DEFAULTS: &[(&str, &str)] = &[
+    ("logging_collector", "off"),
+    ("log_destination", "stderr"),
+    ("hot_standby_feedback", "on"),
+    ("password_encryption", "scram-sha-256"),
+];
+
+/// The parameters pgop owns, for this layout, mode and `synchronous_standby_names`.
+pub fn owned_parameters(layout: &Layout, mode: &Mode, sync_names: &str) -> Vec<(String, String)> {
+    let mut params = vec![
+        ("listen_addresses", layout.listen_addresses.clone()),
+        ("port", layout.port.to_string()),
+        (
+            "unix_socket_directories",
+            layout.socket_dir.display().to_string(),
+        ),
+        ("wal_level", "replica".into()),
+        ("hot_standby", "on".into()),
+        ("wal_log_hints", "on".into()),
+        ("full_page_writes", "on".into()),
+        ("max_wal_senders", "10".into()),
+        ("max_replication_slots", "10".into()),
+        ("cluster_name", layout.cluster.clone()),
+        ("synchronous_standby_names", sync_names.to_string()),
+    ];
+    if let Mode::Standby { upstream } = mode {
+        params.push((
+            "primary_conninfo",
+            upstream.conninfo(&layout.instance, None),
+        ));
+        params.push(("primary_slot_name", sql::slot_name(&layout.instance)));
+    }
+    params
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+}
+
+fn is_owned(name: &str) -> bool {
+    pgop_api::OWNED_PARAMETERS
+        .iter()
+        .any(|owned| owned.eq_ignore_ascii_case(name))
+}
+
+/// postgresql.conf: pgop's defaults, then the (validated) user parameters, then pgop's own.
+/// Later lines win in PostgreSQL, and owned names are also filtered out of the user's.
+pub fn render_postgresql_conf(
+    layout: &Layout,
+    mode: &Mode,
+    sync_names: &str,
+    user: &BTreeMap<String, String>,
+) -> String {
+    let mut out = String::from("# Written by pgop; edits are overwritten.\n\n# Defaults\n");
+    for (name, value) in DEFAULTS {
+        if !user.keys().any(|k| k.eq_ignore_ascii_case(name)) {
+            out.push_str(&line(name, value));
+        }
+    }
+    out.push_str("\n# spec.postgresql.parameters\n");
+    for (name, value) in user.iter().filter(|(name, _)| !is_owned(name)) {
+        out.push_str(&line(name, value));
+    }
+    out.push_str("\n# Owned by pgop\n");
+    for (name, value) in owned_parameters(layout, mode, sync_names) {
+        out.push_str(&line(&name, &value));
+    }
+    out
+}
+
+fn line(name: &str, value: &str) -> String {
+    format!(
+        "{name} = '{}'\n",
+        value.replace('\\', "\\\\").replace('\'', "''")
+    )
+}
+
+/// pg_hba.conf: the manager over the socket, replication with a password, the user's rules,
+/// then password access for everyone else.
+pub fn render_pg_hba(extra: &[String], replication_user: &str) -> String {
+    let mut out = String::from("# Written by pgop; edits are overwritten.\n");
+    // The socket directory is private to PostgreSQL's OS user: only the manager gets here.
+    out.push_str(&format!("local all {} trust\n", quote_ident(SUPERUSER)));
+    out.push_str(&format!(
+        "local replication {} trust\n",
+        quote_ident(SUPERUSER)
+    ));
+    out.push_str(&format!(
+        "host replication {} all scram-sha-256\n",
+        quote_ident(replication_user)
+    ));
+    out.push_str("\n# spec.postgresql.pgHba\n");
+    for rule in extra {
+        // One rule per line: a rule with a newline could smuggle in another one.
+        out.push_str(&rule.replace(['\n', '\r'], " "));
+        out.push('\n');
+    }
+    out.push_str("\nlocal all all scram-sha-256\nhost all all all scram-sha-256\n");
+    out
+}
+
+/// Writes a file PostgreSQL reads: a temp file, chowned, renamed into place.
+pub fn write_file(path: &Path, content: &str, run_as: Option<RunAs>) -> Result<(), Error> {
+    let write = || -> std::io::Result<()> {
+        let tmp = path.with_extension("pgop-tmp");
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(content.as_bytes())?;
+        file.sync_all()?;
+        if let Some(user) = run_as {
+            user.chown(&tmp)?;
+        }
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|source| Error::WriteFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// What `pg_settings` says about one parameter.
+#[derive(Debug, Clone)]
+pub struct Setting {
+    pub name: String,
+    pub vartype: String,
+    pub context: String,
+    pub unit: Option<String>,
+    pub min_val: Option<String>,
+    pub max_val: Option<String>,
+    pub enumvals: Vec<String>,
+}
+
+/// All of the server's settings, by lower-case name.
+pub async fn settings(client: &Client) -> Result<BTreeMap<String, Setting>, Error> {
+    let rows = client
+        .query(
+            "SELECT name, vartype, context, unit, min_val, max_val, enumvals FROM pg_settings",
+            &[],
+        )
+        .await
+        .map_err(Error::ReadSettings)?;
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let setting = Setting {
+            name: row.try_get(0).map_err(Error::ReadSettings)?,
+            vartype: row.try_get(1).map_err(Error::ReadSettings)?,
+            context: row.try_get(2).map_err(Error::ReadSettings)?,
+            unit: row.try_get(3).map_err(Error::ReadSettings)?,
+            min_val: row.try_get(4).map_err(Error::ReadSettings)?,
+            max_val: row.try_get(5).map_err(Error::ReadSettings)?,
+            enumvals: row
+                .try_get::<_, Option<Vec<String>>>(6)
+                .map_err(Error::ReadSettings)?
+                .unwrap_or_default(),
+        };
+        out.insert(setting.name.to_ascii_lowercase(), setting);
+    }
+    Ok(out)
+}
+
+/// Splits the user's parameters into the ones the server accepts and the ones it would
+/// not. Parameters a session may set are tried with `set_config` in a rolled-back
+/// transaction (the server's own check); the others are checked by type, range and enum.
+pub async fn validate(
+    client: &mut Client,
+    user: &BTreeMap<String, String>,
+) -> Result<(BTreeMap<String, String>, Vec<InvalidParameter>), Error> {
+    let known = settings(client).await?;
+    let mut valid = BTreeMap::new();
+    let mut invalid = Vec::new();
+    for (name, value) in user {
+        let reject = |reason: String| InvalidParameter {
+            name: name.clone(),
+            value: value.clone(),
+            reason,
+        };
+        if is_owned(name) {
+            invalid.push(reject("managed by pgop".into()));
+            continue;
+        }
+        let Some(setting) = known.get(&name.to_ascii_lowercase()) else {
+            // Dotted names belong to extensions, which PostgreSQL accepts as placeholders.
+            if name.contains('.') {
+                valid.insert(name.clone(), value.clone());
+            } else {
+                invalid.push(reject("unknown parameter".into()));
+            }
+            continue;
+        };
+        if let Err(reason) = check_value(setting, value) {
+            invalid.push(reject(reason));
+            continue;
+        }
+        if matches!(setting.context.as_str(), "user" | "superuser")
+            && let Err(reason) = try_set(client, &setting.name, value).await
+        {
+            invalid.push(reject(reason));
+            continue;
+        }
+        valid.insert(setting.name.clone(), value.clone());
+    }
+    Ok((valid, invalid))
+}
+
+/// The server's own check of a session-settable value, rolled back.
+async fn try_set(client: &mut Client, name: &str, value: &str) -> Result<(), String> {
+    let tx = client.transaction().await.map_err(|e| e.to_string())?;
+    let result = tx
+        .query("SELECT set_config($1, $2, true)", &[&name, &value])
+        .await;
+    let _ = tx.rollback().await;
+    result.map(|_| ()).map_err(|e| match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None => e.to_string(),
+    })
+}
+
+/// Checks a value against a setting's type, unit, range and enum values.
+pub fn check_value(setting: &Setting, value: &str) -> Result<(), String> {
+    let value = value.trim();
+    match setting.vartype.as_str() {
+        _ if setting.context == "internal" => Err("cannot be set".into()),
+        "bool" => parse_bool(value)
+            .map(|_| ())
+            .ok_or_else(|| format!("{value:?} is not a boolean")),
+        "enum" => {
+            if setting
+                .enumvals
+                .iter()
+                .any(|v| v.eq_ignore_ascii_case(value))
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{value:?} is not one of {}",
+                    setting.enumvals.join(", ")
+                ))
+            }
+        }
+        "integer" | "real" => {
+            let number = parse_number(value, setting.unit.as_deref())?;
+            let number = if setting.vartype == "integer" {
+                number.round()
+            } else {
+                number
+            };
+            let bound = |b: &Option<String>| b.as_deref().and_then(|b| b.parse::<f64>().ok());
+            if let Some(min) = bound(&setting.min_val)
+                && number < min
+            {
+                return Err(format!("{value:?} is below the minimum {min}"));
+            }
+            if let Some(max) = bound(&setting.max_val)
+                && number > max
+            {
+                return Err(format!("{value:?} is above the maximum {max}"));
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// PostgreSQL's boolean spellings (including unambiguous prefixes).
+fn parse_bool(value: &str) -> Option<bool> {
+    let v = value.to_ascii_lowercase();
+    let prefix_of = |word: &str, min: usize| v.len() >= min && word.starts_with(&v);
+    if v == "1" || v == "on" || prefix_of("true", 1) || prefix_of("yes", 1) {
+        Some(true)
+    } else if v == "0" || prefix_of("off", 2) || prefix_of("false", 1) || prefix_of("no", 1) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Memory units in bytes and time units in microseconds, as PostgreSQL spells them.
+fn unit_scale(unit: &str) -> Option<(char, f64)> {
+    Some(match unit {
+        "B" => ('m', 1.0),
+        "kB" => ('m', 1024.0),
+        "MB" => ('m', 1024.0 * 1024.0),
+        "GB" => ('m', 1024.0 * 1024.0 * 1024.0),
+        "TB" => ('m', 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        "us" => ('t', 1.0),
+        "ms" => ('t', 1e3),
+        "s" => ('t', 1e6),
+        "min" => ('t', 60e6),
+        "h" => ('t', 3600e6),
+        "d" => ('t', 86400e6),
+        _ => return None,
+    })
+}
+
+/// A number with an optional unit, in the setting's base unit (`8kB`, `ms`, ...).
+fn parse_number(value: &str, base_unit: Option<&str>) -> Result<f64, String> {
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
+        .unwrap_or(value.len());
+    let (digits, unit) = (value[..split].trim(), value[split..].trim());
+    let number: f64 = digits
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number"))?;
+    if unit.is_empty() {
+        return Ok(number);
+    }
+    let base = base_unit.ok_or_else(|| format!("{value:?}: this parameter takes no unit"))?;
+    // A base unit may carry a multiplier: "8kB", "16MB".
+    let base_split = base.find(|c: char| !c.is_ascii_digit()).unwrap_or(0);
+    let base_mult: f64 = base[..base_split].parse().unwrap_or(1.0);
+    let (base_kind, base_scale) =
+        unit_scale(&base[base_split..]).ok_or_else(|| format!("unknown base unit {base:?}"))?;
+    let (kind, scale) =
+        unit_scale(unit).ok_or_else(|| format!("{value:?}: unknown unit {unit:?}"))?;
+    if kind != base_kind {
+        return Err(format!("{value:?}: wrong kind of unit"));
+    }
+    Ok(number * scale / (base_scale * base_mult))
+}
+
+/// Reloads the configuration and waits until new sessions see it.
+pub async fn reload(client: &Client) -> Result<(), Error> {
+    let row = client
+        .query_one("SELECT pg_conf_load_time()::text", &[])
+        .await
+        .map_err(Error::Reload)?;
+    let before: String = row.try_get(0).map_err(Error::Reload)?;
+    client
+        .simple_query("SELECT pg_reload_conf()")
+        .await
+        .map_err(Error::Reload)?;
+    // The postmaster rereads the files asynchronously; a new backend inherits its load time.
+    let timeout = Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let row = client
+            .query_one("SELECT pg_conf_load_time()::text", &[])
+            .await
+            .map_err(Error::Reload)?;
+        // This session rereads the files at its next command after the SIGHUP.
+        let now: String = row.try_get(0).map_err(Error::Reload)?;
+        if now != before {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::ReloadTimeout(timeout));
+        }
+    }
+}
+
+/// Parameters whose new value waits for a restart.
+pub async fn pending_restart(client: &Client) -> Result<Vec<String>, Error> {
+    let rows = client
+        .query(
+            "SELECT name FROM pg_settings WHERE pending_restart ORDER BY name",
+            &[],
+        )
+        .await
+        .map_err(Error::ReadPendingRestart)?;
+    rows.iter()
+        .map(|r| r.try_get(0).map_err(Error::ReadPendingRestart))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting(vartype: &str, unit: Option<&str>, min: &str, max: &str) -> Setting {
+        Setting {
+            name: "x".into(),
+            vartype: vartype.into(),
+            context: "user".into(),
+            unit: unit.map(Into::into),
+            min_val: Some(min.into()),
+            max_val: Some(max.into()),
+            enumvals: vec!["on".into(), "off".into(), "local".into()],
+        }
+    }
+
+    #[test]
+    fn numbers_with_units_are_checked_in_the_base_unit() {
+        let shared_buffers = setting("integer", Some("8kB"), "16", "1073741823");
+        assert!(check_value(&shared_buffers, "128MB").is_ok());
+        assert!(check_value(&shared_buffers, "64kB").is_err());
+        assert!(check_value(&shared_buffers, "lots").is_err());
+        assert!(check_value(&shared_buffers, "10s").is_err());
+        let timeout = setting("integer", Some("ms"), "0", "2147483647");
+        assert!(check_value(&timeout, "5min").is_ok());
+        assert!(check_value(&timeout, "-1").is_err());
+    }
+
+    #[test]
+    fn booleans_and_enums() {
+        let b = setting("bool", None, "", "");
+        for ok in ["on", "off", "true", "f", "yes", "0"] {
+            assert!(check_value(&b, ok).is_ok(), "{ok}");
+        }
+        assert!(check_value(&b, "maybe").is_err());
+        let e = setting("enum", None, "", "");
+        assert!(check_value(&e, "LOCAL").is_ok());
+        assert!(check_value(&e, "remote").is_err());
+    }
+
+    #[test]
+    fn owned_parameters_win_and_values_are_quoted() {
+        let layout = Layout {
+            instance: "demo-2".into(),
+            cluster: "demo".into(),
+            pgdata: "/data".into(),
+            listen_addresses: "10.0.0.2".into(),
+            port: 5432,
+            socket_dir: "/run/postgresql".into(),
+        };
+        let user = BTreeMap::from([
+            ("port".to_string(), "1".to_string()),
+            ("search_path".to_string(), "it's".to_string()),
+        ]);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "ANY 1 (\"a\")", &user);
+        assert!(!conf.contains("port = '1'"));
+        assert!(conf.contains("port = '5432'"));
+        assert!(conf.contains("search_path = 'it''s'"));
+        assert!(conf.contains("synchronous_standby_names = 'ANY 1 (\"a\")'"));
+        let hba = render_pg_hba(
+            &["host all all 10.0.0.0/8 md5\nhost all all all trust".into()],
+            "streaming_replica",
+        );
+        assert!(hba.contains("host all all 10.0.0.0/8 md5 host all all all trust\n"));
+    }
+}

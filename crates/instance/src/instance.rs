@@ -1,0 +1,576 @@
+//! One PostgreSQL instance and everything the manager does to it, without Kubernetes: the
+//! desired role and spec are given by the caller (`run` from the PostgresCluster, tests
+//! directly). Operations are serialized. It must never choose a role itself.
+
+use crate::bootstrap::{self, Credentials, DataState};
+use crate::config::{self, InvalidParameter, Layout, Mode};
+use crate::pg::{Binaries, Endpoint, RunAs, Upstream, sql};
+use crate::role;
+use crate::status::{self, PgRole, PgStatus};
+use crate::supervisor::{self, Supervisor};
+use crate::sync::{self, SyncSpec};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to bootstrap the data directory")]
+    Bootstrap(#[source] bootstrap::Error),
+    #[error("failed to start PostgreSQL: the data directory is {0:?}")]
+    DataNotReady(DataState),
+    #[error("failed to start PostgreSQL")]
+    StartPostgres(#[source] supervisor::Error),
+    #[error("failed to wait for PostgreSQL to accept connections")]
+    WaitReady(#[source] sql::Error),
+    #[error("failed to stop PostgreSQL")]
+    StopPostgres(#[source] supervisor::Error),
+    #[error("failed to connect to PostgreSQL")]
+    Connect(#[source] sql::Error),
+    #[error("failed to write the configuration")]
+    WriteConfig(#[source] config::Error),
+    #[error("failed to write {0}")]
+    WriteSignal(&'static str, #[source] std::io::Error),
+    #[error("failed to apply the configuration")]
+    ApplyConfig(#[source] config::Error),
+    #[error("failed to check pg_hba.conf")]
+    CheckHba(#[source] tokio_postgres::Error),
+    #[error("failed to promote")]
+    Promote(#[source] role::Error),
+    #[error("failed to manage replication slots")]
+    ManageSlots(#[source] role::Error),
+    #[error("failed to read the replication state")]
+    ReadReplication(#[source] tokio_postgres::Error),
+    #[error("failed to read the status")]
+    ReadStatus(#[source] status::Error),
+    #[error("failed to check the new primary before re-cloning from it")]
+    ProbePrimary(#[source] sql::Error),
+}
+
+/// Everything about the instance that does not change while it runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub layout: Layout,
+    pub binaries: Binaries,
+    /// PostgreSQL's OS user when the manager runs as root.
+    pub run_as: Option<RunAs>,
+    pub credentials: Credentials,
+    /// Smart shutdown gets this long, then fast shutdown as long again.
+    pub stop_timeout: Duration,
+    /// How long PostgreSQL may take to accept connections after a start.
+    pub start_timeout: Duration,
+    pub forward_logs: bool,
+}
+
+/// How a former primary became a standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejoin {
+    /// pg_rewind brought it onto the new primary's timeline.
+    Rewound,
+    /// Rewind could not work; it was cloned afresh.
+    Recloned,
+}
+
+/// The result of applying a configuration.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigReport {
+    /// Refused parameters (and pg_hba rules, named `pgHba`): never written.
+    pub invalid: Vec<InvalidParameter>,
+    /// Parameters whose new value needs a restart.
+    pub pending_restart: Vec<String>,
+}
+
+struct Desired {
+    mode: Mode,
+    parameters: BTreeMap<String, String>,
+    pg_hba: Vec<String>,
+    sync_names: String,
+    invalid: Vec<InvalidParameter>,
+    fenced: bool,
+    /// The last spec applied, so that an unchanged spec is not reloaded again.
+    applied: Option<(BTreeMap<String, String>, Vec<String>, ConfigReport)>,
+}
+
+/// One PostgreSQL instance under the manager's control.
+pub struct Instance {
+    options: Options,
+    supervisor: Supervisor,
+    desired: std::sync::Mutex<Desired>,
+    ops: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance")
+            .field("instance", &self.options.layout.instance)
+            .field("supervisor", &self.supervisor)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Instance {
+    /// An instance with PostgreSQL stopped, to be configured as a primary until told else.
+    pub fn new(options: Options) -> Self {
+        let supervisor = Supervisor::new(supervisor::Options {
+            binaries: options.binaries.clone(),
+            run_as: options.run_as,
+            pgdata: options.layout.pgdata.clone(),
+            instance: options.layout.instance.clone(),
+            stop_timeout: options.stop_timeout,
+            forward_logs: options.forward_logs,
+        });
+        Self {
+            options,
+            supervisor,
+            desired: std::sync::Mutex::new(Desired {
+                mode: Mode::Primary,
+                parameters: BTreeMap::new(),
+                pg_hba: Vec::new(),
+                sync_names: String::new(),
+                invalid: Vec::new(),
+                fenced: false,
+                applied: None,
+            }),
+            ops: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.options.layout.instance
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The Unix socket endpoint of this instance's server.
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            socket_dir: self.options.layout.socket_dir.clone(),
+            port: self.options.layout.port,
+        }
+    }
+
+    /// How standbys reach this instance when it is the primary.
+    pub fn as_upstream(&self, host: &str) -> Upstream {
+        Upstream {
+            host: host.to_string(),
+            port: self.options.layout.port,
+            user: self.options.credentials.replication_user.clone(),
+            password: self.options.credentials.replication_password.clone(),
+        }
+    }
+
+    /// The state of the data directory.
+    pub fn data_state(&self) -> DataState {
+        bootstrap::inspect(&self.options.layout.pgdata)
+    }
+
+    /// The postmaster's pid, when running.
+    pub fn pid(&self) -> Option<u32> {
+        self.supervisor.pid()
+    }
+
+    /// How often the supervisor restarted a crashed postmaster.
+    pub fn restarts(&self) -> u32 {
+        self.supervisor.restarts()
+    }
+
+    fn desired(&self) -> std::sync::MutexGuard<'_, Desired> {
+        // A panic while holding the lock leaves plain data behind: keep using it.
+        self.desired
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Renders both files and standby.signal for the desired mode.
+    fn write_config(&self) -> Result<(), Error> {
+        let (conf, hba, standby) = {
+            let d = self.desired();
+            (
+                config::render_postgresql_conf(
+                    &self.options.layout,
+                    &d.mode,
+                    &d.sync_names,
+                    &d.parameters,
+                ),
+                config::render_pg_hba(&d.pg_hba, &self.options.credentials.replication_user),
+                matches!(d.mode, Mode::Standby { .. }),
+            )
+        };
+        let pgdata = &self.options.layout.pgdata;
+        let run_as = self.options.run_as;
+        config::write_file(&pgdata.join("postgresql.conf"), &conf, run_as)
+            .map_err(Error::WriteConfig)?;
+        config::write_file(&pgdata.join("pg_hba.conf"), &hba, run_as)
+            .map_err(Error::WriteConfig)?;
+        let signal = pgdata.join("standby.signal");
+        if standby {
+            config::write_file(&signal, "", run_as).map_err(Error::WriteConfig)?;
+        } else if signal.exists() {
+            std::fs::remove_file(&signal).map_err(|e| Error::WriteSignal("standby.signal", e))?;
+        }
+        Ok(())
+    }
+
+    async fn start_locked(&self) -> Result<(), Error> {
+        let state = self.data_state();
+        if state != DataState::Ready {
+            return Err(Error::DataNotReady(state));
+        }
+        self.write_config()?;
+        self.supervisor
+            .start()
+            .await
+            .map_err(Error::StartPostgres)?;
+        self.desired().fenced = false;
+        self.endpoint()
+            .wait_ready(self.options.start_timeout)
+            .await
+            .map_err(Error::WaitReady)?;
+        Ok(())
+    }
+
+    /// Starts PostgreSQL on a complete data directory in the desired mode.
+    pub async fn start(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.start_locked().await
+    }
+
+    /// Starts PostgreSQL in `mode` (a manager restarting on an existing data directory).
+    pub async fn start_as(&self, mode: Mode) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.desired().mode = mode;
+        self.start_locked().await
+    }
+
+    /// The mode the configuration is rendered for.
+    pub fn mode(&self) -> Mode {
+        self.desired().mode.clone()
+    }
+
+    /// Whether the data directory was left as a standby's (`standby.signal`).
+    pub fn has_standby_signal(&self) -> bool {
+        self.options.layout.pgdata.join("standby.signal").exists()
+    }
+
+    /// Whether the manager fenced PostgreSQL.
+    pub fn fenced(&self) -> bool {
+        self.desired().fenced
+    }
+
+    /// Stops PostgreSQL: smart, then fast after the stop timeout.
+    pub async fn stop(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.supervisor.stop().await.map_err(Error::StopPostgres)
+    }
+
+    /// Stops and starts PostgreSQL (to apply parameters that need a restart).
+    pub async fn restart(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+        self.start_locked().await
+    }
+
+    /// Simulates losing the node: SIGKILL to every PostgreSQL process, no restart.
+    pub async fn kill(&self) -> Result<(), Error> {
+        self.supervisor.kill().await.map_err(Error::StopPostgres)
+    }
+
+    /// Fencing: stop PostgreSQL and keep it stopped, data untouched, until told otherwise.
+    pub async fn fence(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+        self.desired().fenced = true;
+        Ok(())
+    }
+
+    /// initdb (with data checksums), then the application database and roles; leaves a
+    /// running primary. Redone from scratch when interrupted.
+    pub async fn bootstrap_primary(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        let o = &self.options;
+        self.desired().mode = Mode::Primary;
+        bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
+        bootstrap::initdb::initdb(&o.binaries, o.run_as, &o.layout.pgdata)
+            .await
+            .map_err(Error::Bootstrap)?;
+        self.write_config()?;
+        self.supervisor
+            .start()
+            .await
+            .map_err(Error::StartPostgres)?;
+        let client = self
+            .endpoint()
+            .wait_ready(o.start_timeout)
+            .await
+            .map_err(Error::WaitReady)?;
+        bootstrap::initdb::create_roles(&client, &o.credentials)
+            .await
+            .map_err(Error::Bootstrap)?;
+        client
+            .batch_execute("CHECKPOINT")
+            .await
+            .map_err(|e| Error::Bootstrap(bootstrap::Error::CreateRoles(e)))?;
+        bootstrap::finish(&o.layout.pgdata).map_err(Error::Bootstrap)
+    }
+
+    /// Clones `upstream` with pg_basebackup and starts as its standby. Redone from scratch
+    /// when interrupted. The primary must already have this instance's slot.
+    pub async fn bootstrap_standby(&self, upstream: &Upstream) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.clone_locked(upstream).await
+    }
+
+    async fn clone_locked(&self, upstream: &Upstream) -> Result<(), Error> {
+        let o = &self.options;
+        self.desired().mode = Mode::Standby {
+            upstream: upstream.clone(),
+        };
+        bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
+        bootstrap::clone::base_backup(
+            &o.binaries,
+            o.run_as,
+            &o.layout.pgdata,
+            upstream,
+            &o.layout.instance,
+        )
+        .await
+        .map_err(Error::Bootstrap)?;
+        self.write_config()?;
+        bootstrap::finish(&o.layout.pgdata).map_err(Error::Bootstrap)?;
+        self.start_locked().await
+    }
+
+    /// Validates and applies the spec's parameters and pg_hba rules: refused ones are
+    /// reported and their last good value kept; reloads; reports what needs a restart.
+    pub async fn apply_config(
+        &self,
+        parameters: &BTreeMap<String, String>,
+        pg_hba: &[String],
+    ) -> Result<ConfigReport, Error> {
+        let _op = self.ops.lock().await;
+        if let Some((params, hba, report)) = &self.desired().applied
+            && params == parameters
+            && hba == pg_hba
+            && report.pending_restart.is_empty()
+        {
+            return Ok(report.clone());
+        }
+        let mut client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        let (valid, mut invalid) = config::validate(&mut client, parameters)
+            .await
+            .map_err(Error::ApplyConfig)?;
+        let previous_hba = {
+            let mut d = self.desired();
+            let mut merged = valid;
+            for bad in &invalid {
+                if let Some(good) = d.parameters.get(&bad.name) {
+                    merged.insert(bad.name.clone(), good.clone());
+                }
+            }
+            d.parameters = merged;
+            std::mem::replace(&mut d.pg_hba, pg_hba.to_vec())
+        };
+        self.write_config()?;
+        // PostgreSQL parses pg_hba.conf anew for this view: a bad rule is caught before any
+        // reload or restart could use the file.
+        let rows = client
+            .query(
+                "SELECT line_number, COALESCE(error, '') FROM pg_hba_file_rules WHERE error IS NOT NULL",
+                &[],
+            )
+            .await
+            .map_err(Error::CheckHba)?;
+        if !rows.is_empty() {
+            for row in &rows {
+                let reason: String = row.try_get(1).map_err(Error::CheckHba)?;
+                invalid.push(InvalidParameter {
+                    name: "pgHba".into(),
+                    value: pg_hba.join("\n"),
+                    reason,
+                });
+            }
+            self.desired().pg_hba = previous_hba;
+            self.write_config()?;
+        }
+        config::reload(&client).await.map_err(Error::ApplyConfig)?;
+        let pending_restart = config::pending_restart(&client)
+            .await
+            .map_err(Error::ApplyConfig)?;
+        let report = ConfigReport {
+            invalid,
+            pending_restart,
+        };
+        let mut d = self.desired();
+        d.invalid = report.invalid.clone();
+        d.applied = Some((parameters.clone(), pg_hba.to_vec(), report.clone()));
+        Ok(report)
+    }
+
+    /// Primary: keeps `synchronous_standby_names` in step with the spec and the standbys.
+    pub async fn set_synchronous(
+        &self,
+        spec: SyncSpec,
+        standbys: &[String],
+    ) -> Result<String, Error> {
+        let _op = self.ops.lock().await;
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        let rows = client
+            .query(
+                "SELECT application_name FROM pg_stat_replication WHERE state = 'streaming'",
+                &[],
+            )
+            .await
+            .map_err(Error::ReadReplication)?;
+        let streaming = rows
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<Vec<String>, _>>()
+            .map_err(Error::ReadReplication)?;
+        let names = sync::standby_names(spec, standbys, &streaming);
+        let changed = {
+            let mut d = self.desired();
+            let changed = d.sync_names != names;
+            d.sync_names = names.clone();
+            changed
+        };
+        if changed {
+            self.write_config()?;
+            config::reload(&client).await.map_err(Error::ApplyConfig)?;
+        }
+        Ok(names)
+    }
+
+    /// Primary: one replication slot per standby, none for instances that are gone.
+    pub async fn ensure_slots(&self, standbys: &[String]) -> Result<(), Error> {
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        role::ensure_slots(&client, standbys)
+            .await
+            .map_err(Error::ManageSlots)
+    }
+
+    /// Standby to primary: `pg_promote()`, then the config rewritten for a primary.
+    pub async fn promote(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        role::promote(&client, self.options.start_timeout)
+            .await
+            .map_err(Error::Promote)?;
+        self.desired().mode = Mode::Primary;
+        self.write_config()?;
+        config::reload(&client).await.map_err(Error::ApplyConfig)
+    }
+
+    /// A running standby follows another primary (reload: `primary_conninfo` is reloadable).
+    pub async fn follow(&self, upstream: &Upstream) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.desired().mode = Mode::Standby {
+            upstream: upstream.clone(),
+        };
+        self.write_config()?;
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        config::reload(&client).await.map_err(Error::ApplyConfig)
+    }
+
+    /// A former primary (running, stopped or killed) becomes a standby of `upstream`:
+    /// pg_rewind, or a fresh clone when rewinding cannot work. The data is only thrown away
+    /// for a clone once `upstream` answers as a primary; otherwise it is kept and an error
+    /// returned (to be retried).
+    pub async fn demote(&self, upstream: &Upstream) -> Result<Rejoin, Error> {
+        let _op = self.ops.lock().await;
+        let o = &self.options;
+        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+        self.desired().mode = Mode::Standby {
+            upstream: upstream.clone(),
+        };
+        if self.data_state() == DataState::Ready {
+            match role::rewind(
+                &o.binaries,
+                o.run_as,
+                &o.layout.pgdata,
+                upstream,
+                &o.layout.instance,
+            )
+            .await
+            {
+                Ok(()) => match self.start_locked().await {
+                    Ok(()) => return Ok(Rejoin::Rewound),
+                    Err(err) => {
+                        tracing::warn!(error = %crate::error_chain(&err), "the rewound standby did not start; cloning afresh");
+                        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+                    }
+                },
+                Err(err) => {
+                    tracing::warn!(error = %crate::error_chain(&err), "pg_rewind failed; cloning afresh");
+                }
+            }
+        }
+        // Re-cloning wipes this instance's data: only for an upstream that is a primary now.
+        upstream
+            .probe_primary()
+            .await
+            .map_err(Error::ProbePrimary)?;
+        self.clone_locked(upstream).await?;
+        Ok(Rejoin::Recloned)
+    }
+
+    /// The status served on `/pg/status`.
+    pub async fn status(&self) -> PgStatus {
+        let (invalid, fenced) = {
+            let d = self.desired();
+            (d.invalid.clone(), d.fenced)
+        };
+        let queried = async {
+            let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+            status::query(&client, self.name())
+                .await
+                .map_err(Error::ReadStatus)
+        };
+        let mut status = match self.supervisor.pid() {
+            Some(_) => match tokio::time::timeout(Duration::from_secs(5), queried).await {
+                Ok(Ok(status)) => status,
+                _ => PgStatus::stopped(self.name(), fenced),
+            },
+            None => PgStatus::stopped(self.name(), fenced),
+        };
+        status.invalid_parameters = invalid;
+        status.fenced = fenced;
+        status
+    }
+
+    /// Ready: bootstrap finished and accepting connections; a standby also streams from
+    /// its primary.
+    pub async fn ready(&self) -> bool {
+        if self.data_state() != DataState::Ready {
+            return false;
+        }
+        let status = self.status().await;
+        match status.role {
+            PgRole::Primary => true,
+            PgRole::Replica => status.streaming,
+            PgRole::Stopped => false,
+        }
+    }
+
+    /// Alive: PostgreSQL is not wedged. A stopped, starting or crash-restarting server is
+    /// not wedged (it refuses connections at once); one that does not even answer a
+    /// connection attempt, or a query, within a few seconds is.
+    pub async fn healthy(&self) -> bool {
+        const PATIENCE: Duration = Duration::from_secs(3);
+        if self.supervisor.pid().is_none() {
+            return true;
+        }
+        match tokio::time::timeout(PATIENCE, self.endpoint().connect()).await {
+            Err(_elapsed) => false,
+            Ok(Err(_refused_or_starting)) => true,
+            Ok(Ok(client)) => tokio::time::timeout(PATIENCE, client.simple_query("SELECT 1"))
+                .await
+                .is_ok(),
+        }
+    }
+
+    /// Stops PostgreSQL for good (SIGTERM of the manager).
+    pub async fn shutdown(&self) -> Result<(), Error> {
+        self.stop().await
+    }
+}

@@ -1,0 +1,8 @@
+//! Talking to PostgreSQL: where its programs are, which OS user runs them, and SQL
+//! connections over the Unix socket. Nothing here decides anything about roles or config.
+
+pub mod binaries;
+pub mod sql;
+
+pub use binaries::{Binaries, RunAs};
+pub use sql::{Endpoint, Upstream};

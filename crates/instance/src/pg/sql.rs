@@ -1,0 +1,227 @@
+//! SQL connections (tokio-postgres) and the few quoting helpers DDL needs. The manager
+//! reaches its own server over the Unix socket as the superuser; it must never build SQL
+//! from unquoted input.
+
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_postgres::{Client, NoTls};
+
+/// The superuser the manager connects as over the Unix socket.
+pub const SUPERUSER: &str = "postgres";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to connect to PostgreSQL")]
+    Connect(#[source] tokio_postgres::Error),
+    #[error("failed to connect to PostgreSQL within {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("failed to reach the primary at {host}:{port}")]
+    ReachPrimary {
+        host: String,
+        port: u16,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("failed to reach the primary at {host}:{port}: it is in recovery")]
+    PrimaryInRecovery { host: String, port: u16 },
+}
+
+/// How the manager reaches its own server: the Unix socket directory and port.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub socket_dir: PathBuf,
+    pub port: u16,
+}
+
+impl Endpoint {
+    /// A superuser connection to `dbname`; the connection task runs until the client drops.
+    pub async fn connect_to(&self, dbname: &str) -> Result<Client, Error> {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(&self.socket_dir)
+            .port(self.port)
+            .user(SUPERUSER)
+            .dbname(dbname)
+            .application_name("pgop-instance")
+            .connect_timeout(Duration::from_secs(5));
+        let (client, connection) = config.connect(NoTls).await.map_err(Error::Connect)?;
+        tokio::spawn(async move {
+            // The error of a dropped or dead connection surfaces on the client's next query.
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// A superuser connection to the `postgres` database.
+    pub async fn connect(&self) -> Result<Client, Error> {
+        self.connect_to("postgres").await
+    }
+
+    /// Retries until the server accepts connections and answers a query.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<Client, Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(client) = self.connect().await
+                && client.simple_query("SELECT 1").await.is_ok()
+            {
+                return Ok(client);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::ConnectTimeout(timeout));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Where a standby streams from: the primary's address and the replication credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password never reaches a log line.
+        f.debug_struct("Upstream")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// A libpq connection string; `application_name` is how the primary names this standby
+    /// (in `pg_stat_replication` and `synchronous_standby_names`).
+    pub fn conninfo(&self, application_name: &str, dbname: Option<&str>) -> String {
+        let mut parts = vec![self.conninfo_without_password(application_name, dbname)];
+        parts.push(format!("password={}", conninfo_value(&self.password)));
+        parts.join(" ")
+    }
+
+    /// The connection string for programs that get the password as `PGPASSWORD` (so that
+    /// it does not show in the process list).
+    pub fn conninfo_without_password(
+        &self,
+        application_name: &str,
+        dbname: Option<&str>,
+    ) -> String {
+        let mut parts = vec![
+            format!("host={}", conninfo_value(&self.host)),
+            format!("port={}", self.port),
+            format!("user={}", conninfo_value(&self.user)),
+            format!("application_name={}", conninfo_value(application_name)),
+            "connect_timeout=5".to_string(),
+        ];
+        if let Some(db) = dbname {
+            parts.push(format!("dbname={}", conninfo_value(db)));
+        }
+        parts.join(" ")
+    }
+}
+
+impl Upstream {
+    /// Checks that the upstream answers and accepts writes (not in recovery), before
+    /// anything is thrown away to copy from it.
+    pub async fn probe_primary(&self) -> Result<(), Error> {
+        let reach = |source| Error::ReachPrimary {
+            host: self.host.clone(),
+            port: self.port,
+            source,
+        };
+        let (client, connection) = tokio_postgres::Config::new()
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .password(&self.password)
+            .dbname("postgres")
+            .application_name("pgop-instance")
+            .connect_timeout(Duration::from_secs(5))
+            .connect(NoTls)
+            .await
+            .map_err(reach)?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let row = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(reach)?;
+        let in_recovery: bool = row.try_get(0).map_err(reach)?;
+        if in_recovery {
+            return Err(Error::PrimaryInRecovery {
+                host: self.host.clone(),
+                port: self.port,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A libpq conninfo value: single-quoted, with `\` and `'` escaped.
+pub fn conninfo_value(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// An SQL string literal (standard_conforming_strings is on in every supported version).
+pub fn quote_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+/// An SQL identifier.
+pub fn quote_ident(value: &str) -> String {
+    format!("\"{}\"", value.replace('"', "\"\""))
+}
+
+/// A physical replication slot name for an instance: slot names allow only `[a-z0-9_]`.
+pub fn slot_name(instance: &str) -> String {
+    let cleaned: String = instance
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '_' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '_',
+        })
+        .collect();
+    let mut name = format!("pgop_{cleaned}");
+    name.truncate(63);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(conninfo_value("p'w\\"), "'p\\'w\\\\'");
+        assert_eq!(slot_name("demo-3"), "pgop_demo_3");
+    }
+
+    #[test]
+    fn passwords_stay_out_of_debug_output_and_off_command_lines() {
+        let upstream = Upstream {
+            host: "10.0.0.1".into(),
+            port: 5432,
+            user: "streaming_replica".into(),
+            password: "s3cret".into(),
+        };
+        assert!(!format!("{upstream:?}").contains("s3cret"));
+        assert!(
+            !upstream
+                .conninfo_without_password("demo-2", None)
+                .contains("s3cret")
+        );
+        assert!(
+            upstream
+                .conninfo("demo-2", None)
+                .contains("password='s3cret'")
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! The decision of one reconcile pass, as a pure function: from the cluster status and what
+//! the manager observes of its instance, the one role action to take now, and the standbys
+//! to keep slots and synchronous names for. It must never name a primary the status does
+//! not name, and never initdb while another instance is the current primary.
+
+use crate::bootstrap::DataState;
+use crate::status::PgRole;
+use pgop_api::PostgresClusterStatus;
+
+/// What the manager sees of its instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    pub data: DataState,
+    /// The postmaster runs.
+    pub running: bool,
+    /// The data directory holds `standby.signal` (it was left as a standby's).
+    pub standby_signal: bool,
+    /// The role PostgreSQL reports (`Stopped` when it does not answer).
+    pub role: PgRole,
+    /// A running standby already streams from the primary the status names.
+    pub follows_primary: bool,
+}
+
+/// The one role change of this pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Nothing to do until the status changes (no primary named, or nothing safe to do).
+    Wait,
+    /// Already as the status says.
+    Keep,
+    /// initdb: the cluster's first primary.
+    BootstrapPrimary,
+    /// Start existing primary data.
+    StartPrimary,
+    /// Start existing standby data, streaming from `primary`.
+    StartStandby { primary: String },
+    /// The status names this standby the primary.
+    Promote,
+    /// No usable data: clone `primary`.
+    Clone { primary: String },
+    /// A former primary: pg_rewind (or re-clone) onto `primary`, then stream from it.
+    Rejoin { primary: String },
+    /// A running standby switches to `primary`.
+    Follow { primary: String },
+}
+
+/// The plan of one pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub action: Action,
+    /// The primary named by the status (target first), if any.
+    pub primary: Option<String>,
+    /// Replication slots to keep (only on the primary).
+    pub slots: Vec<String>,
+    /// The standbys for `synchronous_standby_names`, as they will be once this instance
+    /// or another is the primary (set on standbys too, so a promotion starts with them).
+    pub sync_standbys: Vec<String>,
+}
+
+pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Plan {
+    let Some(primary) = status
+        .target_primary
+        .clone()
+        .or_else(|| status.current_primary.clone())
+    else {
+        return Plan {
+            action: Action::Wait,
+            primary: None,
+            slots: Vec::new(),
+            sync_standbys: Vec::new(),
+        };
+    };
+    let current = status.current_primary.as_deref();
+    let others: Vec<String> = status
+        .instances
+        .iter()
+        .map(|i| i.name.clone())
+        .filter(|n| n != me)
+        .collect();
+    let usable = observed.data == DataState::Ready;
+    if primary == me {
+        let action = if !usable {
+            // Another instance holds the cluster's data: initdb would fork a new cluster.
+            if current.is_none_or(|c| c == me) {
+                Action::BootstrapPrimary
+            } else {
+                Action::Wait
+            }
+        } else if !observed.running {
+            match current.filter(|c| *c != me) {
+                Some(c) if observed.standby_signal => Action::StartStandby {
+                    primary: c.to_string(),
+                },
+                _ => Action::StartPrimary,
+            }
+        } else if observed.role == PgRole::Replica {
+            Action::Promote
+        } else {
+            Action::Keep
+        };
+        return Plan {
+            action,
+            primary: Some(primary),
+            slots: others.clone(),
+            sync_standbys: others,
+        };
+    }
+    let action = if !usable {
+        Action::Clone {
+            primary: primary.clone(),
+        }
+    } else if !observed.running {
+        if observed.standby_signal {
+            Action::StartStandby {
+                primary: primary.clone(),
+            }
+        } else {
+            Action::Rejoin {
+                primary: primary.clone(),
+            }
+        }
+    } else {
+        match observed.role {
+            // Only once the new primary is confirmed (currentPrimary): until then this
+            // instance may still be the primary of a switchover in progress.
+            PgRole::Primary if current == Some(primary.as_str()) => Action::Rejoin {
+                primary: primary.clone(),
+            },
+            PgRole::Replica if !observed.follows_primary => Action::Follow {
+                primary: primary.clone(),
+            },
+            _ => Action::Keep,
+        }
+    };
+    let mut sync_standbys: Vec<String> = others.into_iter().filter(|o| *o != primary).collect();
+    sync_standbys.push(me.to_string());
+    Plan {
+        action,
+        primary: Some(primary),
+        slots: Vec::new(),
+        sync_standbys,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(yaml: &str) -> PostgresClusterStatus {
+        serde_yaml::from_str(yaml).expect("status fixture")
+    }
+
+    const TWO: &str = "
+targetPrimary: demo-1
+currentPrimary: demo-1
+instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
+";
+
+    fn observed(data: DataState, running: bool, signal: bool, role: PgRole) -> Observed {
+        Observed {
+            data,
+            running,
+            standby_signal: signal,
+            role,
+            follows_primary: true,
+        }
+    }
+
+    const EMPTY: Observed = Observed {
+        data: DataState::Missing,
+        running: false,
+        standby_signal: false,
+        role: PgRole::Stopped,
+        follows_primary: false,
+    };
+
+    #[test]
+    fn without_a_named_primary_nothing_happens() {
+        let plan = plan("demo-1", &status("{}"), &EMPTY);
+        assert_eq!(plan.action, Action::Wait);
+    }
+
+    #[test]
+    fn the_named_primary_initdbs_and_the_others_clone() {
+        let s = status(TWO);
+        let p = plan("demo-1", &s, &EMPTY);
+        assert_eq!(p.action, Action::BootstrapPrimary);
+        assert_eq!(p.slots, ["demo-2"]);
+        let p = plan("demo-2", &s, &EMPTY);
+        assert_eq!(
+            p.action,
+            Action::Clone {
+                primary: "demo-1".into()
+            }
+        );
+        assert_eq!(p.sync_standbys, ["demo-2"]);
+        assert!(p.slots.is_empty());
+    }
+
+    #[test]
+    fn a_target_without_data_never_initdbs_while_another_is_current() {
+        let s = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        assert_eq!(plan("demo-2", &s, &EMPTY).action, Action::Wait);
+    }
+
+    #[test]
+    fn a_running_standby_named_primary_promotes() {
+        let s = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        let o = observed(DataState::Ready, true, false, PgRole::Replica);
+        assert_eq!(plan("demo-2", &s, &o).action, Action::Promote);
+        // Stopped with standby data: start as a standby of the current primary first.
+        let o = observed(DataState::Ready, false, true, PgRole::Stopped);
+        assert_eq!(
+            plan("demo-2", &s, &o).action,
+            Action::StartStandby {
+                primary: "demo-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn an_old_primary_rejoins_only_once_the_new_one_is_current() {
+        let switching = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        let o = observed(DataState::Ready, true, false, PgRole::Primary);
+        assert_eq!(plan("demo-1", &switching, &o).action, Action::Keep);
+        let done = status("{targetPrimary: demo-2, currentPrimary: demo-2}");
+        assert_eq!(
+            plan("demo-1", &done, &o).action,
+            Action::Rejoin {
+                primary: "demo-2".into()
+            }
+        );
+        // Restarted after losing its node: primary data, not running.
+        let o = observed(DataState::Ready, false, false, PgRole::Stopped);
+        assert_eq!(
+            plan("demo-1", &switching, &o).action,
+            Action::Rejoin {
+                primary: "demo-2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_standby_follows_a_new_primary_and_interrupted_clones_are_redone() {
+        let s = status("{targetPrimary: demo-2, currentPrimary: demo-2}");
+        let mut o = observed(DataState::Ready, true, true, PgRole::Replica);
+        assert_eq!(plan("demo-3", &s, &o).action, Action::Keep);
+        o.follows_primary = false;
+        assert_eq!(
+            plan("demo-3", &s, &o).action,
+            Action::Follow {
+                primary: "demo-2".into()
+            }
+        );
+        let o = observed(DataState::Incomplete, false, false, PgRole::Stopped);
+        assert_eq!(
+            plan("demo-3", &s, &o).action,
+            Action::Clone {
+                primary: "demo-2".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,105 @@
+use crate::common::{Http, Node, TestResult, params, show};
+use pgop_api::constants::{PATH_HEALTHZ, PATH_READYZ};
+
+/// A parameter that needs only a reload is live at once, on the same postmaster; one that
+/// needs a restart is reported as pending on `/pg/status` until the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_applies_at_once_and_restart_parameters_show_pending_restart() -> TestResult {
+    let node = Node::new("cfg-1");
+    node.instance.bootstrap_primary().await?;
+    let http = Http::serve(&node).await;
+    assert_eq!(http.get(PATH_HEALTHZ).await.0, 200);
+    assert_eq!(http.get(PATH_READYZ).await.0, 200);
+    let pid = node.instance.pid();
+
+    let report = node
+        .instance
+        .apply_config(&params(&[("work_mem", "8MB")]), &[])
+        .await?;
+    assert!(report.invalid.is_empty(), "{report:?}");
+    assert!(report.pending_restart.is_empty(), "{report:?}");
+    assert_eq!(show(&node, "work_mem").await, "8MB");
+    assert_eq!(
+        node.instance.pid(),
+        pid,
+        "a reload must not restart PostgreSQL"
+    );
+
+    let wanted = params(&[("work_mem", "8MB"), ("max_connections", "42")]);
+    let report = node.instance.apply_config(&wanted, &[]).await?;
+    assert_eq!(report.pending_restart, ["max_connections"]);
+    let status = http.status().await;
+    assert!(status.pending_restart);
+    assert_eq!(status.pending_restart_parameters, ["max_connections"]);
+    assert_ne!(show(&node, "max_connections").await, "42");
+
+    node.instance.restart().await?;
+    assert_eq!(show(&node, "max_connections").await, "42");
+    assert!(!http.status().await.pending_restart);
+    Ok(())
+}
+
+/// Refused parameters (unknown, malformed, out of range, wrong enum) and a malformed pg_hba
+/// rule are reported, never written: PostgreSQL keeps running on the last good values and
+/// still starts from its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_parameters_are_reported_and_the_last_good_config_kept() -> TestResult {
+    let node = Node::new("cfg-2");
+    node.instance.bootstrap_primary().await?;
+    let http = Http::serve(&node).await;
+    node.instance
+        .apply_config(&params(&[("work_mem", "8MB")]), &[])
+        .await?;
+    let pid = node.instance.pid();
+
+    let wanted = params(&[
+        ("work_mem", "lots"),
+        ("no_such_parameter", "1"),
+        ("shared_buffers", "1kB"),
+        ("synchronous_commit", "sometimes"),
+        ("timezone", "Mars/Olympus_Mons"),
+        ("port", "1"),
+        ("statement_timeout", "5s"),
+    ]);
+    let hba = vec!["host all all all no-such-method".to_string()];
+    let report = node.instance.apply_config(&wanted, &hba).await?;
+    let mut refused: Vec<&str> = report.invalid.iter().map(|p| p.name.as_str()).collect();
+    refused.sort();
+    assert_eq!(
+        refused,
+        [
+            "no_such_parameter",
+            "pgHba",
+            "port",
+            "shared_buffers",
+            "synchronous_commit",
+            "timezone",
+            "work_mem"
+        ],
+        "{report:?}"
+    );
+    assert_eq!(http.status().await.invalid_parameters.len(), 7);
+    assert_eq!(node.instance.pid(), pid, "PostgreSQL keeps running");
+    assert_eq!(
+        show(&node, "work_mem").await,
+        "8MB",
+        "the last good value stays"
+    );
+    assert_eq!(
+        show(&node, "statement_timeout").await,
+        "5s",
+        "valid ones still apply"
+    );
+
+    let pgdata = node.instance.options().layout.pgdata.clone();
+    let conf = std::fs::read_to_string(pgdata.join("postgresql.conf"))?;
+    assert!(
+        !conf.contains("'lots'") && !conf.contains("no_such_parameter") && !conf.contains("Mars")
+    );
+    let hba_file = std::fs::read_to_string(pgdata.join("pg_hba.conf"))?;
+    assert!(!hba_file.contains("no-such-method"));
+    // The files on disk still start a server.
+    node.instance.restart().await?;
+    assert_eq!(show(&node, "work_mem").await, "8MB");
+    Ok(())
+}

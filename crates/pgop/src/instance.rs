@@ -1,0 +1,97 @@
+//! `pgop instance ...`: the instance manager, PID 1 of every PostgreSQL pod.
+
+use pgop_api::constants::{MANAGER_PORT, POSTGRES_PORT};
+use pgop_instance::run::Settings;
+use pgop_instance::{Binaries, RunAs};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Bootstrap, configure, supervise and replicate this pod's PostgreSQL as the
+    /// PostgresCluster's status says, and serve /healthz, /readyz and /pg/status.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// This instance's name (its Pod's name).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: String,
+    #[arg(long, env = "POD_NAMESPACE")]
+    namespace: String,
+    /// The Pod's IP: PostgreSQL listens on it (besides the Unix socket).
+    #[arg(long, env = "POD_IP", default_value = "127.0.0.1")]
+    pod_ip: String,
+    /// The PostgresCluster this instance belongs to.
+    #[arg(long, env = "PGOP_CLUSTER")]
+    cluster: String,
+    #[arg(
+        long,
+        env = "PGDATA",
+        default_value = "/var/lib/postgresql/data/pgdata"
+    )]
+    pgdata: PathBuf,
+    /// PostgreSQL's binary directory (default: `pg_config --bindir`, else the newest
+    /// /usr/lib/postgresql/*/bin).
+    #[arg(long, env = "PGOP_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+    #[arg(long, env = "PGOP_SOCKET_DIR", default_value = "/run/postgresql")]
+    socket_dir: PathBuf,
+    #[arg(long, env = "PGOP_PG_PORT", default_value_t = POSTGRES_PORT)]
+    pg_port: u16,
+    /// Address of the health and status endpoints.
+    #[arg(long, env = "PGOP_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], MANAGER_PORT)))]
+    listen: SocketAddr,
+    /// OS user PostgreSQL runs as when pgop itself runs as root (tests, CI).
+    #[arg(long, env = "PGOP_PG_USER", default_value = "postgres")]
+    pg_user: String,
+    /// Seconds a smart shutdown may take before a fast one (and the fast one before an
+    /// immediate one).
+    #[arg(long, env = "PGOP_STOP_TIMEOUT", default_value_t = 10)]
+    stop_timeout: u64,
+    /// Seconds between reads of the cluster when no watch event arrives.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    resync: u64,
+}
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+pub async fn run(args: Args) -> Result<(), Error> {
+    match args.command {
+        Command::Run(args) => run_instance(args).await,
+    }
+}
+
+async fn run_instance(args: RunArgs) -> Result<(), Error> {
+    let binaries = Binaries::locate(args.pg_bin.as_deref())?;
+    let run_as = RunAs::when_root(&args.pg_user)?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
+    let settings = Settings {
+        pod_name: args.pod_name,
+        namespace: args.namespace,
+        cluster: args.cluster,
+        listen_addresses: args.pod_ip,
+        pg_port: args.pg_port,
+        pgdata: args.pgdata,
+        socket_dir: args.socket_dir,
+        http_listen: args.listen,
+        binaries,
+        run_as,
+        stop_timeout: Duration::from_secs(args.stop_timeout),
+        resync: Duration::from_secs(args.resync),
+    };
+    tracing::info!(instance = %settings.pod_name, cluster = %settings.cluster, bin = %settings.binaries.dir().display(), "starting the instance manager");
+    pgop_instance::run::run(client, settings, crate::operator::shutdown_signal()).await?;
+    tracing::info!("instance manager stopped");
+    Ok(())
+}

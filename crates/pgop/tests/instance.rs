@@ -1,0 +1,464 @@
+//! `pgop instance run` as a pod runs it, against a real API server (testenv) and a real
+//! PostgreSQL: it reads its role from the PostgresCluster status and its credentials from
+//! the cluster's Secrets, follows spec changes, and stops cleanly on SIGTERM.
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use pgop_api::PostgresCluster;
+use std::io::{Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+const PASSWORD: &str = "app-password";
+
+/// The manager process, its PostgreSQL and its directory, all gone on drop.
+struct Manager {
+    child: Child,
+    dir: PathBuf,
+    name: String,
+    ip: String,
+    pg_port: u16,
+    http_port: u16,
+}
+
+impl Manager {
+    /// Starts `pgop instance run` as the pod `name` with the pod IP `ip` would.
+    fn spawn(
+        plane: &pgop_testenv::ControlPlane,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+        pg_port: u16,
+    ) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("pgop-{namespace}-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        postgres_dir(&dir)?;
+        postgres_dir(&dir.join("data"))?;
+        postgres_dir(&dir.join("run"))?;
+        let mut manager = Self {
+            child: Command::new("true").spawn()?,
+            dir,
+            name: name.to_string(),
+            ip: ip.to_string(),
+            pg_port,
+            http_port: free_port()?,
+        };
+        manager.child.wait()?;
+        manager.restart(plane, namespace)?;
+        Ok(manager)
+    }
+
+    /// Starts the manager process again on the same directories.
+    fn restart(&mut self, plane: &pgop_testenv::ControlPlane, namespace: &str) -> Result {
+        self.child = Command::new(env!("CARGO_BIN_EXE_pgop"))
+            .args(["instance", "run", "--resync", "1"])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .env("POD_NAME", &self.name)
+            .env("POD_NAMESPACE", namespace)
+            .env("POD_IP", &self.ip)
+            .env("PGOP_CLUSTER", "demo")
+            .env("PGDATA", self.pgdata())
+            .env("PGOP_SOCKET_DIR", self.dir.join("run"))
+            .env("PGOP_PG_PORT", self.pg_port.to_string())
+            .env("PGOP_LISTEN", format!("127.0.0.1:{}", self.http_port))
+            .env("PGOP_STOP_TIMEOUT", "3")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        Ok(())
+    }
+
+    fn pgdata(&self) -> PathBuf {
+        self.dir.join("data/pgdata")
+    }
+
+    fn postmaster_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.pgdata().join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.http_port, path)
+    }
+
+    fn pg_status(&self) -> Option<serde_json::Value> {
+        let (code, body) = self.get("/pg/status")?;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    /// The node is lost: the manager and every PostgreSQL process get SIGKILL.
+    fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(pid) = self.postmaster_pid() {
+            // SAFETY: kill has no memory-safety preconditions; -pid is the server's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            // A restarted pod has a fresh PID namespace; here the dead postmaster must be
+            // reaped first, or its pid in postmaster.pid would still look alive.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            // SAFETY: signal 0 only checks whether the process exists.
+            while unsafe { libc::kill(pid, 0) } == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; waits for the exit (at most 15 s).
+    async fn terminate(&mut self) -> Result<std::process::ExitStatus> {
+        let postmaster = self.postmaster_pid();
+        let sigterm = Instant::now();
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait()? {
+                break exit;
+            }
+            assert!(
+                sigterm.elapsed() < Duration::from_secs(15),
+                "pgop instance run ignored SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if let Some(pid) = postmaster {
+            // SAFETY: signal 0 only checks that the process group exists.
+            assert!(
+                unsafe { libc::kill(-pid, 0) } != 0,
+                "PostgreSQL outlived its manager"
+            );
+        }
+        assert!(
+            !self.pgdata().join("postmaster.pid").exists(),
+            "not a clean shutdown"
+        );
+        Ok(exit)
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.kill_hard();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn postgres_dir(path: &Path) -> Result {
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(path)?;
+    if let Some(user) = pgop_instance::RunAs::when_root("postgres")? {
+        user.chown(path)?;
+    }
+    Ok(())
+}
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.split(' ').nth(1)?.parse().ok()?;
+    Some((code, response.split_once("\r\n\r\n")?.1.to_string()))
+}
+
+async fn app(host: &str, pg_port: u16) -> Option<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::Config::new()
+        .host(host)
+        .port(pg_port)
+        .user("app")
+        .password(PASSWORD)
+        .dbname("app")
+        .connect(tokio_postgres::NoTls)
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    Some(client)
+}
+
+async fn show_work_mem(pg_port: u16) -> Option<String> {
+    let client = app("127.0.0.1", pg_port).await?;
+    client
+        .query_one("SHOW work_mem", &[])
+        .await
+        .ok()?
+        .try_get(0)
+        .ok()
+}
+
+/// The Secrets and the PostgresCluster `demo` the operator would have created.
+async fn cluster(
+    client: &kube::Client,
+    namespace: &str,
+    spec: serde_json::Value,
+) -> Result<Api<PostgresCluster>> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let pp = PostParams::default();
+    let app = [
+        ("username", "app"),
+        ("password", PASSWORD),
+        ("dbname", "app"),
+    ];
+    secrets.create(&pp, &secret("demo-app", &app)?).await?;
+    let replication = [("username", "streaming_replica"), ("password", "r")];
+    secrets
+        .create(&pp, &secret("demo-replication", &replication)?)
+        .await?;
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), namespace);
+    let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.example.com/v1alpha1",
+        "kind": "PostgresCluster",
+        "metadata": {"name": "demo"},
+        "spec": spec,
+    }))?;
+    clusters.create(&pp, &cluster).await?;
+    Ok(clusters)
+}
+
+async fn set_status(clusters: &Api<PostgresCluster>, status: serde_json::Value) -> Result {
+    let patch = serde_json::json!({ "status": status });
+    clusters
+        .patch_status("demo", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> Result<Secret> {
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    Ok(serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "stringData": data,
+    }))?)
+}
+
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_run_becomes_the_primary_the_cluster_status_names_and_stops_on_sigterm() -> Result
+{
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-run").await?;
+    let clusters = cluster(
+        &client,
+        ns.name(),
+        serde_json::json!({"replicas": 1, "storage": {"size": "1Gi"},
+                           "postgresql": {"parameters": {"work_mem": "8MB"}}}),
+    )
+    .await?;
+    let mut manager = Manager::spawn(plane, ns.name(), "demo-1", "127.0.0.1", free_port()?)?;
+    let (http_port, pg_port) = (manager.http_port, manager.pg_port);
+
+    // No role in the status yet: the manager waits and serves "not ready".
+    let (code, _) = eventually("the HTTP endpoints", Duration::from_secs(30), || async {
+        http_get(http_port, "/readyz")
+    })
+    .await;
+    assert_eq!(code, 503);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !manager.pgdata().join("PG_VERSION").exists(),
+        "no initdb without a role"
+    );
+
+    set_status(
+        &clusters,
+        serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1"}),
+    )
+    .await?;
+    eventually("/readyz", Duration::from_secs(60), || async {
+        (http_get(http_port, "/readyz")?.0 == 200).then_some(())
+    })
+    .await;
+    let (_, body) = http_get(http_port, "/pg/status").ok_or("no /pg/status")?;
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    assert_eq!(status["role"], "primary", "{status}");
+    assert_eq!(status["timeline"], 1, "{status}");
+    let work_mem = eventually("the spec's work_mem", Duration::from_secs(30), || async {
+        show_work_mem(pg_port).await.filter(|w| w == "8MB")
+    })
+    .await;
+    assert_eq!(work_mem, "8MB");
+
+    let change = serde_json::json!({"spec": {"postgresql": {"parameters": {"work_mem": "16MB"}}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&change))
+        .await?;
+    eventually("the changed work_mem", Duration::from_secs(30), || async {
+        show_work_mem(pg_port).await.filter(|w| w == "16MB")
+    })
+    .await;
+
+    // A parameter that needs a restart waits for the cluster's restart annotation.
+    let change = serde_json::json!({"spec": {"postgresql": {"parameters": {"work_mem": "16MB", "max_connections": "42"}}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&change))
+        .await?;
+    eventually(
+        "pendingRestart on /pg/status",
+        Duration::from_secs(30),
+        || async { (manager.pg_status()?["pendingRestart"] == true).then_some(()) },
+    )
+    .await;
+    let restart = serde_json::json!({"metadata": {"annotations": {pgop_api::constants::ANNOTATION_RESTART: "1"}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&restart))
+        .await?;
+    eventually("the restart applied", Duration::from_secs(30), || async {
+        let status = manager.pg_status()?;
+        (status["pendingRestart"] == false && status["running"] == true).then_some(())
+    })
+    .await;
+
+    let exit = manager.terminate().await?;
+    assert!(exit.success(), "{exit:?}");
+    ns.delete().await?;
+    Ok(())
+}
+
+/// A Pod object with an IP, as the kubelet would report it (no kubelet runs here): the
+/// managers find their primary through it.
+async fn pod(client: &kube::Client, namespace: &str, name: &str, ip: &str) -> Result {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "postgres", "image": "pgop"}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let status = serde_json::json!({"status": {"podIP": ip, "podIPs": [{"ip": ip}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+async fn count(host: &str, pg_port: u16) -> Option<i64> {
+    let client = app(host, pg_port).await?;
+    client
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .ok()?
+        .try_get(0)
+        .ok()
+}
+
+async fn role_of(manager: &Manager) -> Option<String> {
+    let status = manager.pg_status()?;
+    Some(status["role"].as_str()?.to_string())
+}
+
+/// Two `pgop instance run` processes (pod IPs 127.0.0.2 and .3): the second clones the
+/// first; when the first's node is lost and the status names the second, it promotes; the
+/// first, started again, rejoins through pg_rewind as a standby of the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_run_follows_a_failover_in_the_cluster_status() -> Result {
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-failover").await?;
+    let clusters = cluster(
+        &client,
+        ns.name(),
+        serde_json::json!({"replicas": 2, "storage": {"size": "1Gi"}}),
+    )
+    .await?;
+    let (ip1, ip2) = ("127.0.0.2", "127.0.0.3");
+    pod(&client, ns.name(), "demo-1", ip1).await?;
+    pod(&client, ns.name(), "demo-2", ip2).await?;
+    set_status(
+        &clusters,
+        serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1",
+                           "instances": [{"name": "demo-1", "serial": 1}, {"name": "demo-2", "serial": 2}]}),
+    )
+    .await?;
+    // Every instance listens on the same port, each on its own pod IP.
+    let pg_port = free_port()?;
+    let mut first = Manager::spawn(plane, ns.name(), "demo-1", ip1, pg_port)?;
+    let second = Manager::spawn(plane, ns.name(), "demo-2", ip2, pg_port)?;
+
+    let wait = Duration::from_secs(60);
+    let writer = eventually("demo-1 primary and ready", wait, || async {
+        let ready = first.get("/readyz")?.0 == 200;
+        (ready && role_of(&first).await? == "primary").then_some(())?;
+        app(ip1, pg_port).await
+    })
+    .await;
+    writer
+        .batch_execute("CREATE TABLE t (id int); INSERT INTO t VALUES (1)")
+        .await?;
+    eventually("demo-2 streaming and ready", wait, || async {
+        let ready = second.get("/readyz")?.0 == 200;
+        (ready && role_of(&second).await? == "replica" && count(ip2, pg_port).await? == 1)
+            .then_some(())
+    })
+    .await;
+
+    first.kill_hard();
+    let lost = Instant::now();
+    set_status(&clusters, serde_json::json!({"targetPrimary": "demo-2"})).await?;
+    let new_primary = app(ip2, pg_port).await.ok_or("no connection to demo-2")?;
+    eventually("writes on demo-2", wait, || async {
+        new_primary
+            .batch_execute("INSERT INTO t VALUES (2)")
+            .await
+            .ok()
+    })
+    .await;
+    eprintln!("status change to writable: {:?}", lost.elapsed());
+    set_status(&clusters, serde_json::json!({"currentPrimary": "demo-2"})).await?;
+
+    first.restart(plane, ns.name())?;
+    eventually("demo-1 back as a standby of demo-2", wait, || async {
+        (role_of(&first).await? == "replica" && count(ip1, pg_port).await? == 2).then_some(())
+    })
+    .await;
+    let status = first.pg_status().ok_or("no status")?;
+    assert_eq!(status["timeline"], 2, "{status}");
+    assert!(first.get("/readyz").is_some_and(|(code, _)| code == 200));
+
+    let mut second = second;
+    for manager in [&mut first, &mut second] {
+        let exit = manager.terminate().await?;
+        assert!(exit.success(), "{exit:?}");
+    }
+    ns.delete().await?;
+    Ok(())
+}
