@@ -1,9 +1,12 @@
 //! `pgop dev`: the local environment behind the README's demo command: a real control
-//! plane, pgop's CRDs, the operator running in this process, and a sample cluster.
+//! plane, pgop's CRDs, the operator running in this process, a local node that runs the
+//! instance pods as processes (this very binary as `pgop instance run`, real PostgreSQL),
+//! and a sample cluster a person can psql into.
 
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use pgop_api::PostgresCluster;
+use pgop_testenv::node::{LocalNode, NodeOptions};
 use pgop_testenv::{ControlPlane, Options};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,9 +23,12 @@ pub struct Args {
     /// examples/cluster.yaml, built in).
     #[arg(long, value_name = "FILE")]
     cluster: Option<PathBuf>,
-    /// Start only the control plane: no CRDs, no operator, no cluster.
+    /// Start only the control plane: no CRDs, no operator, no node, no cluster.
     #[arg(long)]
     control_plane_only: bool,
+    /// How long to wait for the cluster to become Ready, in seconds.
+    #[arg(long, default_value_t = 300)]
+    ready_timeout: u64,
     #[command(flatten)]
     operator: crate::operator::Args,
 }
@@ -54,10 +60,36 @@ pub async fn run(args: Args) -> Result<(), Error> {
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let mut operator = None;
+    let mut node = None;
     if !args.control_plane_only {
         let client = plane.client()?;
         pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
-        let options = args.operator.options();
+        let exe =
+            std::env::current_exe().map_err(|e| format!("failed to find the pgop binary: {e}"))?;
+        node = Some(
+            LocalNode::start(
+                &plane,
+                NodeOptions {
+                    name: "pgop-local".into(),
+                    namespace: None,
+                    image: "pgop:".into(),
+                    pgop_binary: exe,
+                    pod_ports: vec![
+                        pgop_api::constants::POSTGRES_PORT,
+                        pgop_api::constants::MANAGER_PORT,
+                    ],
+                },
+            )
+            .await?,
+        );
+        let mut operator_args = args.operator;
+        if operator_args.instance_uid.is_none() {
+            // PostgreSQL refuses root: run instances as the local postgres user.
+            let (uid, gid) = postgres_user()?;
+            operator_args.instance_uid = Some(uid);
+            operator_args.instance_gid.get_or_insert(gid);
+        }
+        let options = operator_args.options();
         let op_client = client.clone();
         operator = Some(tokio::spawn(async move {
             pgop_operator::run(op_client, options, async move {
@@ -81,30 +113,68 @@ pub async fn run(args: Args) -> Result<(), Error> {
         )
         .await
         .map_err(|e| format!("failed to apply PostgresCluster {name}: {e}"))?;
-        // Wait for the operator's first status, so the table below shows it at work.
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        println!("applied PostgresCluster default/{name}; waiting until it is Ready ...");
+        let deadline = std::time::Instant::now() + Duration::from_secs(args.ready_timeout);
+        let mut last_phase = None;
+        let mut ready = false;
         while std::time::Instant::now() < deadline {
-            if api
-                .get(&name)
-                .await
-                .ok()
-                .and_then(|c| c.status)
-                .is_some_and(|s| s.phase.is_some())
-            {
+            let status = api.get(&name).await.ok().and_then(|c| c.status);
+            let phase = status.as_ref().and_then(|s| s.phase);
+            if phase != last_phase {
+                let ready_n = status.as_ref().map(|s| s.ready_replicas).unwrap_or(0);
+                println!(
+                    "  {:>5.1}s  phase {:?}, {ready_n} ready",
+                    started.elapsed().as_secs_f64(),
+                    phase
+                );
+                last_phase = phase;
+            }
+            if phase == Some(pgop_api::cluster::ClusterPhase::Ready) {
+                ready = true;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        println!("applied PostgresCluster default/{name}; the operator created its instances:");
         println!();
         print!(
             "{}",
-            kubectl(&plane, &["get", "pgc", "-n", "default"]).await
+            kubectl(&plane, &["get", "pgc,pods", "-n", "default", "-o", "wide"]).await
         );
         println!();
-        println!(
-            "Its pods stay Pending: no node runs them yet (the local node comes with the HA work)."
-        );
+        if ready {
+            let host = node
+                .as_ref()
+                .and_then(|n| {
+                    pgop_testenv::node::resolve_host(
+                        n.hosts_file(),
+                        &format!("{name}-rw.default.svc"),
+                    )
+                })
+                .unwrap_or_else(|| "<the -rw endpoint>".into());
+            let secret = format!("{name}-app");
+            println!("Connect to the primary (the {name}-rw endpoint) with psql:");
+            println!();
+            println!("  export KUBECONFIG={}", kubeconfig.display());
+            println!(
+                "  PGPASSWORD=$(kubectl get secret {secret} -o jsonpath='{{.data.password}}' | base64 -d) \\"
+            );
+            println!(
+                "    psql -h {host} -U $(kubectl get secret {secret} -o jsonpath='{{.data.username}}' | base64 -d) \\"
+            );
+            println!(
+                "    $(kubectl get secret {secret} -o jsonpath='{{.data.dbname}}' | base64 -d)"
+            );
+            println!();
+            println!(
+                "Watch it: kubectl get pgc -w   (the password is in Secret {secret}, key password)"
+            );
+        } else {
+            println!(
+                "The cluster is not Ready after {}s; the pod logs are under {}/node/pgop-local/pods/",
+                args.ready_timeout,
+                plane.dir().display()
+            );
+        }
     }
     println!("kubeconfig: {}", kubeconfig.display());
     println!();
@@ -118,6 +188,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let _ = stop_tx.send(());
     if let Some(op) = operator {
         let _ = tokio::time::timeout(Duration::from_secs(10), op).await;
+    }
+    if let Some(node) = node {
+        node.stop().await;
     }
     plane.stop();
     Ok(())
@@ -143,6 +216,19 @@ async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
         ),
         Err(e) => format!("(kubectl failed: {e})\n"),
     }
+}
+
+/// uid and gid of the local `postgres` user (Debian's PostgreSQL packages create it).
+fn postgres_user() -> Result<(i64, i64), Error> {
+    let name = std::ffi::CString::new("postgres").map_err(|e| e.to_string())?;
+    // SAFETY: getpwnam with a valid C string; the result is read before any other call.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return Err("no local postgres user to run instances as (apt-get install postgresql), or pass --instance-uid".into());
+    }
+    // SAFETY: non-null pointer returned by getpwnam.
+    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    Ok((i64::from(uid), i64::from(gid)))
 }
 
 async fn wait_for_shutdown() -> Result<(), Error> {

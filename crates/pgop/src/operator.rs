@@ -16,12 +16,14 @@ pub struct Args {
     /// plus the pgop binary).
     #[arg(long, env = "PGOP_IMAGE", default_value = DEFAULT_IMAGE)]
     image: String,
-    /// uid instance containers run as (PostgreSQL refuses to run as root).
-    #[arg(long, default_value_t = 26, value_parser = clap::value_parser!(i64).range(1..))]
-    instance_uid: i64,
-    /// gid instance containers run as (also their fsGroup).
-    #[arg(long, default_value_t = 26, value_parser = clap::value_parser!(i64).range(1..))]
-    instance_gid: i64,
+    /// uid instance containers run as (PostgreSQL refuses to run as root) [default: 26;
+    /// `pgop dev`: the local `postgres` user].
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub instance_uid: Option<i64>,
+    /// gid instance containers run as, also their fsGroup [default: 26; `pgop dev`: the
+    /// local `postgres` group].
+    #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+    pub instance_gid: Option<i64>,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -33,8 +35,10 @@ impl Args {
             concurrency: self.concurrency,
             settings: Settings {
                 image: self.image,
-                run_as_user: self.instance_uid,
-                run_as_group: self.instance_gid,
+                run_as_user: self.instance_uid.unwrap_or(Settings::default().run_as_user),
+                run_as_group: self
+                    .instance_gid
+                    .unwrap_or(Settings::default().run_as_group),
             },
         }
     }

@@ -31,6 +31,7 @@ pub mod env {
     pub const POD_IP: &str = "POD_IP";
     pub const CLUSTER: &str = "PGOP_CLUSTER";
     pub const PGDATA: &str = "PGDATA";
+    pub const SOCKET_DIR: &str = "PGOP_SOCKET_DIR";
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -112,6 +113,7 @@ pub fn pod(
             field_env(env::POD_IP, "status.podIP"),
             value_env(env::CLUSTER, &c.cluster),
             value_env(env::PGDATA, PGDATA),
+            value_env(env::SOCKET_DIR, RUN_MOUNT),
         ]),
         ports: Some(vec![
             ContainerPort {

@@ -40,6 +40,8 @@ pub fn role(c: &Common) -> Role {
                 &cluster,
             ),
             rule(&[""], &["secrets"], &["get"], &secrets),
+            // To find the primary's address (its pod IP) when following it.
+            rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
             // The primary Lease: only its holder may accept writes.
             rule(&["coordination.k8s.io"], &["leases"], &["create"], &[]),
             rule(
