@@ -220,14 +220,9 @@ async fn kubectl(plane: &ControlPlane, args: &[&str]) -> String {
 
 /// uid and gid of the local `postgres` user (Debian's PostgreSQL packages create it).
 fn postgres_user() -> Result<(i64, i64), Error> {
-    let name = std::ffi::CString::new("postgres").map_err(|e| e.to_string())?;
-    // SAFETY: getpwnam with a valid C string; the result is read before any other call.
-    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-    if pw.is_null() {
-        return Err("no local postgres user to run instances as (apt-get install postgresql), or pass --instance-uid".into());
-    }
-    // SAFETY: non-null pointer returned by getpwnam.
-    let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
+    let (uid, gid) = pgop_testenv::node::local_user("postgres").ok_or(
+        "no local postgres user to run instances as (apt-get install postgresql-15), or pass --instance-uid",
+    )?;
     Ok((i64::from(uid), i64::from(gid)))
 }
 

@@ -47,9 +47,9 @@ struct RunArgs {
     socket_dir: PathBuf,
     #[arg(long, env = "PGOP_PG_PORT", default_value_t = POSTGRES_PORT)]
     pg_port: u16,
-    /// Address of the health and status endpoints.
-    #[arg(long, env = "PGOP_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], MANAGER_PORT)))]
-    listen: SocketAddr,
+    /// Address of the health and status endpoints [default: the pod IP, port 8000].
+    #[arg(long, env = "PGOP_LISTEN")]
+    listen: Option<SocketAddr>,
     /// OS user PostgreSQL runs as when pgop itself runs as root (tests, CI).
     #[arg(long, env = "PGOP_PG_USER", default_value = "postgres")]
     pg_user: String,
@@ -76,6 +76,18 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
+    // The pod IP rather than 0.0.0.0: the same in a real pod, and on the local node,
+    // where every pod shares one network namespace, the only address that is its own.
+    let http_listen = match args.listen {
+        Some(addr) => addr,
+        None => {
+            let ip: std::net::IpAddr = args
+                .pod_ip
+                .parse()
+                .map_err(|e| format!("POD_IP {:?} is not an IP address: {e}", args.pod_ip))?;
+            SocketAddr::new(ip, MANAGER_PORT)
+        }
+    };
     let settings = Settings {
         pod_name: args.pod_name,
         namespace: args.namespace,
@@ -84,7 +96,7 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
         pg_port: args.pg_port,
         pgdata: args.pgdata,
         socket_dir: args.socket_dir,
-        http_listen: args.listen,
+        http_listen,
         binaries,
         run_as,
         stop_timeout: Duration::from_secs(args.stop_timeout),

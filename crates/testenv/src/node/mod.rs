@@ -181,7 +181,7 @@ impl LocalNode {
 
     /// The local directory of a pod (its logs: `<container>.log`).
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
-        self.shared.root.join("pods").join(pod_uid)
+        pods::pod_dir(&self.shared.root, pod_uid)
     }
 
     /// Stops the node: every pod process is stopped (pod objects stay as they are).
@@ -216,6 +216,19 @@ impl Drop for LocalNode {
             }
         }
     }
+}
+
+/// uid and gid of a local user (e.g. `postgres`, whom Debian's PostgreSQL packages create):
+/// instance pods run as that user here, since PostgreSQL refuses to run as root.
+pub fn local_user(name: &str) -> Option<(u32, u32)> {
+    let name = std::ffi::CString::new(name).ok()?;
+    // SAFETY: getpwnam with a valid C string; the result is read before any other call.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    if pw.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null pointer returned by getpwnam.
+    Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
 }
 
 async fn register_node(client: &Client, name: &str) -> Result<(), NodeError> {

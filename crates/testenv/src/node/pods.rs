@@ -54,7 +54,7 @@ fn now_rfc3339() -> String {
 impl Worker {
     pub fn new(shared: Arc<Shared>, pod: watch::Receiver<Pod>, ip: Ipv4Addr) -> Self {
         let uid = pod.borrow().uid().unwrap_or_default();
-        let dir = shared.root.join("pods").join(uid);
+        let dir = pod_dir(&shared.root, &uid);
         Self {
             shared,
             pod,
@@ -344,9 +344,9 @@ impl Worker {
                     NodeError::Unsupported(format!("PV {pv_name} is not a local directory"))
                 })?
             } else if v.empty_dir.is_some() {
-                self.dir.join("volumes").join(&v.name)
+                self.dir.join("v").join(&v.name)
             } else if let Some(projected) = &v.projected {
-                let dir = self.dir.join("volumes").join(&v.name);
+                let dir = self.dir.join("v").join(&v.name);
                 self.project(pod, projected, &dir).await?;
                 dir
             } else {
@@ -620,6 +620,13 @@ impl Worker {
         self.last_status = Some(status);
         Ok(())
     }
+}
+
+/// A pod's directory: `<node>/p/<first 12 characters of its uid>`. Short on purpose:
+/// PostgreSQL's Unix socket path, which lands in an emptyDir below it, may not exceed
+/// 107 bytes.
+pub fn pod_dir(root: &std::path::Path, uid: &str) -> PathBuf {
+    root.join("p").join(uid.get(..12).unwrap_or(uid))
 }
 
 /// Where kube-apiserver mounts the service-account token.
