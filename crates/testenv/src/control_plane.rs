@@ -403,6 +403,11 @@ impl ControlPlane {
     }
 
     fn stop_processes(&mut self) {
+        // Pod processes first (a local node may have been dropped without stopping them).
+        crate::process::kill_tagged(
+            crate::process::OWNER_ENV,
+            &self.workdir.path().display().to_string(),
+        );
         // Ask everything but etcd to stop at once, then wait; etcd goes last so that
         // the API server does not spend its shutdown retrying a dead store.
         let grace = Duration::from_secs(5);

@@ -63,6 +63,7 @@ extern "C" fn cleanup_at_exit() {
         }
     }
     for dir in reg.dirs.drain(..) {
+        kill_tagged(OWNER_ENV, &dir.display().to_string());
         let _ = std::fs::remove_dir_all(dir);
     }
 }
@@ -223,4 +224,50 @@ impl Drop for ManagedProcess {
     fn drop(&mut self) {
         self.terminate(Duration::from_secs(5));
     }
+}
+
+/// The environment variable that marks every process started for a control plane's
+/// pods (value: the control plane's directory). Descendants inherit it, so processes
+/// that outlive their parent (an orphaned postmaster) can still be found and stopped,
+/// as a container runtime would stop everything in a container.
+pub const OWNER_ENV: &str = "PGOP_TESTENV_DIR";
+
+/// SIGKILLs every process whose environment holds `key=value`, and waits (up to 5 s)
+/// until they are gone. Returns how many were signalled.
+pub fn kill_tagged(key: &str, value: &str) -> usize {
+    let needle = format!("{key}={value}");
+    let me = std::process::id();
+    let find = || -> Vec<i32> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| u32::try_from(*pid).ok() != Some(me))
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/environ"))
+                    .map(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+                    .unwrap_or(false)
+            })
+            .filter(|pid| {
+                // Zombies are already dead; their parent reaps them.
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+                    .unwrap_or(false)
+            })
+            .collect()
+    };
+    let pids = find();
+    for pid in &pids {
+        // SAFETY: kill(2) on a process carrying our own marker.
+        unsafe {
+            libc::kill(*pid, libc::SIGKILL);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !find().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pids.len()
 }

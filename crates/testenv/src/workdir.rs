@@ -72,6 +72,8 @@ fn sweep_dead(root: &Path) {
             continue;
         };
         if pid != std::process::id() && !process::pid_alive(pid) {
+            // Pod processes of a killed run may have outlived it.
+            process::kill_tagged(process::OWNER_ENV, &entry.path().display().to_string());
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

@@ -85,6 +85,8 @@ pub(crate) struct Shared {
     client: Client,
     /// The API server's URL, for the kubeconfig pods get.
     server: String,
+    /// The control plane's directory: the marker on every pod process.
+    plane_dir: PathBuf,
     node: String,
     root: PathBuf,
     pgop_binary: PathBuf,
@@ -119,6 +121,7 @@ impl LocalNode {
         let shared = Arc::new(Shared {
             client,
             server: plane.server().to_string(),
+            plane_dir: plane.dir().to_path_buf(),
             node: options.name.clone(),
             root,
             pgop_binary: options.pgop_binary.clone(),

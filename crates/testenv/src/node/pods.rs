@@ -261,6 +261,12 @@ impl Worker {
             hosts::HOSTS_FILE_ENV.to_string(),
             self.shared.hosts_file.display().to_string(),
         );
+        // Markers every descendant inherits: see `process::kill_tagged`.
+        env.insert(POD_UID_ENV.to_string(), pod.uid().unwrap_or_default());
+        env.insert(
+            crate::process::OWNER_ENV.to_string(),
+            self.shared.plane_dir.display().to_string(),
+        );
         if let Some(kubeconfig) = self.write_kubeconfig(&mounts)? {
             env.insert("KUBECONFIG".to_string(), kubeconfig.display().to_string());
         }
@@ -521,6 +527,16 @@ impl Worker {
         if let Some(mut p) = self.process.take() {
             let _ = tokio::task::spawn_blocking(move || p.terminate(grace)).await;
         }
+        self.kill_leftovers().await;
+    }
+
+    /// Whatever the container's main process left running (a container runtime kills
+    /// all of a container's processes when its main process ends).
+    async fn kill_leftovers(&self) {
+        let uid = self.pod.borrow().uid().unwrap_or_default();
+        if !uid.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || crate::process::kill_tagged(POD_UID_ENV, &uid)).await;
+        }
     }
 
     /// The pod is gone from this node: free its address and remove the object.
@@ -628,6 +644,9 @@ impl Worker {
 pub fn pod_dir(root: &std::path::Path, uid: &str) -> PathBuf {
     root.join("p").join(uid.get(..12).unwrap_or(uid))
 }
+
+/// Marks every process of one pod (value: the pod's uid).
+pub const POD_UID_ENV: &str = "PGOP_POD_UID";
 
 /// Where kube-apiserver mounts the service-account token.
 const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
