@@ -253,7 +253,10 @@ pub fn kill_tagged(key: &str, value: &str) -> usize {
             .filter(|pid| {
                 // Zombies are already dead; their parent reaps them.
                 std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .map(|s| !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')))
+                    .map(|s| {
+                        !s.rsplit_once(')')
+                            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                    })
                     .unwrap_or(false)
             })
             .collect()

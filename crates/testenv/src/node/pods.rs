@@ -535,7 +535,9 @@ impl Worker {
     async fn kill_leftovers(&self) {
         let uid = self.pod.borrow().uid().unwrap_or_default();
         if !uid.is_empty() {
-            let _ = tokio::task::spawn_blocking(move || crate::process::kill_tagged(POD_UID_ENV, &uid)).await;
+            let _ =
+                tokio::task::spawn_blocking(move || crate::process::kill_tagged(POD_UID_ENV, &uid))
+                    .await;
         }
     }
 
