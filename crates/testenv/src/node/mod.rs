@@ -12,6 +12,7 @@
 //!
 //! Pods of other images are left alone (they stay Pending).
 
+mod container;
 pub mod hosts;
 mod ip;
 mod pods;
@@ -184,7 +185,7 @@ impl LocalNode {
 
     /// The local directory of a pod (its logs: `<container>.log`).
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
-        pods::pod_dir(&self.shared.root, pod_uid)
+        container::pod_dir(&self.shared.root, pod_uid)
     }
 
     /// Stops the node: every pod process is stopped (pod objects stay as they are).
@@ -312,7 +313,7 @@ async fn sync_pods(
         .items;
     let mut seen = Vec::new();
     for pod in pods {
-        if !pods::uses_image(&pod, &options.image) {
+        if !container::uses_image(&pod, &options.image) {
             continue;
         }
         let Some(uid) = pod.uid() else { continue };
