@@ -12,6 +12,7 @@ pub mod conditions;
 pub mod constants;
 pub mod defaults;
 pub mod formats;
+pub mod instance_status;
 pub mod labels;
 pub mod validation;
 

@@ -1,0 +1,131 @@
+//! The instance manager's `/pg/status` JSON: what an instance's PostgreSQL is doing. The
+//! instance manager serves it and the operator reads it, so the types live here, once.
+
+use serde::{Deserialize, Serialize};
+
+/// A user parameter (or `pgHba` for the pg_hba rules) the server would not accept, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InvalidParameter {
+    pub name: String,
+    pub value: String,
+    pub reason: String,
+}
+
+/// The role PostgreSQL runs in right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PgRole {
+    /// Out of recovery: accepts writes.
+    Primary,
+    /// In recovery: a standby.
+    Replica,
+    /// Not running (stopped, fenced or starting).
+    Stopped,
+}
+
+/// The instance's PostgreSQL status, served as JSON on `/pg/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PgStatus {
+    pub instance: String,
+    pub role: PgRole,
+    /// Whether PostgreSQL answers queries.
+    pub running: bool,
+    /// Whether the manager stopped PostgreSQL on purpose (fencing) and keeps it stopped.
+    #[serde(default)]
+    pub fenced: bool,
+    #[serde(default)]
+    pub in_recovery: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
+    /// Primary: `pg_current_wal_lsn()`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_lsn: Option<String>,
+    /// Standby: the last LSN received and flushed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_lsn: Option<String>,
+    /// Standby: the last LSN replayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_lsn: Option<String>,
+    /// Standby: whether the WAL receiver streams from the primary.
+    #[serde(default)]
+    pub streaming: bool,
+    /// Primary: one entry per connected standby.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replication: Vec<StandbyReplication>,
+    #[serde(default)]
+    pub pending_restart: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_restart_parameters: Vec<String>,
+    /// User parameters refused by the last configuration (never written).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invalid_parameters: Vec<InvalidParameter>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version_num: Option<i32>,
+}
+
+/// One standby as the primary sees it (`pg_stat_replication`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StandbyReplication {
+    pub application_name: String,
+    pub state: String,
+    /// `async`, `potential`, `sync` or `quorum`.
+    pub sync_state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lsn: Option<String>,
+    /// Bytes between the primary's current LSN and the standby's replayed LSN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lag_bytes: Option<i64>,
+    /// `pg_stat_replication.replay_lag` in seconds (unset while the standby is idle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_lag_seconds: Option<f64>,
+}
+
+impl PgStatus {
+    /// The status of an instance whose PostgreSQL does not answer.
+    pub fn stopped(instance: &str, fenced: bool) -> Self {
+        Self {
+            instance: instance.to_string(),
+            role: PgRole::Stopped,
+            running: false,
+            fenced,
+            in_recovery: false,
+            timeline: None,
+            system_identifier: None,
+            current_lsn: None,
+            received_lsn: None,
+            replayed_lsn: None,
+            streaming: false,
+            replication: Vec::new(),
+            pending_restart: false,
+            pending_restart_parameters: Vec::new(),
+            invalid_parameters: Vec::new(),
+            postgres_version: None,
+            postgres_version_num: None,
+        }
+    }
+
+    /// The LSN that orders standbys for a failover: the most WAL received (or written).
+    pub fn wal_position(&self) -> Option<u64> {
+        self.received_lsn
+            .as_deref()
+            .or(self.current_lsn.as_deref())
+            .and_then(parse_lsn)
+    }
+}
+
+/// `16/B374D848` as a number.
+pub fn parse_lsn(lsn: &str) -> Option<u64> {
+    let (hi, lo) = lsn.split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
