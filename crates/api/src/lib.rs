@@ -42,3 +42,16 @@ pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     }
     Ok(out)
 }
+
+/// "failed to X: failed to Y: cause" from an error and its sources: how pgop reports an
+/// error in one line (logs, events, status messages).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}

@@ -21,14 +21,4 @@ pub use pg::{Binaries, Endpoint, RunAs, Upstream};
 pub use status::{PgRole, PgStatus};
 pub use sync::SyncSpec;
 
-/// "failed to X: failed to Y: cause" from an error and its sources.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
-}
+pub use pgop_api::error_chain;

@@ -75,17 +75,7 @@ async fn main() -> ExitCode {
     }
 }
 
-/// "failed to X: failed to Y: cause" from an error and its sources.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
-}
+use pgop_api::error_chain;
 
 #[cfg(test)]
 mod tests {
