@@ -6,6 +6,7 @@ mod instance;
 mod operator;
 
 use clap::{Parser, Subcommand};
+use pgop_api::error_chain;
 use std::process::ExitCode;
 
 /// pgop: a Kubernetes operator for highly available PostgreSQL.
@@ -74,8 +75,6 @@ async fn main() -> ExitCode {
         }
     }
 }
-
-use pgop_api::error_chain;
 
 #[cfg(test)]
 mod tests {
