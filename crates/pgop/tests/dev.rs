@@ -25,7 +25,7 @@ impl Drop for Dev {
 
 fn start_dev() -> Result<Dev> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_pgop"))
-        .arg("dev")
+        .args(["dev", "--ready-timeout", "120"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?;

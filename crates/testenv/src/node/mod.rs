@@ -115,6 +115,7 @@ impl LocalNode {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
         }
+        let pgop_binary = executable_copy(&options.pgop_binary, &root.join("bin"))?;
         let hosts_file = root.join("hosts");
         std::fs::write(&hosts_file, "").map_err(|e| NodeError::io(&hosts_file, e))?;
         register_node(&client, &options.name).await?;
@@ -125,7 +126,7 @@ impl LocalNode {
             plane_dir: plane.dir().to_path_buf(),
             node: options.name.clone(),
             root,
-            pgop_binary: options.pgop_binary.clone(),
+            pgop_binary,
             hosts_file,
             ips: ip::IpPool::new(options.pod_ports.clone()),
         });
@@ -220,6 +221,25 @@ impl Drop for LocalNode {
             }
         }
     }
+}
+
+/// The pod binary where every pod user can run it: a build under /root (mode 0700) is
+/// out of reach for the non-root users pods run as. A hard link when the file system
+/// allows, a copy otherwise.
+fn executable_copy(binary: &Path, dir: &Path) -> Result<PathBuf, NodeError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
+    let name = binary
+        .file_name()
+        .unwrap_or_else(|| std::ffi::OsStr::new("pgop"));
+    let target = dir.join(name);
+    let _ = std::fs::remove_file(&target);
+    if std::fs::hard_link(binary, &target).is_err() {
+        std::fs::copy(binary, &target).map_err(|e| NodeError::io(&target, e))?;
+    }
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| NodeError::io(&target, e))?;
+    Ok(target)
 }
 
 /// uid and gid of a local user (e.g. `postgres`, whom Debian's PostgreSQL packages create):
