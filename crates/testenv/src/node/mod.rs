@@ -229,6 +229,8 @@ impl Drop for LocalNode {
 fn executable_copy(binary: &Path, dir: &Path) -> Result<PathBuf, NodeError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir).map_err(|e| NodeError::io(dir, e))?;
+    // The file itself, not a symlink to it (a link to a relative symlink would dangle).
+    let binary = &std::fs::canonicalize(binary).map_err(|e| NodeError::io(binary, e))?;
     let name = binary
         .file_name()
         .unwrap_or_else(|| std::ffi::OsStr::new("pgop"));
