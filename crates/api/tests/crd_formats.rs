@@ -2,25 +2,13 @@
 //! URL, time, LSN, pg_hba line, identifier) is judged alike by the real API server (dry-run
 //! creates) and by the Rust checks in `pgop_api::formats` and `validate`.
 
-use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+mod common;
+
+use common::{Result, dynamic_api, setup};
+
+use kube::api::{DynamicObject, PostParams};
 use pgop_api::{PostgresCluster, formats};
-use pgop_testenv::{TestNamespace, crds, shared};
 use serde_json::{Value, json};
-
-type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
-
-async fn setup(prefix: &str) -> Result<(Client, TestNamespace)> {
-    let plane = shared().await?;
-    let client = plane.client()?;
-    crds::install(&client, pgop_api::crds()).await?;
-    let ns = TestNamespace::create(plane.config(), prefix).await?;
-    Ok((client, ns))
-}
-
-fn dynamic_api(client: Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client, ns, &ApiResource::erase::<PostgresCluster>(&()))
-}
 
 /// Where a sample goes in a valid spec, and the Rust function that judges it.
 struct Format {

@@ -2,16 +2,17 @@
 //! the field docs, bad manifests are refused with a message naming the field, and the Rust
 //! validation refuses the same manifests naming the same field — the layers agree.
 
+mod common;
+
+use common::{Result, dynamic_api, setup};
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
 use pgop_api::{PostgresBackup, PostgresCluster, PostgresClusterStatus, conditions};
-use pgop_testenv::{TestNamespace, crds, shared};
+use pgop_testenv::shared;
 use serde_json::{Value, json};
 use std::time::Duration;
-
-type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 /// One manifest that must be refused. `spec` is created as is, or — when `before` is set —
 /// written as an update of an object created with `before` (for transition rules).
@@ -229,18 +230,6 @@ fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {
         "metadata": {"name": name},
         "spec": spec,
     }))
-}
-
-fn dynamic_api(client: Client, ns: &str) -> Api<DynamicObject> {
-    Api::namespaced_with(client, ns, &ApiResource::erase::<PostgresCluster>(&()))
-}
-
-async fn setup(prefix: &str) -> Result<(Client, TestNamespace)> {
-    let plane = shared().await?;
-    let client = plane.client()?;
-    crds::install(&client, pgop_api::crds()).await?;
-    let ns = TestNamespace::create(plane.config(), prefix).await?;
-    Ok((client, ns))
 }
 
 /// The API server's verdict on creating (or, with `before`, updating to) a manifest:

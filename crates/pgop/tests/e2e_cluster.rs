@@ -148,6 +148,18 @@ async fn count_on(host: &str, password: &str) -> Result<i64> {
     Ok(c.query_one("select count(*) from items", &[]).await?.get(0))
 }
 
+/// Waits until the instance at `ip` holds `rows` rows of the test table.
+async fn wait_rows(name: &str, ip: &str, password: &str, rows: i64) -> Result {
+    wait::until(&format!("{rows} rows on {name}"), TIMEOUT, || async {
+        match count_on(ip, password).await {
+            Ok(n) if n == rows => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> Result {
     let env = start("e2e").await?;
@@ -182,13 +194,7 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
         let c = connect(ip, &password).await?;
         let in_recovery: bool = c.query_one("select pg_is_in_recovery()", &[]).await?.get(0);
         assert_eq!(in_recovery, *name != primary, "{name}");
-        wait::until(&format!("the rows on {name}"), TIMEOUT, || async {
-            match count_on(ip, &password).await {
-                Ok(1000) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await?;
+        wait_rows(name, ip, &password, 1000).await?;
     }
 
     // Scale 3 -> 5 -> 2: new standbys clone and stream; the highest serials go.
@@ -200,13 +206,7 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
     .await?;
     env.wait_ready("shop", 5).await?;
     for (name, ip) in env.pod_ips("shop").await? {
-        wait::until(&format!("the rows on {name}"), TIMEOUT, || async {
-            match count_on(&ip, &password).await {
-                Ok(1000) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        })
-        .await?;
+        wait_rows(&name, &ip, &password, 1000).await?;
     }
     api.patch(
         "shop",

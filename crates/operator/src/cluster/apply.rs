@@ -85,6 +85,39 @@ where
     Api::namespaced(client.clone(), namespace)
 }
 
+fn to_json<K: ResourceExt + k8s_openapi::Resource + Serialize>(obj: &K) -> Result<Value, Error> {
+    serde_json::to_value(obj).map_err(|source| Error::Serialize {
+        kind: K::KIND,
+        name: obj.name_any(),
+        source,
+    })
+}
+
+/// Server-side apply under pgop's field manager, taking over fields others changed.
+async fn server_side_apply<K>(api: &Api<K>, desired: &K) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()>
+        + k8s_openapi::Resource
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug,
+{
+    let name = desired.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(desired),
+    )
+    .await
+    .map_err(|source| Error::Apply {
+        kind: K::KIND,
+        name,
+        source,
+    })?;
+    Ok(())
+}
+
 /// Server-side applies `desired` unless `live` already contains it.
 async fn apply_if_changed<K>(
     client: &Client,
@@ -105,33 +138,13 @@ where
     let name = desired.name_any();
     let label = format!("{}/{name}", <K as k8s_openapi::Resource>::KIND);
     let current = find(live, &name);
-    if let Some(current) = current {
-        let d = serde_json::to_value(desired).map_err(|source| Error::Serialize {
-            kind: <K as k8s_openapi::Resource>::KIND,
-            name: name.clone(),
-            source,
-        })?;
-        let l = serde_json::to_value(current).map_err(|source| Error::Serialize {
-            kind: <K as k8s_openapi::Resource>::KIND,
-            name: name.clone(),
-            source,
-        })?;
-        if is_contained(&d, &l) && extra_equal(desired, current) {
-            return Ok(());
-        }
+    if let Some(current) = current
+        && is_contained(&to_json(desired)?, &to_json(current)?)
+        && extra_equal(desired, current)
+    {
+        return Ok(());
     }
-    api::<K>(client, namespace)
-        .patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(desired),
-        )
-        .await
-        .map_err(|source| Error::Apply {
-            kind: <K as k8s_openapi::Resource>::KIND,
-            name,
-            source,
-        })?;
+    server_side_apply(&api::<K>(client, namespace), desired).await?;
     if current.is_some() {
         outcome.repaired.push(label);
     } else {
@@ -166,13 +179,7 @@ where
         source,
     };
     let Some(current) = find(live, &name) else {
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(desired),
-        )
-        .await
-        .map_err(apply_err)?;
+        server_side_apply(&api, desired).await?;
         outcome.created.push(label);
         return Ok(());
     };
