@@ -38,3 +38,17 @@ pub const PATH_HEALTHZ: &str = "/healthz";
 pub const PATH_READYZ: &str = "/readyz";
 /// The instance's PostgreSQL status: role, timeline, LSNs, lag, pending restart.
 pub const PATH_PG_STATUS: &str = "/pg/status";
+
+/// The primary Lease (coordination.k8s.io/v1) is named after its cluster. Only its holder
+/// may run PostgreSQL as a primary, so two primaries can never accept writes at once.
+pub fn primary_lease_name(cluster: &str) -> String {
+    cluster.to_string()
+}
+/// `leaseDurationSeconds` of the primary Lease: another instance may take it over only
+/// after seeing it unchanged for this long (a holder that vanished without releasing it).
+pub const PRIMARY_LEASE_DURATION_SECONDS: i32 = 10;
+/// How often the primary renews its Lease.
+pub const PRIMARY_LEASE_RENEW_SECONDS: u64 = 2;
+/// A primary that has not renewed its Lease for this long stops PostgreSQL (self-fencing),
+/// well before anyone else may take the Lease over.
+pub const PRIMARY_LEASE_FENCE_AFTER_SECONDS: u64 = 7;
