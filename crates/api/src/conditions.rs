@@ -16,6 +16,9 @@ pub const DEGRADED: &str = "Degraded";
 /// The spec passed pgop's validation; when False the phase is Invalid and the message
 /// names the field.
 pub const SPEC_VALID: &str = "SpecValid";
+/// The current primary runs and answers its instance manager's status probe; False (with
+/// the time it became so) starts the failover clock of `spec.failoverDelay`.
+pub const PRIMARY_AVAILABLE: &str = "PrimaryAvailable";
 /// The last backup (scheduled or on demand) completed.
 pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
 

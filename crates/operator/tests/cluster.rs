@@ -400,12 +400,18 @@ async fn an_operator_killed_mid_reconcile_converges_to_the_same_state_after_rest
         status.current_primary.as_deref(),
         Some(instances[0].as_str())
     );
-    let primaries = status
-        .instances
-        .iter()
-        .filter(|i| i.role == Some(pgop_api::cluster::InstanceRole::Primary))
-        .count();
-    assert_eq!(primaries, 1);
+    // Roles in status.instances are what the instances report (none run here); the
+    // operator's own mark is the role label, on exactly one pod.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), n);
+    let primaries = pods
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            pgop_api::labels::ROLE,
+            pgop_api::labels::ROLE_PRIMARY
+        )))
+        .await?;
+    let primaries: Vec<String> = primaries.items.iter().map(|p| p.name_any()).collect();
+    assert_eq!(primaries, [instances[0].clone()]);
     op.stop().await;
     ns.delete().await?;
     Ok(())

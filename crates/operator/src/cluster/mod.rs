@@ -6,10 +6,16 @@
 //!    an invalid spec sets phase Invalid and waits for the next change, never retries;
 //! 3. [`dereference`] — list the children that exist (one labelled LIST per kind);
 //! 4. [`instances`] — plan the instance serials (pure);
-//! 5. [`build`] — the desired children as plain values (pure);
-//! 6. [`apply`] — server-side apply what differs, create what is missing, delete the
-//!    instances the plan removed;
-//! 7. [`status`] — compute status and conditions (pure) and patch them when they changed.
+//! 5. [`probe`] — read every instance's `/pg/status` (in parallel, bounded), then
+//!    [`roles`] — decide the primary: failover, switchover, completion (pure);
+//! 6. [`status`] — compute status and conditions (pure) and patch them when they changed;
+//!    a new `targetPrimary` is thus written before any label moves;
+//! 7. [`build`] — the desired children as plain values (pure);
+//! 8. [`apply`] — server-side apply what differs, create what is missing, delete the
+//!    instances the plan removed.
+//!
+//! A cluster is looked at again every [`POLL`] (faster during a change of primary): the
+//! instances are probed on every pass, which is how a failed primary is noticed.
 //!
 //! No finalizer: every child carries a controller ownerReference, so the garbage
 //! collector deletes them with the cluster, and nothing outside the API server (yet)
@@ -19,6 +25,8 @@ pub mod apply;
 pub mod build;
 pub mod dereference;
 pub mod instances;
+pub mod probe;
+pub mod roles;
 pub mod status;
 
 use crate::Context;
@@ -29,14 +37,16 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use pgop_api::cluster::ClusterPhase;
-use pgop_api::constants::FIELD_MANAGER;
+use pgop_api::constants::{ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often a healthy cluster is looked at even when nothing changes.
-pub const RESYNC: Duration = Duration::from_secs(300);
+/// How often a cluster's instances are probed when nothing else happens.
+pub const POLL: Duration = Duration::from_secs(1);
+/// How often during a failover or switchover.
+pub const POLL_TRANSITION: Duration = Duration::from_millis(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -48,6 +58,8 @@ pub enum Error {
     Apply(#[from] apply::Error),
     #[error("failed to patch the cluster's status")]
     PatchStatus(#[source] kube::Error),
+    #[error("failed to remove the switchover annotation")]
+    ClearSwitchover(#[source] kube::Error),
     #[error("failed to generate a password")]
     GeneratePassword(#[source] getrandom::Error),
     #[error("the cluster has no namespace")]
@@ -62,6 +74,7 @@ impl Error {
             Error::Build(_) => "Build",
             Error::Apply(_) => "Apply",
             Error::PatchStatus(_) => "PatchStatus",
+            Error::ClearSwitchover(_) => "ClearSwitchover",
             Error::GeneratePassword(_) => "GeneratePassword",
             Error::NoNamespace => "NoNamespace",
         }
@@ -168,7 +181,50 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         patch_status(ctx, cluster, &namespace, reserved).await?;
     }
 
-    // 5. build
+    // 5. probe the instances and decide the roles
+    let probes = probe::probe_all(&observed.pods).await;
+    let named: Vec<(String, i32)> = plan
+        .serials
+        .iter()
+        .map(|s| (instances::instance_name(&name, *s), *s))
+        .collect();
+    let initial_primary = instances::instance_name(&name, plan.primary);
+    let switchover_to = cluster
+        .annotations()
+        .get(ANNOTATION_SWITCHOVER_TO)
+        .map(String::as_str);
+    let roles = roles::decide(&roles::Input {
+        cluster: &defaulted,
+        instances: &named,
+        initial_primary: &initial_primary,
+        pods: &observed.pods,
+        probes: &probes,
+        switchover_to,
+        now: now(),
+    });
+
+    // 6. status first: a new targetPrimary is on record before any label moves
+    let seen = status::Observations {
+        pods: &observed.pods,
+        probes: &probes,
+        roles: &roles,
+    };
+    let status = status::compute(cluster, &plan, &seen, now());
+    patch_status(ctx, cluster, &namespace, status).await?;
+    for note in &roles.notes {
+        let kind = if note.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        tracing::info!(cluster = %key(cluster), reason = note.reason, "{}", note.message);
+        publish(ctx, cluster, kind, note.reason, &note.message).await;
+    }
+    if roles.clear_switchover_request {
+        clear_switchover_request(ctx, cluster, &namespace).await?;
+    }
+
+    // 7. build: only a confirmed primary carries the primary role label
     let passwords = build::Passwords {
         app: password_of(
             &observed.secrets,
@@ -179,17 +235,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
         )?,
     };
-    let wanted: Vec<build::InstanceSpec> = plan
-        .serials
+    let wanted: Vec<build::InstanceSpec> = named
         .iter()
-        .map(|s| build::InstanceSpec {
-            name: instances::instance_name(&name, *s),
-            primary: *s == plan.primary,
+        .map(|(instance, _)| build::InstanceSpec {
+            name: instance.clone(),
+            primary: *instance == roles.current && !roles.in_transition(),
         })
         .collect();
     let children = build::children(&defaulted, &wanted, &passwords, &ctx.settings)?;
 
-    // 6. apply, then delete what the plan removed
+    // 8. apply, then delete what the plan removed
     let mut outcome = apply::apply(&ctx.client, &namespace, &children, &observed).await?;
     let removed: Vec<String> = plan
         .remove
@@ -197,10 +252,6 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         .map(|s| instances::instance_name(&name, *s))
         .collect();
     apply::delete_instances(&ctx.client, &namespace, &removed, &observed, &mut outcome).await?;
-
-    // 7. status
-    let status = status::compute(cluster, &plan, &observed.pods, now());
-    patch_status(ctx, cluster, &namespace, status).await?;
 
     let new_instances: Vec<String> = created
         .iter()
@@ -246,7 +297,32 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         )
         .await;
     }
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(if roles.in_transition() {
+        POLL_TRANSITION
+    } else {
+        POLL
+    }))
+}
+
+/// Removes the switchover annotation once it has been acted on or refused, so that an old
+/// request cannot move the primary again later.
+async fn clear_switchover_request(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+) -> Result<(), Error> {
+    let api: Api<PostgresCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {ANNOTATION_SWITCHOVER_TO: null}}
+    });
+    api.patch(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(Error::ClearSwitchover)?;
+    Ok(())
 }
 
 /// The password in an existing Secret, or a new one when the Secret does not exist yet.

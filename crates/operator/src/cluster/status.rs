@@ -2,12 +2,16 @@
 //! differs from what the cluster already shows.
 
 use super::instances::{Plan, instance_name};
+use super::probe::Probe;
+use super::roles::Roles;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
 use pgop_api::conditions::{self, new_condition, set_condition};
+use pgop_api::instance_status::PgRole;
 use pgop_api::{PostgresCluster, PostgresClusterStatus, labels};
+use std::collections::BTreeMap;
 
 /// Whether a Pod's Ready condition is True.
 pub fn pod_ready(pod: &Pod) -> bool {
@@ -17,19 +21,31 @@ pub fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// The status of a cluster whose spec is valid, given its instance plan and pods.
+/// What was observed of the instances, and the roles decided from it.
+pub struct Observations<'a> {
+    pub pods: &'a [Pod],
+    pub probes: &'a BTreeMap<String, Probe>,
+    pub roles: &'a Roles,
+}
+
+/// The status of a cluster whose spec is valid, given its instance plan, its pods, what
+/// the instances reported and the roles decided.
 pub fn compute(
     cluster: &PostgresCluster,
     plan: &Plan,
-    pods: &[Pod],
+    seen: &Observations,
     now: Time,
 ) -> PostgresClusterStatus {
+    let Observations {
+        pods,
+        probes,
+        roles,
+    } = *seen;
     let name = cluster.name_any();
     let generation = cluster.metadata.generation;
     let old = cluster.status.clone().unwrap_or_default();
     let mut status = old.clone();
 
-    let primary = instance_name(&name, plan.primary);
     status.instances = plan
         .serials
         .iter()
@@ -37,17 +53,31 @@ pub fn compute(
             let instance = instance_name(&name, *serial);
             let pod = pods.iter().find(|p| p.name_any() == instance);
             let previous = old.instances.iter().find(|i| i.name == instance);
+            let pg = probes.get(&instance).and_then(Probe::status);
+            // Positions are the last ones reported: an instance that stopped answering
+            // keeps them (they matter for a post-mortem), but no role.
+            let (timeline, received, replayed) = match pg {
+                Some(s) if s.role != PgRole::Stopped => (
+                    s.timeline,
+                    s.received_lsn.clone().or_else(|| s.current_lsn.clone()),
+                    s.replayed_lsn.clone(),
+                ),
+                _ => (
+                    previous.and_then(|p| p.timeline),
+                    previous.and_then(|p| p.received_lsn.clone()),
+                    previous.and_then(|p| p.replayed_lsn.clone()),
+                ),
+            };
             InstanceStatus {
-                role: Some(if instance == primary {
-                    InstanceRole::Primary
-                } else {
-                    InstanceRole::Replica
-                }),
+                role: match pg.map(|s| s.role) {
+                    Some(PgRole::Primary) => Some(InstanceRole::Primary),
+                    Some(PgRole::Replica) => Some(InstanceRole::Replica),
+                    _ => None,
+                },
                 ready: pod.is_some_and(pod_ready),
-                // PostgreSQL-level facts come from the instances themselves; keep them.
-                timeline: previous.and_then(|p| p.timeline),
-                received_lsn: previous.and_then(|p| p.received_lsn.clone()),
-                replayed_lsn: previous.and_then(|p| p.replayed_lsn.clone()),
+                timeline,
+                received_lsn: received,
+                replayed_lsn: replayed,
                 name: instance,
                 serial: *serial,
             }
@@ -65,22 +95,24 @@ pub fn compute(
     status.selector = Some(labels::instance_selector(&name));
     status.next_serial = plan.next_serial;
     status.observed_generation = generation;
-    status.current_primary = Some(primary.clone());
-    if status.target_primary.is_none() {
-        status.target_primary = Some(primary.clone());
-    }
+    status.current_primary = Some(roles.current.clone());
+    status.target_primary = Some(roles.target.clone());
 
     let was_ready = matches!(
         old.phase,
-        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+        Some(
+            ClusterPhase::Ready
+                | ClusterPhase::Degraded
+                | ClusterPhase::FailingOver
+                | ClusterPhase::SwitchingOver
+        )
     );
-    let all_ready = ready == desired && existing == desired;
-    status.phase = Some(if all_ready {
-        ClusterPhase::Ready
-    } else if was_ready {
-        ClusterPhase::Degraded
-    } else {
-        ClusterPhase::Creating
+    let all_ready = ready == desired && existing == desired && !roles.in_transition();
+    status.phase = Some(match roles.phase {
+        Some(phase) => phase,
+        None if all_ready => ClusterPhase::Ready,
+        None if was_ready => ClusterPhase::Degraded,
+        None => ClusterPhase::Creating,
     });
 
     let c = &mut status.conditions;
@@ -142,6 +174,17 @@ pub fn compute(
                 ),
             )
         },
+        now.clone(),
+    );
+    let primary = &roles.primary;
+    set_condition(
+        c,
+        cond(
+            conditions::PRIMARY_AVAILABLE,
+            primary.available,
+            primary.reason,
+            primary.message.clone(),
+        ),
         now.clone(),
     );
     set_condition(
@@ -212,6 +255,35 @@ mod tests {
         .expect("pod")
     }
 
+    /// The status with the plan's primary healthy and in place.
+    fn compute_with(
+        cluster: &PostgresCluster,
+        plan: &Plan,
+        pods: &[Pod],
+        now: Time,
+    ) -> PostgresClusterStatus {
+        let primary = instance_name("main", plan.primary);
+        let roles = Roles {
+            current: primary.clone(),
+            target: primary,
+            phase: None,
+            primary: crate::cluster::roles::Availability {
+                available: true,
+                reason: "PrimaryRunning",
+                message: "runs".into(),
+            },
+            notes: Vec::new(),
+            clear_switchover_request: false,
+        };
+        let probes = BTreeMap::new();
+        let seen = Observations {
+            pods,
+            probes: &probes,
+            roles: &roles,
+        };
+        compute(cluster, plan, &seen, now)
+    }
+
     fn at(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).expect("valid time"))
     }
@@ -219,7 +291,7 @@ mod tests {
     #[test]
     fn all_pods_ready_makes_the_cluster_ready() {
         let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
-        let s = compute(
+        let s = compute_with(
             &cluster(None),
             &p,
             &[pod("main-1", true), pod("main-2", true)],
@@ -236,20 +308,20 @@ mod tests {
     #[test]
     fn an_unready_pod_after_ready_is_degraded_and_transition_times_move_only_on_change() {
         let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
-        let ready = compute(
+        let ready = compute_with(
             &cluster(None),
             &p,
             &[pod("main-1", true), pod("main-2", true)],
             at(100),
         );
-        let again = compute(
+        let again = compute_with(
             &cluster(Some(ready.clone())),
             &p,
             &[pod("main-1", true), pod("main-2", true)],
             at(200),
         );
         assert_eq!(ready, again, "nothing changed, so nothing to write");
-        let degraded = compute(
+        let degraded = compute_with(
             &cluster(Some(ready)),
             &p,
             &[pod("main-1", true), pod("main-2", false)],
@@ -266,7 +338,7 @@ mod tests {
     #[test]
     fn a_new_cluster_is_creating_until_its_pods_are_ready() {
         let p = plan(2, &BTreeSet::new(), 1, None);
-        let s = compute(&cluster(None), &p, &[], at(1));
+        let s = compute_with(&cluster(None), &p, &[], at(1));
         assert_eq!(s.phase, Some(ClusterPhase::Creating));
         assert_eq!(s.next_serial, 3);
         let prog = conditions::find_condition(&s.conditions, conditions::PROGRESSING)

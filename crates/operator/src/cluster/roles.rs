@@ -1,0 +1,595 @@
+//! Roles: which instance is the primary, as a pure decision over the old status, the Pods
+//! and what each instance manager reported on `/pg/status`.
+//!
+//! The operator only ever writes two names, and in this order:
+//! 1. `targetPrimary` — the instance that should be the primary. While it differs from
+//!    `currentPrimary` a failover or switchover is in progress: no Pod carries the primary
+//!    role label (the `-rw` Service has no endpoint, so the old primary is fenced from
+//!    clients), the old primary's manager steps down (or is already dead), and the target's
+//!    manager promotes once it holds the primary Lease.
+//! 2. `currentPrimary` — set to the target once the target itself reports that it runs as
+//!    a primary. The role labels then move and the other instances follow it.
+//!
+//! Everything is read back from the status, so an operator restarted in the middle of a
+//! failover carries on where the last one stopped.
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use pgop_api::cluster::{ClusterPhase, DataDurability};
+use pgop_api::conditions::{self, find_condition};
+use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
+use pgop_api::{PostgresCluster, PostgresClusterStatus};
+use std::collections::BTreeMap;
+
+use super::probe::Probe;
+use super::status::pod_ready;
+
+/// An Event to publish once the status is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Whether the current primary is available, for the PrimaryAvailable condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Availability {
+    pub available: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The decision of one reconcile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Roles {
+    pub current: String,
+    pub target: String,
+    /// FailingOver or SwitchingOver while `target != current`.
+    pub phase: Option<ClusterPhase>,
+    pub primary: Availability,
+    pub notes: Vec<Note>,
+    /// The switchover annotation was read (acted on or refused): remove it.
+    pub clear_switchover_request: bool,
+}
+
+impl Roles {
+    pub fn in_transition(&self) -> bool {
+        self.current != self.target
+    }
+}
+
+/// What the decision reads.
+pub struct Input<'a> {
+    pub cluster: &'a PostgresCluster,
+    /// The instances the cluster should have, by name, in serial order.
+    pub instances: &'a [(String, i32)],
+    /// The primary for a cluster that has none yet (the first planned instance).
+    pub initial_primary: &'a str,
+    pub pods: &'a [Pod],
+    pub probes: &'a BTreeMap<String, Probe>,
+    /// `metadata.annotations[switchover-to]`, if set.
+    pub switchover_to: Option<&'a str>,
+    pub now: Time,
+}
+
+pub fn decide(input: &Input) -> Roles {
+    let old = input
+        .cluster
+        .status
+        .clone()
+        .unwrap_or_else(PostgresClusterStatus::default);
+    let ever_served = matches!(
+        old.phase,
+        Some(
+            ClusterPhase::Ready
+                | ClusterPhase::Degraded
+                | ClusterPhase::FailingOver
+                | ClusterPhase::SwitchingOver
+        )
+    );
+    let planned = |name: &String| input.instances.iter().any(|(n, _)| n == name);
+    // A cluster that never served may name a primary that was never created (an operator
+    // stopped between writing the status and creating the pod): start over with the plan.
+    let current = old
+        .current_primary
+        .clone()
+        .filter(|c| ever_served || planned(c))
+        .unwrap_or_else(|| input.initial_primary.to_string());
+    let target = old
+        .target_primary
+        .clone()
+        .filter(|t| ever_served || planned(t))
+        .unwrap_or_else(|| current.clone());
+    let mut roles = Roles {
+        primary: availability(input, &current),
+        current,
+        target,
+        phase: None,
+        notes: Vec::new(),
+        clear_switchover_request: input.switchover_to.is_some(),
+    };
+
+    // 1. A change of primary in progress: done once the target reports it is primary.
+    if roles.in_transition() {
+        let kind = match old.phase {
+            Some(ClusterPhase::SwitchingOver) => ClusterPhase::SwitchingOver,
+            _ => ClusterPhase::FailingOver,
+        };
+        let promoted = status_of(input, &roles.target).is_some_and(|s| s.role == PgRole::Primary);
+        if promoted {
+            let (reason, what) = match kind {
+                ClusterPhase::SwitchingOver => ("SwitchoverCompleted", "switchover"),
+                _ => ("FailoverCompleted", "failover"),
+            };
+            roles.notes.push(Note {
+                warning: false,
+                reason,
+                message: format!(
+                    "{what} complete: {} is the primary (was {})",
+                    roles.target, roles.current
+                ),
+            });
+            roles.current = roles.target.clone();
+            roles.primary = availability(input, &roles.current);
+        } else {
+            roles.phase = Some(kind);
+        }
+        if input.switchover_to.is_some() {
+            roles.notes.push(refused(
+                input,
+                "a change of primary is already in progress".to_string(),
+            ));
+        }
+        return roles;
+    }
+
+    // 2. The primary failed: fail over once it has been unavailable for failoverDelay.
+    if !roles.primary.available && ever_served {
+        let since = find_condition(&old.conditions, conditions::PRIMARY_AVAILABLE)
+            .filter(|c| c.status == conditions::FALSE)
+            .map(|c| c.last_transition_time.0)
+            .unwrap_or(input.now.0);
+        let waited = input.now.0.duration_since(since).as_secs_f64();
+        let delay = f64::from(input.cluster.spec.failover_delay.max(0));
+        if waited < delay {
+            return roles;
+        }
+        match candidate(input, &roles.current) {
+            Ok((name, why)) => {
+                roles.notes.push(Note {
+                    warning: true,
+                    reason: "FailoverStarted",
+                    message: format!(
+                        "primary {} is unavailable ({}); promoting {name} ({why})",
+                        roles.current, roles.primary.message
+                    ),
+                });
+                roles.target = name;
+                roles.phase = Some(ClusterPhase::FailingOver);
+            }
+            Err(why) => roles.notes.push(Note {
+                warning: true,
+                reason: "FailoverBlocked",
+                message: format!(
+                    "primary {} is unavailable ({}) and no standby may replace it: {why}",
+                    roles.current, roles.primary.message
+                ),
+            }),
+        }
+        if input.switchover_to.is_some() {
+            roles
+                .notes
+                .push(refused(input, "the primary is unavailable".to_string()));
+        }
+        return roles;
+    }
+
+    // 3. A switchover on request.
+    if let Some(to) = input.switchover_to {
+        match switchover_target(input, &roles.current, to) {
+            Ok(()) => {
+                roles.notes.push(Note {
+                    warning: false,
+                    reason: "SwitchoverStarted",
+                    message: format!("switching the primary from {} to {to}", roles.current),
+                });
+                roles.target = to.to_string();
+                roles.phase = Some(ClusterPhase::SwitchingOver);
+            }
+            Err(why) => roles.notes.push(refused(input, why)),
+        }
+    }
+    roles
+}
+
+fn refused(input: &Input, why: String) -> Note {
+    Note {
+        warning: true,
+        reason: "SwitchoverRefused",
+        message: format!(
+            "switchover to {} refused: {why}",
+            input.switchover_to.unwrap_or_default()
+        ),
+    }
+}
+
+fn pod_of<'a>(input: &'a Input, name: &str) -> Option<&'a Pod> {
+    input.pods.iter().find(|p| p.name_any() == name)
+}
+
+fn status_of<'a>(input: &'a Input, name: &str) -> Option<&'a PgStatus> {
+    input.probes.get(name).and_then(Probe::status)
+}
+
+fn availability(input: &Input, primary: &str) -> Availability {
+    let down = |reason, message: String| Availability {
+        available: false,
+        reason,
+        message,
+    };
+    let Some(pod) = pod_of(input, primary) else {
+        return down("PodMissing", format!("pod {primary} does not exist"));
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return down("PodDeleting", format!("pod {primary} is being deleted"));
+    }
+    match input.probes.get(primary) {
+        None => down("NotProbed", format!("{primary} was not probed")),
+        Some(Probe::Unreachable(e)) => down("Unreachable", format!("{primary}: {e}")),
+        Some(Probe::Status(s)) if s.role == PgRole::Primary => Availability {
+            available: true,
+            reason: "PrimaryRunning",
+            message: format!("{primary} runs as the primary"),
+        },
+        Some(Probe::Status(s)) if s.fenced => down("Fenced", format!("{primary} is fenced")),
+        Some(Probe::Status(s)) => down(
+            "NotRunning",
+            format!(
+                "{primary} reports role {}",
+                serde_json::to_value(s.role)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            ),
+        ),
+    }
+}
+
+/// A standby that can be promoted: its Pod exists and is not being deleted, and its
+/// manager reports it running as a standby.
+fn promotable<'a>(input: &'a Input, name: &str) -> Option<&'a PgStatus> {
+    let pod = pod_of(input, name)?;
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    status_of(input, name).filter(|s| s.role == PgRole::Replica && !s.fenced)
+}
+
+/// The standby to promote: the most WAL received, then the most replayed, then the lowest
+/// serial. With `dataDurability: required` only when enough standbys answer that one of
+/// them must hold every acknowledged commit.
+fn candidate(input: &Input, primary: &str) -> Result<(String, String), String> {
+    let standbys: Vec<&(String, i32)> = input
+        .instances
+        .iter()
+        .filter(|(n, _)| n != primary)
+        .collect();
+    if standbys.is_empty() {
+        return Err("the cluster has no standby".to_string());
+    }
+    let mut ranked: Vec<(u64, u64, i32, &str, &PgStatus)> = standbys
+        .iter()
+        .filter_map(|(name, serial)| {
+            let s = promotable(input, name)?;
+            let received = s.wal_position().unwrap_or(0);
+            let replayed = s.replayed_lsn.as_deref().and_then(parse_lsn).unwrap_or(0);
+            Some((received, replayed, *serial, name.as_str(), s))
+        })
+        .collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    let Some((_, _, _, best, status)) = ranked.first() else {
+        return Err(format!(
+            "none of the {} standbys answers as a running standby",
+            standbys.len()
+        ));
+    };
+    let replication = &input.cluster.spec.replication;
+    if replication.synchronous > 0 && replication.data_durability == DataDurability::Required {
+        // Each commit was confirmed by `synchronous` of the standbys ("ANY k (all)"), so
+        // any n - k + 1 of them include one that has it; the one with the most WAL among
+        // those has every acknowledged commit.
+        let n = standbys.len();
+        let k = usize::try_from(replication.synchronous).unwrap_or(n).min(n);
+        let needed = n - k + 1;
+        if ranked.len() < needed {
+            return Err(format!(
+                "dataDurability is required and only {} of {n} standbys answer; {needed} must, so that one of them is sure to hold every acknowledged commit",
+                ranked.len()
+            ));
+        }
+    }
+    Ok((
+        best.to_string(),
+        format!(
+            "received WAL up to {}",
+            status
+                .received_lsn
+                .as_deref()
+                .unwrap_or("an unknown position")
+        ),
+    ))
+}
+
+fn switchover_target(input: &Input, primary: &str, to: &str) -> Result<(), String> {
+    if to == primary {
+        return Err(format!("{to} is already the primary"));
+    }
+    if !input.instances.iter().any(|(n, _)| n == to) {
+        let names: Vec<&str> = input.instances.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(format!(
+            "{to} is not an instance of this cluster (instances: {})",
+            names.join(", ")
+        ));
+    }
+    if !pod_of(input, to).is_some_and(pod_ready) {
+        return Err(format!("{to} is not ready"));
+    }
+    match promotable(input, to) {
+        Some(s) if s.streaming => Ok(()),
+        Some(_) => Err(format!("{to} does not stream from the primary")),
+        None => Err(format!("{to} does not answer as a running standby")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn cluster(spec: &str, status: &str) -> PostgresCluster {
+        let mut c: PostgresCluster = serde_yaml::from_str(&format!(
+            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {{name: db, namespace: ns}}\nspec: {spec}\n"
+        ))
+        .expect("cluster fixture");
+        c.status = Some(serde_yaml::from_str(status).expect("status fixture"));
+        c
+    }
+
+    fn pod(name: &str, ready: bool, deleting: bool) -> Pod {
+        let mut v = serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+        });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        }
+        serde_json::from_value(v).expect("pod")
+    }
+
+    fn pg(name: &str, role: PgRole, received: &str) -> Probe {
+        let mut s = PgStatus::stopped(name, false);
+        s.role = role;
+        s.running = role != PgRole::Stopped;
+        s.streaming = role == PgRole::Replica;
+        match role {
+            PgRole::Primary => s.current_lsn = Some(received.into()),
+            _ => {
+                s.received_lsn = Some(received.into());
+                s.replayed_lsn = Some(received.into());
+            }
+        }
+        Probe::Status(Box::new(s))
+    }
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).expect("time"))
+    }
+
+    const READY3: &str = "{phase: Ready, currentPrimary: db-1, targetPrimary: db-1, instances: []}";
+
+    struct World {
+        cluster: PostgresCluster,
+        instances: Vec<(String, i32)>,
+        pods: Vec<Pod>,
+        probes: BTreeMap<String, Probe>,
+    }
+
+    impl World {
+        fn new(spec: &str, status: &str) -> Self {
+            let names = ["db-1", "db-2", "db-3"];
+            Self {
+                cluster: cluster(spec, status),
+                instances: names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (n.to_string(), i as i32 + 1))
+                    .collect(),
+                pods: names.iter().map(|n| pod(n, true, false)).collect(),
+                probes: BTreeMap::from([
+                    ("db-1".to_string(), pg("db-1", PgRole::Primary, "0/5000000")),
+                    ("db-2".to_string(), pg("db-2", PgRole::Replica, "0/4000000")),
+                    ("db-3".to_string(), pg("db-3", PgRole::Replica, "0/5000000")),
+                ]),
+            }
+        }
+
+        fn decide(&self, switchover_to: Option<&str>, now: i64) -> Roles {
+            decide(&Input {
+                cluster: &self.cluster,
+                instances: &self.instances,
+                initial_primary: "db-1",
+                pods: &self.pods,
+                probes: &self.probes,
+                switchover_to,
+                now: at(now),
+            })
+        }
+    }
+
+    const SPEC: &str = "{replicas: 3, storage: {size: 1Gi}}";
+
+    #[test]
+    fn a_healthy_primary_stays() {
+        let w = World::new(SPEC, READY3);
+        let r = w.decide(None, 100);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-1"));
+        assert!(r.primary.available);
+        assert!(r.notes.is_empty());
+        assert_eq!(r.phase, None);
+    }
+
+    #[test]
+    fn an_unreachable_primary_fails_over_to_the_standby_with_the_most_wal() {
+        let mut w = World::new(SPEC, READY3);
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        let r = w.decide(None, 100);
+        assert_eq!(
+            r.current, "db-1",
+            "current moves only once the target reports"
+        );
+        assert_eq!(r.target, "db-3");
+        assert_eq!(r.phase, Some(ClusterPhase::FailingOver));
+        assert_eq!(r.notes[0].reason, "FailoverStarted");
+        assert!(!r.primary.available);
+    }
+
+    #[test]
+    fn ties_go_to_the_lowest_serial_and_a_deleted_pod_counts_as_failed() {
+        let mut w = World::new(SPEC, READY3);
+        w.probes
+            .insert("db-3".into(), pg("db-3", PgRole::Replica, "0/4000000"));
+        w.pods[0] = pod("db-1", true, true);
+        let r = w.decide(None, 100);
+        assert_eq!(r.primary.reason, "PodDeleting");
+        assert_eq!(r.target, "db-2");
+    }
+
+    #[test]
+    fn failover_waits_for_the_failover_delay() {
+        let mut w = World::new(
+            "{replicas: 3, storage: {size: 1Gi}, failoverDelay: 30}",
+            "{phase: Ready, currentPrimary: db-1, targetPrimary: db-1, conditions: [{type: PrimaryAvailable, status: 'False', reason: Unreachable, message: x, lastTransitionTime: '1970-01-01T00:01:40Z'}]}",
+        );
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        assert_eq!(w.decide(None, 110).target, "db-1");
+        assert_eq!(w.decide(None, 131).target, "db-3");
+    }
+
+    #[test]
+    fn a_cluster_that_never_served_does_not_fail_over() {
+        let mut w = World::new(
+            SPEC,
+            "{phase: Creating, currentPrimary: db-1, targetPrimary: db-1}",
+        );
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/0"));
+        let r = w.decide(None, 100);
+        assert_eq!(r.target, "db-1");
+        assert!(!r.primary.available);
+    }
+
+    #[test]
+    fn a_primary_that_was_never_created_is_replanned_before_the_cluster_served() {
+        let w = World::new(
+            SPEC,
+            "{phase: Creating, currentPrimary: db-7, targetPrimary: db-7}",
+        );
+        let r = w.decide(None, 100);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-1"));
+        // Once it served, a missing primary is a failover, never a silent rename.
+        let mut w = World::new(
+            SPEC,
+            "{phase: Ready, currentPrimary: db-7, targetPrimary: db-7}",
+        );
+        w.probes
+            .insert("db-7".into(), Probe::Unreachable("gone".into()));
+        let r = w.decide(None, 100);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-7", "db-3"));
+    }
+
+    #[test]
+    fn required_durability_needs_enough_standbys_to_be_sure_of_every_commit() {
+        let spec = "{replicas: 3, storage: {size: 1Gi}, replication: {synchronous: 1, dataDurability: required}}";
+        let mut w = World::new(spec, READY3);
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        assert_eq!(w.decide(None, 100).target, "db-3", "both standbys answer");
+        w.probes
+            .insert("db-3".into(), Probe::Unreachable("refused".into()));
+        let r = w.decide(None, 100);
+        assert_eq!(
+            r.target, "db-1",
+            "db-2 alone may miss commits db-3 confirmed"
+        );
+        assert_eq!(r.notes[0].reason, "FailoverBlocked");
+        assert!(r.notes[0].message.contains("only 1 of 2 standbys"));
+        // Preferred durability promotes the best standby that answers.
+        let mut w = World::new(SPEC, READY3);
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        w.probes
+            .insert("db-3".into(), Probe::Unreachable("refused".into()));
+        assert_eq!(w.decide(None, 100).target, "db-2");
+    }
+
+    #[test]
+    fn a_failover_in_progress_completes_only_when_the_target_reports_primary() {
+        let status = "{phase: FailingOver, currentPrimary: db-1, targetPrimary: db-3}";
+        let mut w = World::new(SPEC, status);
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        let r = w.decide(None, 100);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-3"));
+        assert_eq!(r.phase, Some(ClusterPhase::FailingOver));
+        w.probes
+            .insert("db-3".into(), pg("db-3", PgRole::Primary, "0/6000000"));
+        let r = w.decide(None, 101);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-3", "db-3"));
+        assert_eq!(r.phase, None);
+        assert_eq!(r.notes[0].reason, "FailoverCompleted");
+        assert!(r.primary.available);
+    }
+
+    #[test]
+    fn switchover_on_request_and_refusals_name_the_reason() {
+        let w = World::new(SPEC, READY3);
+        let r = w.decide(Some("db-2"), 100);
+        assert_eq!(r.target, "db-2");
+        assert_eq!(r.phase, Some(ClusterPhase::SwitchingOver));
+        assert!(r.clear_switchover_request);
+        for (to, why) in [
+            ("db-1", "already the primary"),
+            ("db-9", "not an instance of this cluster"),
+        ] {
+            let r = w.decide(Some(to), 100);
+            assert_eq!(r.target, "db-1");
+            assert_eq!(r.notes[0].reason, "SwitchoverRefused");
+            assert!(r.notes[0].message.contains(why), "{}", r.notes[0].message);
+            assert!(r.clear_switchover_request);
+        }
+        let mut w = World::new(SPEC, READY3);
+        w.pods[1] = pod("db-2", false, false);
+        assert!(
+            w.decide(Some("db-2"), 100).notes[0]
+                .message
+                .contains("not ready")
+        );
+        // Completed by the same rule as a failover, with its own event.
+        let w = World::new(
+            SPEC,
+            "{phase: SwitchingOver, currentPrimary: db-1, targetPrimary: db-2}",
+        );
+        let r = w.decide(None, 100);
+        assert_eq!(r.phase, Some(ClusterPhase::SwitchingOver));
+        let mut w = w;
+        w.probes
+            .insert("db-2".into(), pg("db-2", PgRole::Primary, "0/6000000"));
+        let r = w.decide(None, 100);
+        assert_eq!(r.current, "db-2");
+        assert_eq!(r.notes[0].reason, "SwitchoverCompleted");
+    }
+}
