@@ -75,11 +75,7 @@ pub struct Input<'a> {
 }
 
 pub fn decide(input: &Input) -> Roles {
-    let old = input
-        .cluster
-        .status
-        .clone()
-        .unwrap_or_else(PostgresClusterStatus::default);
+    let old = input.cluster.status.clone().unwrap_or_default();
     let ever_served = matches!(
         old.phase,
         Some(
