@@ -16,10 +16,10 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use pgop_api::PostgresCluster;
 use pgop_api::cluster::{ClusterPhase, DataDurability};
 use pgop_api::conditions::{self, find_condition};
 use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
-use pgop_api::{PostgresCluster, PostgresClusterStatus};
 use std::collections::BTreeMap;
 
 use super::probe::Probe;
