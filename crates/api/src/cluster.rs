@@ -490,6 +490,11 @@ pub struct PostgresClusterStatus {
     #[serde(default = "default_next_serial")]
     pub next_serial: i32,
 
+    /// The instance asked to restart PostgreSQL now, to apply parameters that take effect
+    /// only at start (a rolling restart: one instance at a time, standbys first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_instance: Option<String>,
+
     /// When the last base backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_time: Option<Time>,
@@ -517,6 +522,7 @@ impl Default for PostgresClusterStatus {
             selector: None,
             instances: Vec::new(),
             next_serial: default_next_serial(),
+            restart_instance: None,
             last_backup_time: None,
             first_recoverability_point: None,
         }

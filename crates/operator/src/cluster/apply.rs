@@ -319,6 +319,21 @@ pub async fn apply(
     Ok(out)
 }
 
+/// Deletes one instance's Pod (gracefully), keeping its volume: the next reconcile
+/// creates the Pod anew from the current spec.
+pub async fn delete_pod(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {
+    let api = api::<Pod>(client, namespace);
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(Error::Delete {
+            kind: "Pod",
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
 async fn delete<K>(
     client: &Client,
     namespace: &str,

@@ -8,11 +8,12 @@
 //! 4. [`instances`] — plan the instance serials (pure);
 //! 5. [`probe`] — read every instance's `/pg/status` (in parallel, bounded), then
 //!    [`roles`] — decide the primary: failover, switchover, completion (pure);
-//! 6. [`status`] — compute status and conditions (pure) and patch them when they changed;
+//! 6. [`build`] — the desired children as plain values (pure);
+//! 7. [`rollout`] — the next step of a rolling update, if any (pure);
+//! 8. [`status`] — compute status and conditions (pure) and patch them when they changed;
 //!    a new `targetPrimary` is thus written before any label moves;
-//! 7. [`build`] — the desired children as plain values (pure);
-//! 8. [`apply`] — server-side apply what differs, create what is missing, delete the
-//!    instances the plan removed.
+//! 9. [`apply`] — server-side apply what differs, create what is missing, delete the
+//!    instances the plan removed and the Pod the rollout replaces.
 //!
 //! A cluster is looked at again every [`POLL`] (faster during a change of primary): the
 //! instances are probed on every pass, which is how a failed primary is noticed.
@@ -27,6 +28,7 @@ pub mod dereference;
 pub mod instances;
 pub mod probe;
 pub mod roles;
+pub mod rollout;
 pub mod status;
 
 use crate::Context;
@@ -37,9 +39,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use pgop_api::cluster::ClusterPhase;
-use pgop_api::constants::{ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
+use pgop_api::constants::{ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -203,13 +205,75 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         now: now(),
     });
 
-    // 6. status first: a new targetPrimary is on record before any label moves
+    // 6. build: only a confirmed primary carries the primary role label
+    let passwords = build::Passwords {
+        app: password_of(
+            &observed.secrets,
+            &format!("{name}{}", build::APP_SECRET_SUFFIX),
+        )?,
+        replication: password_of(
+            &observed.secrets,
+            &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
+        )?,
+    };
+    let build = |roles: &roles::Roles| {
+        let wanted: Vec<build::InstanceSpec> = named
+            .iter()
+            .map(|(instance, _)| build::InstanceSpec {
+                name: instance.clone(),
+                primary: *instance == roles.current && !roles.in_transition(),
+            })
+            .collect();
+        build::children(&defaulted, &wanted, &passwords, &ctx.settings)
+    };
+    let mut roles = roles;
+    let mut children = build(&roles)?;
+
+    // 7. rollout: one outdated instance at a time, standbys first
+    let desired_hashes: BTreeMap<String, String> = children
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let hash = p.annotations().get(ANNOTATION_SPEC_HASH)?;
+            Some((p.name_any(), hash.clone()))
+        })
+        .collect();
+    let step = rollout::next(&rollout::Input {
+        instances: &named,
+        pods: &observed.pods,
+        probes: &probes,
+        roles: &roles,
+        desired_hashes: &desired_hashes,
+    });
+    let mut replace = None;
+    let mut restart_instance = None;
+    match step {
+        rollout::Step::Idle => {}
+        rollout::Step::Replace { instance } => replace = Some(instance),
+        rollout::Step::Restart { instance } => restart_instance = Some(instance),
+        rollout::Step::Switchover { to } => {
+            roles.notes.push(roles::Note {
+                warning: false,
+                reason: "SwitchoverStarted",
+                message: format!(
+                    "rolling update: switching the primary from {} to {to} so that {} can be updated",
+                    roles.current, roles.current
+                ),
+            });
+            roles.target = to;
+            roles.phase = Some(ClusterPhase::SwitchingOver);
+            children = build(&roles)?;
+        }
+    }
+
+    // 8. status first: a new targetPrimary is on record before any label moves
     let seen = status::Observations {
         pods: &observed.pods,
         probes: &probes,
         roles: &roles,
     };
-    let status = status::compute(cluster, &plan, &seen, now());
+    let mut status = status::compute(cluster, &plan, &seen, now());
+    status.restart_instance = restart_instance.clone();
     patch_status(ctx, cluster, &namespace, status).await?;
     for note in &roles.notes {
         let kind = if note.warning {
@@ -223,28 +287,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
     }
+    if let Some(instance) = &restart_instance
+        && old_status.restart_instance.as_ref() != Some(instance)
+    {
+        let note = format!(
+            "rolling restart: {instance} restarts PostgreSQL for parameters pending a restart"
+        );
+        publish(ctx, cluster, EventType::Normal, "RollingRestart", &note).await;
+    }
 
-    // 7. build: only a confirmed primary carries the primary role label
-    let passwords = build::Passwords {
-        app: password_of(
-            &observed.secrets,
-            &format!("{name}{}", build::APP_SECRET_SUFFIX),
-        )?,
-        replication: password_of(
-            &observed.secrets,
-            &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
-        )?,
-    };
-    let wanted: Vec<build::InstanceSpec> = named
-        .iter()
-        .map(|(instance, _)| build::InstanceSpec {
-            name: instance.clone(),
-            primary: *instance == roles.current && !roles.in_transition(),
-        })
-        .collect();
-    let children = build::children(&defaulted, &wanted, &passwords, &ctx.settings)?;
-
-    // 8. apply, then delete what the plan removed
+    // 9. apply, then delete what the plan removed and the outdated Pod
     let mut outcome = apply::apply(&ctx.client, &namespace, &children, &observed).await?;
     let removed: Vec<String> = plan
         .remove
@@ -252,6 +304,11 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         .map(|s| instances::instance_name(&name, *s))
         .collect();
     apply::delete_instances(&ctx.client, &namespace, &removed, &observed, &mut outcome).await?;
+    if let Some(instance) = replace {
+        apply::delete_pod(&ctx.client, &namespace, &instance).await?;
+        let note = format!("rolling update: replacing pod {instance}, built from an older spec");
+        publish(ctx, cluster, EventType::Normal, "RollingUpdate", &note).await;
+    }
 
     let new_instances: Vec<String> = created
         .iter()

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use pgop_api::PostgresClusterSpec;
+use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::constants::{
     MANAGER_PORT, MANAGER_PORT_NAME, PATH_HEALTHZ, PATH_READYZ, POSTGRES_PORT, POSTGRES_PORT_NAME,
 };
@@ -162,7 +163,7 @@ pub fn pod(
         match_labels: Some([(labels::CLUSTER.to_string(), c.cluster.clone())].into()),
         ..LabelSelector::default()
     };
-    Pod {
+    let mut pod = Pod {
         metadata: c.meta(
             &instance.name,
             &[
@@ -221,5 +222,25 @@ pub fn pod(
             ..PodSpec::default()
         }),
         ..Pod::default()
+    };
+    // A Pod's spec cannot change: the hash of the spec it was built from tells the
+    // rolling update which Pods must be replaced.
+    let hash = spec_hash(&pod.spec);
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ANNOTATION_SPEC_HASH.to_string(), hash);
+    pod
+}
+
+/// FNV-1a (64 bit) of the spec's JSON, in hex: stable across runs and builds, which is all
+/// a change detector needs.
+pub fn spec_hash(spec: &Option<PodSpec>) -> String {
+    let json = serde_json::to_string(spec).unwrap_or_default();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in json.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
+    format!("{hash:016x}")
 }

@@ -1,0 +1,292 @@
+//! Rollout: changes that need PostgreSQL or its Pod restarted (image, resources, any Pod
+//! setting; parameters PostgreSQL applies only at start), one instance at a time, as a
+//! pure decision.
+//!
+//! Order: the standbys one by one (each back ready before the next), then a switchover to
+//! the standby with the most WAL, then the old primary, now a standby. The primary is thus
+//! restarted in place only when it is the sole instance. Nothing moves while a failover or
+//! switchover is in progress, while the primary is unavailable, or while any instance is
+//! not ready: a rollout never takes a second instance down.
+//!
+//! - A Pod whose spec changed (its `spec-hash` annotation differs from the built one) is
+//!   deleted; the next reconcile creates it anew on the same volume.
+//! - An instance reporting parameters pending a restart is named in
+//!   `status.restartInstance`; its manager restarts PostgreSQL, and the name moves on once
+//!   it no longer reports the restart pending.
+
+use super::probe::Probe;
+use super::roles::Roles;
+use super::status::pod_ready;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use pgop_api::constants::ANNOTATION_SPEC_HASH;
+use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
+use std::collections::BTreeMap;
+
+/// The next rollout step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing outdated, or not a safe moment.
+    Idle,
+    /// Delete this instance's Pod: its spec changed.
+    Replace { instance: String },
+    /// This instance restarts PostgreSQL for parameters pending a restart.
+    Restart { instance: String },
+    /// Move the primary to this standby first, so the old primary can be updated.
+    Switchover { to: String },
+}
+
+pub struct Input<'a> {
+    /// The planned instances, by name and serial.
+    pub instances: &'a [(String, i32)],
+    pub pods: &'a [Pod],
+    pub probes: &'a BTreeMap<String, Probe>,
+    pub roles: &'a Roles,
+    /// The spec hash each instance's Pod is built with now.
+    pub desired_hashes: &'a BTreeMap<String, String>,
+}
+
+pub fn next(input: &Input) -> Step {
+    let roles = input.roles;
+    if roles.in_transition() || !roles.primary.available {
+        return Step::Idle;
+    }
+    let mut live: Vec<(&str, &Pod, &PgStatus)> = Vec::new();
+    for (name, _) in input.instances {
+        let pod = input.pods.iter().find(|p| p.name_any() == *name);
+        let pg = input.probes.get(name).and_then(Probe::status);
+        match (pod, pg) {
+            (Some(pod), Some(pg))
+                if pod.metadata.deletion_timestamp.is_none()
+                    && pod_ready(pod)
+                    && pg.role != PgRole::Stopped =>
+            {
+                live.push((name, pod, pg))
+            }
+            _ => return Step::Idle,
+        }
+    }
+    let outdated = |name: &str, pod: &Pod| {
+        let live = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_SPEC_HASH));
+        input
+            .desired_hashes
+            .get(name)
+            .is_some_and(|d| live != Some(d))
+    };
+    let (primary, standbys): (Vec<_>, Vec<_>) =
+        live.iter().partition(|(n, _, _)| *n == roles.current);
+    if let Some((n, _, _)) = standbys.iter().find(|(n, p, _)| outdated(n, p)) {
+        return Step::Replace {
+            instance: n.to_string(),
+        };
+    }
+    if let Some((n, _, _)) = standbys.iter().find(|(_, _, s)| s.pending_restart) {
+        return Step::Restart {
+            instance: n.to_string(),
+        };
+    }
+    let Some((name, pod, pg)) = primary.first() else {
+        return Step::Idle;
+    };
+    let replace = outdated(name, pod);
+    if !replace && !pg.pending_restart {
+        return Step::Idle;
+    }
+    let best = standbys
+        .iter()
+        .filter(|(_, _, s)| s.role == PgRole::Replica && s.streaming)
+        .max_by_key(|(n, _, s)| {
+            let serial = input
+                .instances
+                .iter()
+                .find(|(i, _)| i == n)
+                .map_or(0, |(_, s)| *s);
+            (
+                s.wal_position().unwrap_or(0),
+                s.replayed_lsn.as_deref().and_then(parse_lsn).unwrap_or(0),
+                -serial,
+            )
+        });
+    match best {
+        Some((to, _, _)) => Step::Switchover { to: to.to_string() },
+        None if replace => Step::Replace {
+            instance: name.to_string(),
+        },
+        None => Step::Restart {
+            instance: name.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::roles::Availability;
+
+    fn pod(name: &str, hash: &str, ready: bool) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations": {ANNOTATION_SPEC_HASH: hash}},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
+        }))
+        .expect("pod")
+    }
+
+    fn pg(name: &str, role: PgRole, lsn: &str, pending: bool) -> Probe {
+        let mut s = PgStatus::stopped(name, false);
+        s.role = role;
+        s.running = true;
+        s.streaming = role == PgRole::Replica;
+        s.pending_restart = pending;
+        if role == PgRole::Replica {
+            s.received_lsn = Some(lsn.into());
+        } else {
+            s.current_lsn = Some(lsn.into());
+        }
+        Probe::Status(Box::new(s))
+    }
+
+    fn roles(current: &str, target: &str) -> Roles {
+        Roles {
+            current: current.into(),
+            target: target.into(),
+            phase: None,
+            primary: Availability {
+                available: true,
+                reason: "PrimaryRunning",
+                message: String::new(),
+            },
+            notes: Vec::new(),
+            clear_switchover_request: false,
+        }
+    }
+
+    struct World {
+        instances: Vec<(String, i32)>,
+        pods: Vec<Pod>,
+        probes: BTreeMap<String, Probe>,
+        hashes: BTreeMap<String, String>,
+    }
+
+    impl World {
+        fn new() -> Self {
+            let names = ["db-1", "db-2", "db-3"];
+            Self {
+                instances: names
+                    .iter()
+                    .zip(1..)
+                    .map(|(n, s)| (n.to_string(), s))
+                    .collect(),
+                pods: names.iter().map(|n| pod(n, "old", true)).collect(),
+                probes: BTreeMap::from([
+                    ("db-1".into(), pg("db-1", PgRole::Primary, "0/9", false)),
+                    ("db-2".into(), pg("db-2", PgRole::Replica, "0/7", false)),
+                    ("db-3".into(), pg("db-3", PgRole::Replica, "0/8", false)),
+                ]),
+                hashes: names
+                    .iter()
+                    .map(|n| (n.to_string(), "old".into()))
+                    .collect(),
+            }
+        }
+
+        fn next(&self, roles: &Roles) -> Step {
+            next(&Input {
+                instances: &self.instances,
+                pods: &self.pods,
+                probes: &self.probes,
+                roles,
+                desired_hashes: &self.hashes,
+            })
+        }
+    }
+
+    #[test]
+    fn a_new_spec_replaces_standbys_first_then_switches_over_then_the_old_primary() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        assert_eq!(w.next(&r), Step::Idle);
+        for h in w.hashes.values_mut() {
+            *h = "new".into();
+        }
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-2".into()
+            }
+        );
+        // While the replaced standby is not ready, nothing else moves.
+        w.pods[1] = pod("db-2", "new", false);
+        assert_eq!(w.next(&r), Step::Idle);
+        w.pods[1] = pod("db-2", "new", true);
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-3".into()
+            }
+        );
+        w.pods[2] = pod("db-3", "new", true);
+        // The most WAL wins the switchover.
+        assert_eq!(w.next(&r), Step::Switchover { to: "db-3".into() });
+        assert_eq!(w.next(&roles("db-1", "db-3")), Step::Idle, "in transition");
+        // After it, the old primary is a standby with an old spec.
+        w.probes
+            .insert("db-3".into(), pg("db-3", PgRole::Primary, "0/9", false));
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Replica, "0/9", false));
+        assert_eq!(
+            w.next(&roles("db-3", "db-3")),
+            Step::Replace {
+                instance: "db-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn pending_restarts_go_standby_by_standby_and_a_lone_primary_restarts_in_place() {
+        let mut w = World::new();
+        for n in ["db-2", "db-3"] {
+            w.probes
+                .insert(n.into(), pg(n, PgRole::Replica, "0/7", true));
+        }
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Primary, "0/9", true));
+        let r = roles("db-1", "db-1");
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-2".into()
+            }
+        );
+        w.probes
+            .insert("db-2".into(), pg("db-2", PgRole::Replica, "0/7", false));
+        w.probes
+            .insert("db-3".into(), pg("db-3", PgRole::Replica, "0/7", false));
+        assert_eq!(w.next(&r), Step::Switchover { to: "db-2".into() });
+
+        let mut lone = World::new();
+        lone.instances.truncate(1);
+        lone.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Primary, "0/9", true));
+        assert_eq!(
+            lone.next(&r),
+            Step::Restart {
+                instance: "db-1".into()
+            }
+        );
+    }
+
+    #[test]
+    fn nothing_moves_while_the_primary_is_unavailable() {
+        let mut w = World::new();
+        for h in w.hashes.values_mut() {
+            *h = "new".into();
+        }
+        let mut r = roles("db-1", "db-1");
+        r.primary.available = false;
+        assert_eq!(w.next(&r), Step::Idle);
+    }
+}

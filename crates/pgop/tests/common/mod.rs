@@ -1,0 +1,321 @@
+//! The end-to-end environment shared by the e2e tests and the HA benchmark: a real API
+//! server with kube-controller-manager, the local node running `pgop instance run` (this
+//! crate's binary) as pods, the operator in-process, and real PostgreSQL.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use pgop_api::PostgresCluster;
+use pgop_api::cluster::ClusterPhase;
+use pgop_testenv::node::{LocalNode, NodeOptions};
+use pgop_testenv::{ControlPlane, Options, TestNamespace, wait};
+use std::time::Duration;
+
+pub type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+pub const TIMEOUT: Duration = Duration::from_secs(180);
+
+pub struct Env {
+    pub plane: ControlPlane,
+    pub client: Client,
+    pub ns: TestNamespace,
+    pub node: LocalNode,
+    options: pgop_operator::Options,
+    operator: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+/// The e2e tests of one binary run one at a time: each brings up a control plane and
+/// several PostgreSQL servers, and 2 cores shared by all of them would make every
+/// failover slow.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub async fn start(prefix: &str) -> Result<Env> {
+    let plane = ControlPlane::start(Options::default().with_controller_manager()).await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = TestNamespace::create(plane.config(), prefix).await?;
+    let node = LocalNode::start(
+        &plane,
+        NodeOptions {
+            name: format!("node-{}", ns.name()),
+            namespace: Some(ns.name().to_string()),
+            image: "pgop:".into(),
+            pgop_binary: env!("CARGO_BIN_EXE_pgop").into(),
+            pod_ports: vec![5432, 8000],
+        },
+    )
+    .await?;
+    let (uid, gid) = pgop_testenv::node::local_user("postgres")
+        .ok_or("no postgres user: apt-get install postgresql-15")?;
+    let options = pgop_operator::Options {
+        namespace: Some(ns.name().to_string()),
+        settings: pgop_operator::Settings {
+            run_as_user: i64::from(uid),
+            run_as_group: i64::from(gid),
+            ..pgop_operator::Settings::default()
+        },
+        ..pgop_operator::Options::default()
+    };
+    let mut env = Env {
+        plane,
+        client,
+        ns,
+        node,
+        options,
+        operator: None,
+    };
+    env.start_operator();
+    Ok(env)
+}
+
+impl Env {
+    pub fn n(&self) -> &str {
+        self.ns.name()
+    }
+
+    pub fn clusters(&self) -> Api<PostgresCluster> {
+        Api::namespaced(self.client.clone(), self.n())
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), self.n())
+    }
+
+    /// Starts the operator (in this process, as `pgop operator` would run it).
+    pub fn start_operator(&mut self) {
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let client = self.client.clone();
+        let options = self.options.clone();
+        let task = tokio::spawn(async move {
+            pgop_operator::run(client, options, async move {
+                let _ = rx.await;
+            })
+            .await;
+        });
+        self.operator = Some((stop, task));
+    }
+
+    /// Kills the operator where it stands: reconciles in flight are dropped mid-way.
+    pub async fn kill_operator(&mut self) {
+        if let Some((_, task)) = self.operator.take() {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Creates a cluster from the `spec` JSON.
+    pub async fn create(&self, name: &str, spec: serde_json::Value) -> Result {
+        let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))?;
+        self.clusters()
+            .create(&PostParams::default(), &cluster)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn patch(&self, name: &str, patch: serde_json::Value) -> Result {
+        self.clusters()
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until the cluster satisfies `ok`; the error names `what` and the last status.
+    pub async fn wait_cluster(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        ok: impl Fn(&pgop_api::PostgresClusterStatus) -> bool,
+    ) -> Result<PostgresCluster> {
+        let api = self.clusters();
+        let ok = &ok;
+        let api = &api;
+        Ok(
+            wait::until(&format!("{name}: {what}"), timeout, || async move {
+                match api.get(name).await {
+                    Ok(c) if c.status.as_ref().is_some_and(ok) => Ok(c),
+                    other => Err(format!("{:?}", other.map(|c| c.status))),
+                }
+            })
+            .await?,
+        )
+    }
+
+    /// Waits until the cluster is Ready with `replicas` ready instances, one primary (the
+    /// current one, reporting so) and every other instance reporting replica.
+    pub async fn wait_ready(&self, name: &str, replicas: i32) -> Result<PostgresCluster> {
+        self.wait_cluster(
+            name,
+            &format!("Ready with {replicas} instances"),
+            TIMEOUT,
+            |s| {
+                use pgop_api::cluster::InstanceRole;
+                s.phase == Some(ClusterPhase::Ready)
+                    && s.ready_replicas == replicas
+                    && s.instances.len() == replicas as usize
+                    && s.current_primary == s.target_primary
+                    && s.instances.iter().all(|i| {
+                        let want = if s.current_primary.as_deref() == Some(i.name.as_str()) {
+                            InstanceRole::Primary
+                        } else {
+                            InstanceRole::Replica
+                        };
+                        i.role == Some(want)
+                    })
+            },
+        )
+        .await
+    }
+
+    pub async fn current_primary(&self, name: &str) -> Result<String> {
+        let c = self.clusters().get(name).await?;
+        Ok(c.status
+            .and_then(|s| s.current_primary)
+            .ok_or("no current primary")?)
+    }
+
+    pub async fn password(&self, name: &str) -> Result<String> {
+        let secret: Secret = Api::namespaced(self.client.clone(), self.n())
+            .get(&format!("{name}-app"))
+            .await?;
+        let bytes = secret
+            .data
+            .and_then(|d| d.get("password").cloned())
+            .ok_or("no password")?;
+        Ok(String::from_utf8(bytes.0)?)
+    }
+
+    pub async fn pod_ips(&self, name: &str) -> Result<Vec<(String, String)>> {
+        let list = self
+            .pods()
+            .list(&ListParams::default().labels(&format!("database.example.com/cluster={name}")))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter_map(|p| Some((p.name_any(), p.status?.pod_ip?)))
+            .collect())
+    }
+
+    pub async fn pod_ip(&self, pod: &str) -> Result<String> {
+        let p = self.pods().get(pod).await?;
+        Ok(p.status.and_then(|s| s.pod_ip).ok_or("no pod IP")?)
+    }
+
+    /// The address `<cluster>-rw` resolves to now, as the instances resolve it.
+    pub fn rw(&self, name: &str) -> Option<String> {
+        pgop_testenv::node::resolve_host(
+            self.node.hosts_file(),
+            &format!("{name}-rw.{}.svc", self.n()),
+        )
+    }
+
+    /// kill -9 of an instance's postmaster (found as the parent of a backend).
+    pub async fn kill_postmaster(&self, pod: &str, password: &str) -> Result<i32> {
+        let ip = self.pod_ip(pod).await?;
+        let c = connect(&ip, password).await?;
+        let backend: i32 = c.query_one("select pg_backend_pid()", &[]).await?.get(0);
+        let status = std::fs::read_to_string(format!("/proc/{backend}/status"))?;
+        let ppid: i32 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .ok_or("no PPid")?
+            .trim()
+            .parse()?;
+        // SAFETY: kill has no memory-safety preconditions.
+        let rc = unsafe { libc::kill(ppid, libc::SIGKILL) };
+        if rc != 0 {
+            return Err(format!("kill -9 {ppid}: {}", std::io::Error::last_os_error()).into());
+        }
+        Ok(ppid)
+    }
+
+    pub async fn delete_pod(&self, pod: &str) -> Result {
+        self.pods().delete(pod, &DeleteParams::default()).await?;
+        Ok(())
+    }
+
+    pub async fn stop(mut self) -> Result {
+        if let Some((stop, task)) = self.operator.take() {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+        self.node.stop().await;
+        self.ns.delete().await?;
+        drop(self.plane);
+        Ok(())
+    }
+}
+
+pub async fn connect(host: &str, password: &str) -> Result<tokio_postgres::Client> {
+    connect_within(host, password, Duration::from_secs(5)).await
+}
+
+pub async fn connect_within(
+    host: &str,
+    password: &str,
+    timeout: Duration,
+) -> Result<tokio_postgres::Client> {
+    let (client, conn) = tokio_postgres::Config::new()
+        .host(host)
+        .port(5432)
+        .user("app")
+        .dbname("app")
+        .password(password)
+        .connect_timeout(timeout)
+        .connect(tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+pub async fn count_on(host: &str, password: &str, table: &str) -> Result<i64> {
+    let c = connect(host, password).await?;
+    Ok(c.query_one(&format!("select count(*) from {table}"), &[])
+        .await?
+        .get(0))
+}
+
+/// Waits until the instance at `ip` holds `rows` rows of `table`.
+pub async fn wait_rows(name: &str, ip: &str, password: &str, table: &str, rows: i64) -> Result {
+    wait::until(&format!("{rows} rows on {name}"), TIMEOUT, || async {
+        match count_on(ip, password, table).await {
+            Ok(n) if n == rows => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Runs `sql` through `-rw` until it succeeds (a new connection each try, as a client
+/// after a failover would); returns how long it took.
+pub async fn write_through_rw(
+    env: &Env,
+    name: &str,
+    password: &str,
+    sql: &str,
+) -> Result<Duration> {
+    let started = std::time::Instant::now();
+    let deadline = started + TIMEOUT;
+    loop {
+        if let Some(rw) = env.rw(name)
+            && let Ok(c) = connect_within(&rw, password, Duration::from_millis(500)).await
+            && c.batch_execute(sql).await.is_ok()
+        {
+            return Ok(started.elapsed());
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!("no write through {name}-rw within {TIMEOUT:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

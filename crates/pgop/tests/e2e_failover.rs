@@ -1,0 +1,360 @@
+//! Failover and switchover end to end: a real API server, the operator, the local node
+//! running `pgop instance run` and real PostgreSQL. Each test has its own namespace and
+//! control plane; they run one at a time.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams};
+use pgop_api::cluster::ClusterPhase;
+use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+fn three(extra: serde_json::Value) -> serde_json::Value {
+    let mut spec = json!({"replicas": 3, "storage": {"size": "1Gi"}});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    spec
+}
+
+/// Reasons of the Events recorded on `cluster`.
+async fn event_reasons(env: &Env, cluster: &str) -> Result<Vec<String>> {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), env.n());
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(cluster))
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+async fn wait_event(env: &Env, cluster: &str, reason: &str) -> Result {
+    pgop_testenv::wait::until(&format!("event {reason}"), TIMEOUT, || async {
+        match event_reasons(env, cluster).await {
+            Ok(r) if r.iter().any(|x| x == reason) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits for a confirmed primary other than `old`; returns it.
+async fn wait_new_primary(env: &Env, name: &str, old: &str) -> Result<String> {
+    let c = env
+        .wait_cluster(name, &format!("a primary other than {old}"), TIMEOUT, |s| {
+            s.current_primary.as_deref().is_some_and(|p| p != old)
+                && s.target_primary == s.current_primary
+        })
+        .await?;
+    Ok(c.status
+        .and_then(|s| s.current_primary)
+        .ok_or("no primary")?)
+}
+
+/// Every instance holds exactly `rows` rows of `table`.
+async fn rows_everywhere(env: &Env, name: &str, password: &str, table: &str, rows: i64) -> Result {
+    for (pod, ip) in env.pod_ips(name).await? {
+        wait_rows(&pod, &ip, password, table, rows).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn e2e_failover_after_the_primary_is_killed_and_after_its_pod_is_deleted() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("failover").await?;
+    env.create("ha", three(json!({}))).await?;
+    env.wait_ready("ha", 3).await?;
+    let password = env.password("ha").await?;
+    write_through_rw(
+        &env,
+        "ha",
+        &password,
+        "create table t(id int primary key); insert into t select generate_series(1, 100)",
+    )
+    .await?;
+    rows_everywhere(&env, "ha", &password, "t", 100).await?;
+
+    // 1. kill -9 of the primary's postmaster.
+    let first = env.current_primary("ha").await?;
+    env.kill_postmaster(&first, &password).await?;
+    let second = wait_new_primary(&env, "ha", &first).await?;
+    write_through_rw(&env, "ha", &password, "insert into t values (101)").await?;
+    assert_eq!(
+        env.rw("ha"),
+        Some(env.pod_ip(&second).await?),
+        "-rw points at the new primary"
+    );
+    // The old primary rejoins as a standby of the new one (pg_rewind).
+    let ready = env.wait_ready("ha", 3).await?;
+    let old = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.instances.iter().find(|i| i.name == first))
+        .ok_or("the old primary is gone from the status")?;
+    assert_eq!(old.role, Some(pgop_api::cluster::InstanceRole::Replica));
+    rows_everywhere(&env, "ha", &password, "t", 101).await?;
+    wait_event(&env, "ha", "FailoverStarted").await?;
+    wait_event(&env, "ha", "FailoverCompleted").await?;
+
+    // 2. Deleting the primary's pod: the same, and the pod comes back as a standby.
+    env.delete_pod(&second).await?;
+    let third = wait_new_primary(&env, "ha", &second).await?;
+    write_through_rw(&env, "ha", &password, "insert into t values (102)").await?;
+    env.wait_ready("ha", 3).await?;
+    assert_ne!(env.current_primary("ha").await?, second);
+    assert_eq!(env.rw("ha"), Some(env.pod_ip(&third).await?));
+    rows_everywhere(&env, "ha", &password, "t", 102).await?;
+    env.stop().await
+}
+
+/// A writer through `-rw` that records every commit PostgreSQL acknowledged.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<i64>>,
+}
+
+impl Writer {
+    fn start(rw: impl Fn() -> Option<String> + Send + 'static, password: String) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut next = 1i64;
+            while !flag.load(Ordering::Relaxed) {
+                let Some(host) = rw() else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let Ok(c) = connect_within(&host, &password, Duration::from_millis(500)).await
+                else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                while !flag.load(Ordering::Relaxed) {
+                    let id = next;
+                    next += 1;
+                    let sql = "insert into acked(id) values ($1)";
+                    match tokio::time::timeout(Duration::from_secs(5), c.execute(sql, &[&id])).await
+                    {
+                        Ok(Ok(1)) => acked.push(id),
+                        _ => break,
+                    }
+                }
+            }
+            acked
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Result<Vec<i64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        Ok(self.task.await?)
+    }
+}
+
+#[tokio::test]
+async fn e2e_ten_synchronous_failovers_lose_no_acknowledged_commit() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("sync").await?;
+    env.create(
+        "sync",
+        three(json!({"replication": {"synchronous": 1, "dataDurability": "required"}})),
+    )
+    .await?;
+    env.wait_ready("sync", 3).await?;
+    let password = env.password("sync").await?;
+    write_through_rw(
+        &env,
+        "sync",
+        &password,
+        "create table acked(id bigint primary key)",
+    )
+    .await?;
+    let hosts = env.node.hosts_file().to_path_buf();
+    let rw_name = format!("sync-rw.{}.svc", env.n());
+    let writer = Writer::start(
+        move || pgop_testenv::node::resolve_host(&hosts, &rw_name),
+        password.clone(),
+    );
+    let mut primaries = Vec::new();
+    for round in 1..=10 {
+        let primary = env.current_primary("sync").await?;
+        // Let the writer commit on this primary first.
+        let before = count_on(&env.pod_ip(&primary).await?, &password, "acked").await?;
+        pgop_testenv::wait::until(&format!("round {round}: writes"), TIMEOUT, || async {
+            match count_on(
+                &env.pod_ip(&primary).await.map_err(|e| e.to_string())?,
+                &password,
+                "acked",
+            )
+            .await
+            {
+                Ok(n) if n > before + 20 => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await?;
+        env.kill_postmaster(&primary, &password).await?;
+        let next = wait_new_primary(&env, "sync", &primary).await?;
+        primaries.push(next);
+        env.wait_ready("sync", 3).await?;
+    }
+    let acked = writer.stop().await?;
+    let primary = env.current_primary("sync").await?;
+    let c = connect(&env.pod_ip(&primary).await?, &password).await?;
+    let rows = c.query("select id from acked", &[]).await?;
+    let stored: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
+    let lost: Vec<&i64> = acked.iter().filter(|id| !stored.contains(id)).collect();
+    println!(
+        "10 failovers ({}): {} acknowledged commits, {} lost",
+        primaries.join(" -> "),
+        acked.len(),
+        lost.len()
+    );
+    assert!(
+        acked.len() > 200,
+        "the writer kept writing: {}",
+        acked.len()
+    );
+    assert!(lost.is_empty(), "acknowledged commits lost: {lost:?}");
+    env.stop().await
+}
+
+#[tokio::test]
+async fn e2e_switchover_on_request_and_a_refused_request() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("switchover").await?;
+    env.create("sw", three(json!({}))).await?;
+    let ready = env.wait_ready("sw", 3).await?;
+    let password = env.password("sw").await?;
+    write_through_rw(
+        &env,
+        "sw",
+        &password,
+        "create table t(id int); insert into t select generate_series(1, 50)",
+    )
+    .await?;
+    let status = ready.status.ok_or("no status")?;
+    let old = status.current_primary.clone().ok_or("no primary")?;
+    let to = status
+        .instances
+        .iter()
+        .map(|i| i.name.clone())
+        .find(|n| *n != old)
+        .ok_or("no standby")?;
+    rows_everywhere(&env, "sw", &password, "t", 50).await?;
+
+    env.patch(
+        "sw",
+        json!({"metadata": {"annotations": {ANNOTATION_SWITCHOVER_TO: to}}}),
+    )
+    .await?;
+    let started = std::time::Instant::now();
+    let now = wait_new_primary(&env, "sw", &old).await?;
+    assert_eq!(now, to);
+    let took = write_through_rw(&env, "sw", &password, "insert into t values (51)").await?;
+    println!(
+        "switchover {old} -> {to}: first write through -rw after {:?}",
+        started.elapsed().max(took)
+    );
+    let c = env.clusters().get("sw").await?;
+    assert!(
+        !c.annotations_contains(ANNOTATION_SWITCHOVER_TO),
+        "the request is removed once acted on"
+    );
+    env.wait_ready("sw", 3).await?;
+    rows_everywhere(&env, "sw", &password, "t", 51).await?;
+    wait_event(&env, "sw", "SwitchoverCompleted").await?;
+
+    // A request for something that is not a standby of this cluster is refused by name.
+    env.patch(
+        "sw",
+        json!({"metadata": {"annotations": {ANNOTATION_SWITCHOVER_TO: "sw-99"}}}),
+    )
+    .await?;
+    wait_event(&env, "sw", "SwitchoverRefused").await?;
+    env.wait_cluster("sw", "the refused request removed", TIMEOUT, |_| true)
+        .await?;
+    pgop_testenv::wait::until("the annotation removed", TIMEOUT, || async {
+        match env.clusters().get("sw").await {
+            Ok(c) if !c.annotations_contains(ANNOTATION_SWITCHOVER_TO) => Ok(()),
+            other => Err(format!("{:?}", other.map(|c| c.metadata.annotations))),
+        }
+    })
+    .await?;
+    assert_eq!(env.current_primary("sw").await?, to);
+    env.stop().await
+}
+
+trait Annotated {
+    fn annotations_contains(&self, key: &str) -> bool;
+}
+
+impl Annotated for pgop_api::PostgresCluster {
+    fn annotations_contains(&self, key: &str) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(key))
+    }
+}
+
+#[tokio::test]
+async fn e2e_an_operator_killed_during_a_failover_completes_it_after_restart() -> Result {
+    let _serial = SERIAL.lock().await;
+    let mut env = start("resume").await?;
+    env.create("rs", three(json!({}))).await?;
+    env.wait_ready("rs", 3).await?;
+    let password = env.password("rs").await?;
+    write_through_rw(&env, "rs", &password, "create table t(id int)").await?;
+    let old = env.current_primary("rs").await?;
+    env.kill_postmaster(&old, &password).await?;
+    // Kill the operator as soon as it has chosen the new primary.
+    let api = env.clusters();
+    let started = std::time::Instant::now();
+    let target = loop {
+        let s = api.get("rs").await?.status.unwrap_or_default();
+        if let Some(t) = s.target_primary.filter(|t| *t != old) {
+            assert_eq!(
+                s.current_primary.as_deref(),
+                Some(old.as_str()),
+                "the failover finished before the test could interrupt it"
+            );
+            break t;
+        }
+        if started.elapsed() > TIMEOUT {
+            return Err("no failover started".into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    env.kill_operator().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = api.get("rs").await?.status.unwrap_or_default();
+    assert_eq!(s.phase, Some(ClusterPhase::FailingOver));
+    assert_eq!(s.current_primary.as_deref(), Some(old.as_str()));
+    assert_eq!(s.target_primary.as_deref(), Some(target.as_str()));
+    assert_eq!(
+        env.rw("rs"),
+        None,
+        "no primary is published while failing over"
+    );
+
+    env.start_operator();
+    let now = wait_new_primary(&env, "rs", &old).await?;
+    assert_eq!(
+        now, target,
+        "the restarted operator finishes the same failover"
+    );
+    write_through_rw(&env, "rs", &password, "insert into t values (1)").await?;
+    env.wait_ready("rs", 3).await?;
+    env.stop().await
+}
