@@ -71,6 +71,7 @@ fn node(name: &str, binaries: &Binaries, run_as: Option<RunAs>) -> Result<Node, 
         stop_timeout: Duration::from_secs(10),
         start_timeout: Duration::from_secs(60),
         forward_logs: false,
+        restart_crashed_primary: true,
     });
     Ok(Node {
         instance: Arc::new(instance),

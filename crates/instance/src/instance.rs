@@ -10,7 +10,7 @@ use crate::status::{self, PgRole, PgStatus};
 use crate::supervisor::{self, Supervisor};
 use crate::sync::{self, SyncSpec};
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -59,6 +59,10 @@ pub struct Options {
     /// How long PostgreSQL may take to accept connections after a start.
     pub start_timeout: Duration,
     pub forward_logs: bool,
+    /// Whether a primary's postmaster that exits on its own is restarted at once (as a
+    /// standby's always is). `pgop instance run` says no: a crashed primary stays down
+    /// until its manager has released the primary Lease and held off (see `run`).
+    pub restart_crashed_primary: bool,
 }
 
 /// How a former primary became a standby.
@@ -118,6 +122,7 @@ impl Instance {
             stop_timeout: options.stop_timeout,
             forward_logs: options.forward_logs,
         });
+        supervisor.set_restart_on_crash(options.restart_crashed_primary);
         Self {
             options,
             supervisor,
@@ -170,6 +175,20 @@ impl Instance {
         self.supervisor.pid()
     }
 
+    /// Follows the postmaster's state: every start, stop and crash wakes the receiver.
+    pub fn state_changes(&self) -> tokio::sync::watch::Receiver<supervisor::State> {
+        self.supervisor.subscribe()
+    }
+
+    /// When the postmaster exited on its own and was left down (a crashed primary when
+    /// [`Options::restart_crashed_primary`] is off); `None` once started or stopped again.
+    pub fn crashed_at(&self) -> Option<Instant> {
+        match self.supervisor.state() {
+            supervisor::State::Crashed { at } => Some(at),
+            _ => None,
+        }
+    }
+
     /// How often the supervisor restarted a crashed postmaster.
     pub fn restarts(&self) -> u32 {
         self.supervisor.restarts()
@@ -197,6 +216,8 @@ impl Instance {
                 matches!(d.mode, Mode::Standby { .. }),
             )
         };
+        self.supervisor
+            .set_restart_on_crash(standby || self.options.restart_crashed_primary);
         let pgdata = &self.options.layout.pgdata;
         let run_as = self.options.run_as;
         config::write_file(&pgdata.join("postgresql.conf"), &conf, run_as)
@@ -274,6 +295,40 @@ impl Instance {
     /// Simulates losing the node: SIGKILL to every PostgreSQL process, no restart.
     pub async fn kill(&self) -> Result<(), Error> {
         self.supervisor.kill().await.map_err(Error::StopPostgres)
+    }
+
+    /// A primary steps down (switchover): `CHECKPOINT`, so that the shutdown checkpoint has
+    /// little to write, then a fast shutdown: sessions end, and the walsenders ship all WAL,
+    /// the shutdown checkpoint included, to the connected standbys before the postmaster
+    /// exits. The data stays a primary's (no standby.signal) until a rejoin.
+    pub async fn step_down(&self) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        if self.supervisor.pid().is_none() {
+            return Ok(());
+        }
+        match self.endpoint().connect().await {
+            Ok(client) => {
+                if let Err(err) = client.batch_execute("CHECKPOINT").await {
+                    tracing::warn!(error = %crate::error_chain(&err), "CHECKPOINT before stepping down failed; stopping anyway");
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %crate::error_chain(&err), "no connection for a CHECKPOINT before stepping down; stopping anyway");
+            }
+        }
+        self.supervisor
+            .stop_with(supervisor::Stop::Fast)
+            .await
+            .map_err(Error::StopPostgres)
+    }
+
+    /// Self-fencing: an immediate stop, at once, without waiting for an operation under
+    /// way (it does not take the operation lock). For a primary that lost its Lease.
+    pub async fn stop_now(&self) -> Result<(), Error> {
+        self.supervisor
+            .stop_with(supervisor::Stop::Immediate)
+            .await
+            .map_err(Error::StopPostgres)
     }
 
     /// Fencing: stop PostgreSQL and keep it stopped, data untouched, until told otherwise.

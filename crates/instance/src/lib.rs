@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod http;
 pub mod instance;
+pub mod lease;
 pub mod pg;
 pub mod reaper;
 pub mod role;

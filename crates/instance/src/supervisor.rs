@@ -1,6 +1,7 @@
 //! The postmaster as a child process: started and stopped on request, its log lines
-//! forwarded to stdout as JSON, restarted after a crash, stopped smart then fast (then
-//! immediate) on shutdown. It must never decide *whether* PostgreSQL should run, and never
+//! forwarded to stdout as JSON, restarted after a crash (unless told to hold a crashed
+//! postmaster down: a crashed primary waits for its manager), stopped smart then fast (then
+//! immediate) on shutdown, or fast or immediate at once when asked. It must never decide *whether* PostgreSQL should run, and never
 //! touch the data directory: that is the caller's business.
 
 use crate::pg::{Binaries, RunAs, binaries};
@@ -8,8 +9,8 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
@@ -40,15 +41,34 @@ pub struct Options {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Want {
     Running,
-    Stopped,
+    Stopped(Stop),
     Killed,
+}
+
+/// How a stop begins: PostgreSQL's smart, fast or immediate shutdown. Each escalates to the
+/// next one after the stop timeout (immediate: after 5 s, to SIGKILL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM: waits for the sessions to end.
+    Smart,
+    /// SIGINT: ends the sessions, checkpoints; walsenders ship all WAL before exiting.
+    Fast,
+    /// SIGQUIT: at once, no checkpoint (crash recovery at the next start).
+    Immediate,
 }
 
 /// Whether the postmaster runs, and its pid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     Stopped,
-    Running { pid: u32 },
+    Running {
+        pid: u32,
+    },
+    /// The postmaster exited on its own and, as told ([`Supervisor::set_restart_on_crash`]),
+    /// was not restarted; a start or stop request ends this state.
+    Crashed {
+        at: Instant,
+    },
 }
 
 /// Handle of the supervising task. Call [`Supervisor::stop`] for a clean shutdown: dropping
@@ -58,20 +78,40 @@ pub struct Supervisor {
     want: watch::Sender<Want>,
     state: watch::Receiver<State>,
     restarts: Arc<AtomicU32>,
+    restart_on_crash: Arc<AtomicBool>,
 }
 
 impl Supervisor {
     /// Starts the supervising task with PostgreSQL stopped.
     pub fn new(options: Options) -> Self {
-        let (want, want_rx) = watch::channel(Want::Stopped);
+        let (want, want_rx) = watch::channel(Want::Stopped(Stop::Smart));
         let (state_tx, state) = watch::channel(State::Stopped);
         let restarts = Arc::new(AtomicU32::new(0));
-        tokio::spawn(supervise(options, want_rx, state_tx, restarts.clone()));
+        let restart_on_crash = Arc::new(AtomicBool::new(true));
+        tokio::spawn(supervise(
+            options,
+            want_rx,
+            state_tx,
+            restarts.clone(),
+            restart_on_crash.clone(),
+        ));
         Self {
             want,
             state,
             restarts,
+            restart_on_crash,
         }
+    }
+
+    /// Whether a postmaster that exits on its own is restarted (the default) or left
+    /// stopped in [`State::Crashed`] until the next start or stop request.
+    pub fn set_restart_on_crash(&self, restart: bool) {
+        self.restart_on_crash.store(restart, Ordering::SeqCst);
+    }
+
+    /// Follows the postmaster's state (every change wakes the receiver).
+    pub fn subscribe(&self) -> watch::Receiver<State> {
+        self.state.clone()
     }
 
     /// Starts the postmaster (if not running) and returns once it is spawned; readiness is
@@ -88,7 +128,13 @@ impl Supervisor {
 
     /// Stops the postmaster: smart, then fast, then immediate; returns once it has exited.
     pub async fn stop(&self) -> Result<(), Error> {
-        self.want.send_replace(Want::Stopped);
+        self.stop_with(Stop::Smart).await
+    }
+
+    /// Stops the postmaster beginning with `how`; returns once it has exited. A stop already
+    /// under way goes on as it began.
+    pub async fn stop_with(&self, how: Stop) -> Result<(), Error> {
+        self.want.send_replace(Want::Stopped(how));
         self.wait_stopped().await
     }
 
@@ -102,7 +148,7 @@ impl Supervisor {
     async fn wait_stopped(&self) -> Result<(), Error> {
         let mut state = self.state.clone();
         state
-            .wait_for(|s| *s == State::Stopped)
+            .wait_for(|s| !matches!(s, State::Running { .. }))
             .await
             .map_err(|_| Error::StopPostgres)?;
         Ok(())
@@ -117,7 +163,7 @@ impl Supervisor {
     pub fn pid(&self) -> Option<u32> {
         match self.state() {
             State::Running { pid } => Some(pid),
-            State::Stopped => None,
+            State::Stopped | State::Crashed { .. } => None,
         }
     }
 
@@ -137,6 +183,7 @@ async fn supervise(
     mut want: watch::Receiver<Want>,
     state: watch::Sender<State>,
     restarts: Arc<AtomicU32>,
+    restart_on_crash: Arc<AtomicBool>,
 ) {
     loop {
         // Wait until someone wants PostgreSQL running; the owner dropping means exit.
@@ -144,6 +191,14 @@ async fn supervise(
             if *want.borrow_and_update() == Want::Running {
                 break;
             }
+            // A stop request acknowledges a crash.
+            state.send_if_modified(|s| {
+                let crashed = matches!(s, State::Crashed { .. });
+                if crashed {
+                    *s = State::Stopped;
+                }
+                crashed
+            });
             if want.changed().await.is_err() {
                 return;
             }
@@ -167,11 +222,11 @@ async fn supervise(
                     break true;
                 }
                 changed = want.changed() => {
-                    let wanted = if changed.is_err() { Want::Stopped } else { *want.borrow_and_update() };
+                    let wanted = if changed.is_err() { Want::Stopped(Stop::Smart) } else { *want.borrow_and_update() };
                     match wanted {
                         Want::Running => continue,
-                        Want::Stopped => {
-                            shut_down(&mut child, pid, options.stop_timeout).await;
+                        Want::Stopped(how) => {
+                            shut_down(&mut child, pid, how, options.stop_timeout, &mut want).await;
                             break false;
                         }
                         Want::Killed => {
@@ -184,11 +239,22 @@ async fn supervise(
             }
         };
         crate::reaper::forget(pid);
-        state.send_replace(State::Stopped);
         if crashed && *want.borrow() == Want::Running {
+            if !restart_on_crash.load(Ordering::SeqCst) {
+                // Left down until the owner decides: a start request restarts it, a stop
+                // request acknowledges the crash.
+                state.send_replace(State::Crashed { at: Instant::now() });
+                if want.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            state.send_replace(State::Stopped);
             restarts.fetch_add(1, Ordering::Relaxed);
             // Backends of the dead postmaster may still hold its shared memory for a moment.
             tokio::time::sleep(Duration::from_millis(500)).await;
+        } else {
+            state.send_replace(State::Stopped);
         }
         if want.has_changed().is_err() {
             return;
@@ -233,17 +299,56 @@ fn log_line(instance: &str, line: &str) -> String {
 }
 
 /// Smart shutdown; fast after `timeout`; immediate after as long again; SIGKILL last.
-async fn shut_down(child: &mut Child, pid: u32, timeout: Duration) {
-    for (signal, wait) in [
+/// `how` skips the first steps, and a stronger stop requested meanwhile (a fence during a
+/// smart shutdown) escalates at once.
+async fn shut_down(
+    child: &mut Child,
+    pid: u32,
+    how: Stop,
+    timeout: Duration,
+    want: &mut watch::Receiver<Want>,
+) {
+    let steps = [
         (libc::SIGTERM, timeout),
         (libc::SIGINT, timeout),
         (libc::SIGQUIT, Duration::from_secs(5)),
-    ] {
+    ];
+    let level = |how: Stop| match how {
+        Stop::Smart => 0,
+        Stop::Fast => 1,
+        Stop::Immediate => 2,
+    };
+    let mut step = level(how);
+    let mut listening = true;
+    while let Some(&(signal, wait)) = steps.get(step) {
         signal_pid(pid, signal);
-        if tokio::time::timeout(wait, child.wait()).await.is_ok() {
-            return;
+        let deadline = tokio::time::sleep(wait);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = child.wait() => return,
+                () = &mut deadline => {
+                    tracing::warn!(pid, signal, "PostgreSQL did not stop in time, escalating");
+                    step += 1;
+                    break;
+                }
+                changed = want.changed(), if listening => {
+                    if changed.is_err() {
+                        listening = false;
+                        continue;
+                    }
+                    let stronger = match *want.borrow_and_update() {
+                        Want::Stopped(how) => level(how),
+                        Want::Killed => steps.len(),
+                        Want::Running => 0,
+                    };
+                    if stronger > step {
+                        step = stronger;
+                        break;
+                    }
+                }
+            }
         }
-        tracing::warn!(pid, signal, "PostgreSQL did not stop in time, escalating");
     }
     signal_group(pid, libc::SIGKILL);
     let _ = child.wait().await;

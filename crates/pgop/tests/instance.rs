@@ -462,3 +462,339 @@ async fn instance_run_follows_a_failover_in_the_cluster_status() -> Result {
     ns.delete().await?;
     Ok(())
 }
+
+/// The primary Lease's holder (`None`: absent or released).
+async fn lease_holder(client: &kube::Client, namespace: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), namespace);
+    leases
+        .get_opt(&pgop_api::constants::primary_lease_name("demo"))
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+        .filter(|h| !h.is_empty())
+}
+
+/// Two managers, demo-1 the primary and demo-2 its streaming standby, `rows` rows in `t`.
+struct Pair {
+    clusters: Api<PostgresCluster>,
+    first: Manager,
+    second: Manager,
+    pg_port: u16,
+}
+
+const IP1: &str = "127.0.0.2";
+const IP2: &str = "127.0.0.3";
+
+async fn pair(
+    plane: &pgop_testenv::ControlPlane,
+    client: &kube::Client,
+    namespace: &str,
+    rows: i64,
+) -> Result<Pair> {
+    let clusters = cluster(
+        client,
+        namespace,
+        serde_json::json!({"replicas": 2, "storage": {"size": "1Gi"}, "failoverDelay": 0}),
+    )
+    .await?;
+    pod(client, namespace, "demo-1", IP1).await?;
+    pod(client, namespace, "demo-2", IP2).await?;
+    set_status(
+        &clusters,
+        serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1",
+                           "instances": [{"name": "demo-1", "serial": 1}, {"name": "demo-2", "serial": 2}]}),
+    )
+    .await?;
+    let pg_port = free_port()?;
+    let first = Manager::spawn(plane, namespace, "demo-1", IP1, pg_port)?;
+    let second = Manager::spawn(plane, namespace, "demo-2", IP2, pg_port)?;
+    let wait = Duration::from_secs(60);
+    let writer = eventually("demo-1 primary and ready", wait, || async {
+        let ready = first.get("/readyz")?.0 == 200;
+        (ready && role_of(&first).await? == "primary").then_some(())?;
+        app(IP1, pg_port).await
+    })
+    .await;
+    writer
+        .batch_execute(&format!(
+            "CREATE TABLE t (id int); INSERT INTO t SELECT generate_series(1, {rows})"
+        ))
+        .await?;
+    eventually("demo-2 streaming and ready", wait, || async {
+        let ready = second.get("/readyz")?.0 == 200;
+        (ready && role_of(&second).await? == "replica" && count(IP2, pg_port).await? == rows)
+            .then_some(())
+    })
+    .await;
+    Ok(Pair {
+        clusters,
+        first,
+        second,
+        pg_port,
+    })
+}
+
+/// A switchover through the status: the old primary steps down (checkpoint, clean
+/// shutdown, Lease released) before the new one promotes — never two primaries — and every
+/// row committed before is on the new primary; the old one waits, stopped, until the new
+/// primary is confirmed in `currentPrimary`, then rejoins as its standby.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_run_switches_over_cleanly_through_the_primary_lease() -> Result {
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-switchover").await?;
+    let Pair {
+        clusters,
+        mut first,
+        mut second,
+        pg_port,
+    } = pair(plane, &client, ns.name(), 1000).await?;
+    assert_eq!(
+        lease_holder(&client, ns.name()).await.as_deref(),
+        Some("demo-1")
+    );
+    // Committed up to the last moment (asynchronous replication: the clean shutdown is
+    // what ships the tail of the WAL).
+    let writer = app(IP1, pg_port).await.ok_or("no connection to demo-1")?;
+    writer
+        .batch_execute("INSERT INTO t SELECT generate_series(1001, 2000)")
+        .await?;
+
+    set_status(&clusters, serde_json::json!({"targetPrimary": "demo-2"})).await?;
+    let asked = Instant::now();
+    let wait = Duration::from_secs(60);
+    eventually("demo-2 primary", wait, || async {
+        let (one, two) = (role_of(&first).await, role_of(&second).await);
+        assert!(
+            !(one.as_deref() == Some("primary") && two.as_deref() == Some("primary")),
+            "two primaries"
+        );
+        (two? == "primary").then_some(())
+    })
+    .await;
+    eprintln!(
+        "switchover: status change to demo-2 primary in {:?}",
+        asked.elapsed()
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(8),
+        "the standby waited for the Lease to expire: {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(role_of(&first).await.as_deref(), Some("stopped"));
+    assert_eq!(
+        lease_holder(&client, ns.name()).await.as_deref(),
+        Some("demo-2")
+    );
+    assert_eq!(count(IP2, pg_port).await, Some(2000), "rows lost");
+
+    // Not confirmed yet: the old primary stays stopped.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(role_of(&first).await.as_deref(), Some("stopped"));
+    set_status(&clusters, serde_json::json!({"currentPrimary": "demo-2"})).await?;
+    let new_primary = app(IP2, pg_port).await.ok_or("no connection to demo-2")?;
+    new_primary
+        .batch_execute("INSERT INTO t VALUES (2001)")
+        .await?;
+    eventually("demo-1 back as a standby of demo-2", wait, || async {
+        (role_of(&first).await? == "replica" && count(IP1, pg_port).await? == 2001).then_some(())
+    })
+    .await;
+    let status = first.pg_status().ok_or("no status")?;
+    assert_eq!(status["timeline"], 2, "{status}");
+
+    for manager in [&mut first, &mut second] {
+        let exit = manager.terminate().await?;
+        assert!(exit.success(), "{exit:?}");
+    }
+    assert_eq!(
+        lease_holder(&client, ns.name()).await,
+        None,
+        "released on SIGTERM"
+    );
+    ns.delete().await?;
+    Ok(())
+}
+
+/// kill -9 of the primary's postmaster: the manager does not restart it, releases the
+/// Lease at once, and holds off; the standby the status then names takes the Lease without
+/// waiting for it to expire and promotes; once confirmed, the old primary rejoins through
+/// pg_rewind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_primary_releases_the_lease_and_is_not_restarted_before_the_hold_off() -> Result {
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-crash").await?;
+    let Pair {
+        clusters,
+        mut first,
+        mut second,
+        pg_port,
+    } = pair(plane, &client, ns.name(), 100).await?;
+    assert_eq!(
+        lease_holder(&client, ns.name()).await.as_deref(),
+        Some("demo-1")
+    );
+
+    let postmaster = first.postmaster_pid().ok_or("no postmaster.pid")?;
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(postmaster, libc::SIGKILL) };
+    let crashed = Instant::now();
+    eventually("the Lease released", Duration::from_secs(5), || async {
+        lease_holder(&client, ns.name())
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let released = crashed.elapsed();
+    eprintln!("crash: Lease released after {released:?}");
+    assert!(
+        released < Duration::from_secs(2),
+        "released after {released:?}"
+    );
+
+    // Held off (failoverDelay 0 + 10 s): not restarted meanwhile.
+    while crashed.elapsed() < Duration::from_secs(6) {
+        assert_eq!(role_of(&first).await.as_deref(), Some("stopped"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The operator fails over: the standby takes the released Lease at once.
+    set_status(&clusters, serde_json::json!({"targetPrimary": "demo-2"})).await?;
+    let asked = Instant::now();
+    let new_primary = app(IP2, pg_port).await.ok_or("no connection to demo-2")?;
+    let wait = Duration::from_secs(60);
+    eventually("writes on demo-2", wait, || async {
+        new_primary
+            .batch_execute("INSERT INTO t VALUES (101)")
+            .await
+            .ok()
+    })
+    .await;
+    eprintln!("crash: status change to writable in {:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        lease_holder(&client, ns.name()).await.as_deref(),
+        Some("demo-2")
+    );
+    // Past the hold-off, no longer named: still stopped until confirmed.
+    while crashed.elapsed() < Duration::from_secs(12) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(role_of(&first).await.as_deref(), Some("stopped"));
+
+    set_status(&clusters, serde_json::json!({"currentPrimary": "demo-2"})).await?;
+    eventually("demo-1 back as a standby of demo-2", wait, || async {
+        (role_of(&first).await? == "replica" && count(IP1, pg_port).await? == 101).then_some(())
+    })
+    .await;
+    let status = first.pg_status().ok_or("no status")?;
+    assert_eq!(status["timeline"], 2, "{status}");
+
+    for manager in [&mut first, &mut second] {
+        let exit = manager.terminate().await?;
+        assert!(exit.success(), "{exit:?}");
+    }
+    ns.delete().await?;
+    Ok(())
+}
+
+/// A single primary: its Lease overwritten by someone else, it stops PostgreSQL at once
+/// (self-fencing) and does not start again until it may take the Lease over (the intruder
+/// never renews: after the Lease duration); a crash of its postmaster is held off for
+/// `failoverDelay` + 10 s, then, still named, it restarts as the primary with the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_fences_itself_when_its_lease_is_taken_and_restarts_a_crash_after_the_hold_off()
+-> Result {
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-fence").await?;
+    let clusters = cluster(
+        &client,
+        ns.name(),
+        serde_json::json!({"replicas": 1, "storage": {"size": "1Gi"}, "failoverDelay": 1}),
+    )
+    .await?;
+    set_status(
+        &clusters,
+        serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1"}),
+    )
+    .await?;
+    let mut manager = Manager::spawn(plane, ns.name(), "demo-1", "127.0.0.1", free_port()?)?;
+    let wait = Duration::from_secs(60);
+    eventually("demo-1 primary", wait, || async {
+        (role_of(&manager).await? == "primary").then_some(())
+    })
+    .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns.name());
+    let mut lease = leases.get("demo").await?;
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = Some("intruder".into());
+    }
+    leases
+        .replace("demo", &PostParams::default(), &lease)
+        .await?;
+    let stolen = Instant::now();
+    eventually("PostgreSQL stopped", Duration::from_secs(5), || async {
+        (role_of(&manager).await? == "stopped").then_some(())
+    })
+    .await;
+    let fenced = stolen.elapsed();
+    eprintln!("fence: stopped {fenced:?} after the Lease was taken");
+    assert!(fenced < Duration::from_secs(4), "{fenced:?}");
+    let back = eventually("demo-1 primary again", Duration::from_secs(30), || async {
+        (role_of(&manager).await? == "primary").then_some(stolen.elapsed())
+    })
+    .await;
+    eprintln!("fence: primary again after {back:?}");
+    assert!(
+        back >= Duration::from_secs(10),
+        "restarted without the Lease: {back:?}"
+    );
+    assert_eq!(
+        lease_holder(&client, ns.name()).await.as_deref(),
+        Some("demo-1")
+    );
+
+    let postmaster = manager.postmaster_pid().ok_or("no postmaster.pid")?;
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(postmaster, libc::SIGKILL) };
+    let crashed = Instant::now();
+    eventually("the Lease released", Duration::from_secs(5), || async {
+        lease_holder(&client, ns.name())
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let back = eventually(
+        "demo-1 primary after the crash",
+        Duration::from_secs(40),
+        || async { (role_of(&manager).await? == "primary").then_some(crashed.elapsed()) },
+    )
+    .await;
+    eprintln!("crash: primary again after {back:?}");
+    assert!(
+        back >= Duration::from_secs(11),
+        "restarted during the hold-off: {back:?}"
+    );
+    assert_eq!(
+        lease_holder(&client, ns.name()).await.as_deref(),
+        Some("demo-1")
+    );
+    let exit = manager.terminate().await?;
+    assert!(exit.success(), "{exit:?}");
+    ns.delete().await?;
+    Ok(())
+}

@@ -4,6 +4,12 @@
 //! `targetPrimary` names this instance, follow or rejoin the primary otherwise, slots and
 //! synchronous standbys on the primary, configuration everywhere. It must never choose a
 //! primary: with no `targetPrimary`/`currentPrimary` in the status it waits.
+//!
+//! PostgreSQL runs as a primary only while this instance holds the primary Lease
+//! ([`crate::lease`]): it is acquired before bootstrapping, starting or promoting a primary,
+//! renewed in the background (losing it stops PostgreSQL at once), and released whenever
+//! PostgreSQL stops running as a primary (step-down, crash, shutdown), so that the next
+//! primary need not wait for it to expire.
 
 mod plan;
 
@@ -12,20 +18,30 @@ pub use plan::{Action, Observed, Plan, plan};
 use crate::bootstrap::Credentials;
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
+use crate::lease::{self, Keeper, PrimaryLease, Timings};
 use crate::pg::{Binaries, RunAs, Upstream};
 use crate::sync::SyncSpec;
 use crate::{error_chain, http};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use pgop_api::PostgresCluster;
 use pgop_api::constants::ANNOTATION_RESTART;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How soon a pass that waits for the Lease or a change of primary is run again.
+const SOON: Duration = Duration::from_millis(400);
+/// How soon a failed pass is retried while the primary changes.
+const RETRY_WHILE_CHANGING: Duration = Duration::from_secs(1);
+/// Added to `spec.failoverDelay`: how long a crashed primary stays down before restarting
+/// as the primary, if the status still names it then.
+const CRASH_HOLD_OFF_EXTRA: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -55,6 +71,94 @@ pub enum Error {
     ManageInstance(#[source] instance::Error),
     #[error("failed to stop PostgreSQL")]
     Shutdown(#[source] instance::Error),
+    #[error("failed to manage the primary Lease")]
+    Lease(#[source] lease::Error),
+}
+
+/// What the loop does after a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// Wait for a watch event, the resync tick or a postmaster state change.
+    Idle,
+    /// Run again shortly: waiting for the Lease, a hold-off or a change of primary.
+    Soon,
+}
+
+/// The primary Lease as this manager holds it.
+struct LeaseHold {
+    lease: Arc<PrimaryLease>,
+    /// Renewing: held since PostgreSQL was started or promoted as the primary.
+    keeper: Option<Keeper>,
+    /// Given up but not yet released (a failed release is retried on the next pass).
+    release_pending: bool,
+    /// Whether "waiting for the Lease" was logged since it was last held.
+    waiting_logged: bool,
+}
+
+impl LeaseHold {
+    /// Acquires the Lease (or keeps it) and renews it from now on; `false`: held by
+    /// someone else.
+    async fn acquire(&mut self, instance: &Arc<Instance>) -> Result<bool, Error> {
+        let sent = Instant::now();
+        if !self.lease.try_acquire().await.map_err(Error::Lease)? {
+            if !self.waiting_logged {
+                let holder = self.lease.holder().await.ok().flatten();
+                tracing::info!(?holder, "waiting for the primary Lease");
+                self.waiting_logged = true;
+            }
+            return Ok(false);
+        }
+        self.waiting_logged = false;
+        self.release_pending = false;
+        if self.keeper.as_ref().is_none_or(|k| k.fenced().is_some()) {
+            tracing::info!(lease = %self.lease.name(), "holding the primary Lease");
+            let fenced = instance.clone();
+            self.keeper = Some(lease::keep(self.lease.clone(), sent, move |_| async move {
+                if let Err(err) = fenced.stop_now().await {
+                    tracing::error!(error = %error_chain(&err), "failed to stop PostgreSQL when fencing");
+                }
+            }));
+        }
+        Ok(true)
+    }
+
+    /// Stops renewing and releases the Lease (if still held by this instance).
+    async fn give_up(&mut self) {
+        if let Some(keeper) = self.keeper.take() {
+            keeper.stop().await;
+            self.release_pending = true;
+        }
+        if self.release_pending {
+            match self.lease.release().await {
+                Ok(_) => self.release_pending = false,
+                Err(err) => {
+                    tracing::warn!(error = %error_chain(&err), "failed to release the primary Lease; retrying")
+                }
+            }
+        }
+    }
+
+    /// The Lease is held only while PostgreSQL runs as a primary: after a step-down, a
+    /// crash, a fence or a failed promotion it is given up at once.
+    async fn settle(&mut self, instance: &Instance) {
+        let fenced = self.keeper.as_ref().and_then(Keeper::fenced);
+        if let Some(reason) = &fenced
+            && instance.pid().is_some()
+        {
+            // Started again by something else meanwhile: never run without the Lease.
+            tracing::error!(%reason, "PostgreSQL runs without the primary Lease; stopping it");
+            if let Err(err) = instance.stop_now().await {
+                tracing::error!(error = %error_chain(&err), "failed to stop PostgreSQL when fencing");
+            }
+        }
+        let primary = instance.pid().is_some() && instance.mode() == Mode::Primary;
+        if fenced.is_some() || !primary || self.keeper.is_none() {
+            if self.keeper.is_some() && instance.crashed_at().is_some() {
+                tracing::warn!("the primary's postmaster exited; releasing the primary Lease");
+            }
+            self.give_up().await;
+        }
+    }
 }
 
 /// Everything `pgop instance run` is told by its pod.
@@ -106,7 +210,22 @@ pub async fn run(
         stop_timeout: settings.stop_timeout,
         start_timeout: Duration::from_secs(300),
         forward_logs: true,
+        // A crashed primary waits: the Lease is released first and the operator may fail
+        // over (see `Observed::held_off`).
+        restart_crashed_primary: false,
     }));
+    let mut hold = LeaseHold {
+        lease: Arc::new(PrimaryLease::new(
+            client.clone(),
+            &settings.namespace,
+            &settings.cluster,
+            &settings.pod_name,
+            Timings::default(),
+        )),
+        keeper: None,
+        release_pending: false,
+        waiting_logged: false,
+    };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let (addr, server) = http::bind(settings.http_listen, instance.clone(), async move {
         let _ = http_stopped.await;
@@ -123,37 +242,71 @@ pub async fn run(
     let mut events = std::pin::pin!(events);
     let mut resync = tokio::time::interval(settings.resync);
     let mut restarts = RestartRequests::default();
+    let mut states = instance.state_changes();
+    let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             _ = events.next() => {}
             _ = resync.tick() => {}
-        }
-        let step = async {
-            let cluster = clusters
-                .get_opt(&settings.cluster)
-                .await
-                .map_err(|source| Error::ReadCluster {
-                    name: settings.cluster.clone(),
-                    source,
-                })?;
-            match cluster {
-                Some(cluster) => {
-                    reconcile(&client, &settings, &instance, &cluster, &mut restarts).await
+            // A crash, a fence or a stop: act at once.
+            Ok(()) = states.changed() => {}
+            () = async {
+                match soon.as_mut() {
+                    Some(sleep) => sleep.await,
+                    None => std::future::pending().await,
                 }
-                None => Ok(()),
-            }
-        };
+            } => {}
+        }
+        soon = None;
+        let step =
+            async {
+                let cluster = clusters.get_opt(&settings.cluster).await.map_err(|source| {
+                    Error::ReadCluster {
+                        name: settings.cluster.clone(),
+                        source,
+                    }
+                });
+                let cluster = match cluster {
+                    Ok(Some(cluster)) => cluster,
+                    Ok(None) => return (false, Ok(Next::Idle)),
+                    Err(err) => return (false, Err(err)),
+                };
+                let changing = cluster
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.target_primary != s.current_primary);
+                let result = reconcile(
+                    &client,
+                    &settings,
+                    &instance,
+                    &mut hold,
+                    &cluster,
+                    &mut restarts,
+                )
+                .await;
+                (changing, result)
+            };
         tokio::select! {
             // An interrupted bootstrap leaves its marker: the next start redoes it.
             () = &mut shutdown => break,
-            result = step => if let Err(err) = result {
-                tracing::warn!(error = %error_chain(&err), "reconcile failed; retrying");
+            (changing, result) = step => match result {
+                Ok(Next::Soon) => soon = Some(Box::pin(tokio::time::sleep(SOON))),
+                Ok(Next::Idle) if changing => soon = Some(Box::pin(tokio::time::sleep(SOON))),
+                Ok(Next::Idle) => {}
+                Err(err) => {
+                    tracing::warn!(error = %error_chain(&err), "reconcile failed; retrying");
+                    if changing {
+                        soon = Some(Box::pin(tokio::time::sleep(RETRY_WHILE_CHANGING)));
+                    }
+                }
             }
         }
     }
     tracing::info!("shutting down PostgreSQL");
     let stopped = instance.shutdown().await.map_err(Error::Shutdown);
+    // Released after the stop, so that the next primary can start at once.
+    hold.give_up().await;
     let _ = stop_http.send(());
     let _ = server.await;
     stopped
@@ -164,12 +317,17 @@ pub async fn run(
 async fn reconcile(
     client: &kube::Client,
     settings: &Settings,
-    instance: &Instance,
+    instance: &Arc<Instance>,
+    hold: &mut LeaseHold,
     cluster: &PostgresCluster,
     restarts: &mut RestartRequests,
-) -> Result<(), Error> {
+) -> Result<Next, Error> {
+    if let Some(owner) = owner_reference(cluster) {
+        hold.lease.set_owner(owner);
+    }
+    hold.settle(instance).await;
     if instance.fenced() {
-        return Ok(());
+        return Ok(Next::Idle);
     }
     let status = cluster.status.clone().unwrap_or_default();
     let me = settings.pod_name.as_str();
@@ -195,8 +353,14 @@ async fn reconcile(
                     upstream: u.clone(),
                 }
         }),
+        held_off: instance
+            .crashed_at()
+            .is_some_and(|at| at.elapsed() < crash_hold_off(cluster)),
     };
     let plan = plan::plan(me, &status, &observed);
+    if plan.action.needs_lease() && !hold.acquire(instance).await? {
+        return Ok(Next::Soon);
+    }
     let manage = Error::ManageInstance;
     let upstream_for = |primary: &str| {
         let known = upstream_of_primary.clone();
@@ -208,9 +372,21 @@ async fn reconcile(
             }
         }
     };
+    let next = if observed.held_off {
+        Next::Soon
+    } else {
+        Next::Idle
+    };
     match &plan.action {
-        Action::Wait => return Ok(()),
+        Action::Wait => return Ok(next),
         Action::Keep => {}
+        Action::StepDown => {
+            tracing::info!(target = ?status.target_primary, "stepping down: another instance is to be the primary; checkpoint and clean shutdown");
+            instance.step_down().await.map_err(manage)?;
+            hold.give_up().await;
+            tracing::info!("stepped down; waiting for the new primary to be confirmed");
+            return Ok(Next::Soon);
+        }
         Action::BootstrapPrimary => {
             tracing::info!("bootstrapping a new primary with initdb");
             instance.bootstrap_primary().await.map_err(manage)?;
@@ -254,7 +430,7 @@ async fn reconcile(
         }
     }
     if instance.pid().is_none() {
-        return Ok(());
+        return Ok(next);
     }
     instance
         .set_synchronous(sync_spec(cluster), &plan.sync_standbys)
@@ -279,7 +455,25 @@ async fn reconcile(
         tracing::info!(pending = ?report.pending_restart, "restarting PostgreSQL as the cluster's restart annotation asks");
         instance.restart().await.map_err(manage)?;
     }
-    Ok(())
+    Ok(next)
+}
+
+/// How long a crashed primary stays down: `spec.failoverDelay` + 10 s.
+fn crash_hold_off(cluster: &PostgresCluster) -> Duration {
+    Duration::from_secs(u64::try_from(cluster.spec.failover_delay).unwrap_or(0))
+        + CRASH_HOLD_OFF_EXTRA
+}
+
+/// The Lease belongs to the cluster (not as its controller): deleted with it.
+fn owner_reference(cluster: &PostgresCluster) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: PostgresCluster::api_version(&()).to_string(),
+        kind: PostgresCluster::kind(&()).to_string(),
+        name: cluster.name_any(),
+        uid: cluster.metadata.uid.clone()?,
+        controller: None,
+        block_owner_deletion: None,
+    })
 }
 
 /// The cluster's restart annotation: a new value asks every instance to restart once

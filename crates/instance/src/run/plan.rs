@@ -1,7 +1,9 @@
 //! The decision of one reconcile pass, as a pure function: from the cluster status and what
 //! the manager observes of its instance, the one role action to take now, and the standbys
 //! to keep slots and synchronous names for. It must never name a primary the status does
-//! not name, and never initdb while another instance is the current primary.
+//! not name, and never initdb while another instance is the current primary. Actions that
+//! run PostgreSQL as a primary ([`Action::needs_lease`]) are carried out only by the holder
+//! of the primary Lease: the caller acquires it first, or waits.
 
 use crate::bootstrap::DataState;
 use crate::status::PgRole;
@@ -19,6 +21,9 @@ pub struct Observed {
     pub role: PgRole,
     /// A running standby already streams from the primary the status names.
     pub follows_primary: bool,
+    /// The postmaster crashed while primary less than the hold-off ago (`failoverDelay` +
+    /// 10 s): the operator may be failing over, so it is not restarted as a primary yet.
+    pub held_off: bool,
 }
 
 /// The one role change of this pass.
@@ -42,6 +47,20 @@ pub enum Action {
     Rejoin { primary: String },
     /// A running standby switches to `primary`.
     Follow { primary: String },
+    /// A running primary the status no longer names (switchover): checkpoint, clean
+    /// shutdown (the standbys get all WAL), release the Lease, stay stopped until the new
+    /// primary is confirmed (`currentPrimary`), then rejoin.
+    StepDown,
+}
+
+impl Action {
+    /// Whether the action runs PostgreSQL as a primary: only the Lease holder may.
+    pub fn needs_lease(&self) -> bool {
+        matches!(
+            self,
+            Action::BootstrapPrimary | Action::StartPrimary | Action::Promote
+        )
+    }
 }
 
 /// The plan of one pass.
@@ -91,6 +110,7 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
                 Some(c) if observed.standby_signal => Action::StartStandby {
                     primary: c.to_string(),
                 },
+                _ if observed.held_off => Action::Wait,
                 _ => Action::StartPrimary,
             }
         } else if observed.role == PgRole::Replica {
@@ -114,18 +134,24 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
             Action::StartStandby {
                 primary: primary.clone(),
             }
-        } else {
+        } else if current == Some(primary.as_str()) {
             Action::Rejoin {
                 primary: primary.clone(),
             }
+        } else {
+            // A former primary (stepped down, crashed, or restarted after losing its node)
+            // while the change of primary is under way: rewinding onto a target that is not
+            // the primary yet could not work; wait for it to be confirmed.
+            Action::Wait
         }
     } else {
         match observed.role {
-            // Only once the new primary is confirmed (currentPrimary): until then this
-            // instance may still be the primary of a switchover in progress.
+            // Only once the new primary is confirmed (currentPrimary).
             PgRole::Primary if current == Some(primary.as_str()) => Action::Rejoin {
                 primary: primary.clone(),
             },
+            // A switchover under way: hand over cleanly first.
+            PgRole::Primary => Action::StepDown,
             PgRole::Replica if !observed.follows_primary => Action::Follow {
                 primary: primary.clone(),
             },
@@ -163,6 +189,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
             standby_signal: signal,
             role,
             follows_primary: true,
+            held_off: false,
         }
     }
 
@@ -172,6 +199,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         standby_signal: false,
         role: PgRole::Stopped,
         follows_primary: false,
+        held_off: false,
     };
 
     #[test]
@@ -219,25 +247,93 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
     }
 
     #[test]
-    fn an_old_primary_rejoins_only_once_the_new_one_is_current() {
+    fn an_old_primary_steps_down_waits_and_rejoins_only_once_the_new_one_is_current() {
         let switching = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
-        let o = observed(DataState::Ready, true, false, PgRole::Primary);
-        assert_eq!(plan("demo-1", &switching, &o).action, Action::Keep);
         let done = status("{targetPrimary: demo-2, currentPrimary: demo-2}");
+        // Running as primary while another is the target: hand over cleanly.
+        let o = observed(DataState::Ready, true, false, PgRole::Primary);
+        assert_eq!(plan("demo-1", &switching, &o).action, Action::StepDown);
         assert_eq!(
             plan("demo-1", &done, &o).action,
             Action::Rejoin {
                 primary: "demo-2".into()
             }
         );
-        // Restarted after losing its node: primary data, not running.
+        // Stepped down (or restarted after losing its node): primary data, not running.
         let o = observed(DataState::Ready, false, false, PgRole::Stopped);
+        assert_eq!(plan("demo-1", &switching, &o).action, Action::Wait);
+        let failing = status("{targetPrimary: demo-2}");
+        assert_eq!(plan("demo-1", &failing, &o).action, Action::Wait);
         assert_eq!(
-            plan("demo-1", &switching, &o).action,
+            plan("demo-1", &done, &o).action,
             Action::Rejoin {
                 primary: "demo-2".into()
             }
         );
+        // A third instance meanwhile keeps streaming, and is never asked to step down.
+        let o = observed(DataState::Ready, true, true, PgRole::Replica);
+        assert_eq!(plan("demo-3", &switching, &o).action, Action::Keep);
+    }
+
+    #[test]
+    fn only_the_lease_holder_runs_as_primary() {
+        let s = status(TWO);
+        let starts = [
+            plan("demo-1", &s, &EMPTY).action,
+            plan(
+                "demo-1",
+                &s,
+                &observed(DataState::Ready, false, false, PgRole::Stopped),
+            )
+            .action,
+            plan(
+                "demo-2",
+                &status("{targetPrimary: demo-2, currentPrimary: demo-1}"),
+                &observed(DataState::Ready, true, true, PgRole::Replica),
+            )
+            .action,
+        ];
+        assert_eq!(
+            starts,
+            [
+                Action::BootstrapPrimary,
+                Action::StartPrimary,
+                Action::Promote
+            ]
+        );
+        assert!(starts.iter().all(Action::needs_lease));
+        let others = [
+            Action::Wait,
+            Action::Keep,
+            Action::StepDown,
+            Action::StartStandby {
+                primary: "demo-1".into(),
+            },
+            Action::Clone {
+                primary: "demo-1".into(),
+            },
+            Action::Rejoin {
+                primary: "demo-1".into(),
+            },
+            Action::Follow {
+                primary: "demo-1".into(),
+            },
+        ];
+        assert!(!others.iter().any(Action::needs_lease));
+    }
+
+    #[test]
+    fn a_crashed_primary_is_held_off_then_restarts_if_still_named() {
+        let s = status(TWO);
+        let mut o = observed(DataState::Ready, false, false, PgRole::Stopped);
+        o.held_off = true;
+        assert_eq!(plan("demo-1", &s, &o).action, Action::Wait);
+        o.held_off = false;
+        assert_eq!(plan("demo-1", &s, &o).action, Action::StartPrimary);
+        // Meanwhile the operator chose another: it waits, then rejoins as usual.
+        o.held_off = true;
+        let failing = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        assert_eq!(plan("demo-1", &failing, &o).action, Action::Wait);
     }
 
     #[test]

@@ -99,6 +99,7 @@ impl Node {
             stop_timeout,
             start_timeout: Duration::from_secs(60),
             forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
+            restart_crashed_primary: true,
         };
         Self {
             instance: Arc::new(Instance::new(options)),
