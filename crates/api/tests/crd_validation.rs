@@ -456,6 +456,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
             },
         ],
         next_serial: 3,
+        restart_instance: Some("main-2".into()),
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,
     };

@@ -358,3 +358,148 @@ async fn e2e_an_operator_killed_during_a_failover_completes_it_after_restart() -
     env.wait_ready("rs", 3).await?;
     env.stop().await
 }
+
+/// `show <parameter>` on every instance.
+async fn shown_everywhere(
+    env: &Env,
+    name: &str,
+    password: &str,
+    parameter: &str,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (_, ip) in env.pod_ips(name).await? {
+        let c = connect(&ip, password).await?;
+        let row = c.query_one(&format!("show {parameter}"), &[]).await?;
+        out.push(row.get::<_, String>(0));
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn e2e_rolling_updates_go_standbys_first_with_one_switchover() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("rolling").await?;
+    env.create("roll", three(json!({}))).await?;
+    env.wait_ready("roll", 3).await?;
+    let password = env.password("roll").await?;
+    write_through_rw(
+        &env,
+        "roll",
+        &password,
+        "create table t(id int); insert into t values (1)",
+    )
+    .await?;
+    let first = env.current_primary("roll").await?;
+
+    // 1. A parameter PostgreSQL applies only at start.
+    env.patch(
+        "roll",
+        json!({"spec": {"postgresql": {"parameters": {"shared_buffers": "48MB"}}}}),
+    )
+    .await?;
+    pgop_testenv::wait::until("shared_buffers 48MB everywhere", TIMEOUT, || async {
+        match shown_everywhere(&env, "roll", &password, "shared_buffers").await {
+            Ok(v) if v.len() == 3 && v.iter().all(|s| s == "48MB") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    let second = env.wait_ready("roll", 3).await?;
+    let second = second
+        .status
+        .and_then(|s| s.current_primary)
+        .ok_or("no primary")?;
+    assert_ne!(
+        second, first,
+        "the primary was switched over, not restarted in place"
+    );
+    let events = events_in_order(&env, "roll").await?;
+    let restarts: Vec<&(String, String)> = events
+        .iter()
+        .filter(|(r, _)| r == "RollingRestart")
+        .collect();
+    let switchovers = events
+        .iter()
+        .filter(|(r, _)| r == "SwitchoverStarted")
+        .count();
+    assert_eq!(switchovers, 1, "{events:?}");
+    assert_eq!(
+        restarts.len(),
+        2,
+        "the two standbys, one at a time: {events:?}"
+    );
+    assert!(
+        restarts
+            .iter()
+            .all(|(_, m)| !m.contains(&format!("{first} "))),
+        "the primary is never restarted in place: {events:?}"
+    );
+    write_through_rw(&env, "roll", &password, "insert into t values (2)").await?;
+
+    // 2. A Pod change (the image): every Pod replaced, standbys first, one switchover.
+    env.patch("roll", json!({"spec": {"image": "pgop:next"}}))
+        .await?;
+    pgop_testenv::wait::until("every pod on the new image", TIMEOUT, || async {
+        let pods = env
+            .pods()
+            .list(&kube::api::ListParams::default().labels("database.example.com/cluster=roll"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let images: Vec<Option<String>> = pods
+            .items
+            .iter()
+            .map(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .and_then(|c| c.image.clone())
+            })
+            .collect();
+        if images.len() == 3 && images.iter().all(|i| i.as_deref() == Some("pgop:next")) {
+            Ok(())
+        } else {
+            Err(format!("{images:?}"))
+        }
+    })
+    .await?;
+    let third = env.wait_ready("roll", 3).await?;
+    let third = third
+        .status
+        .and_then(|s| s.current_primary)
+        .ok_or("no primary")?;
+    assert_ne!(third, second);
+    let events = events_in_order(&env, "roll").await?;
+    assert_eq!(
+        events.iter().filter(|(r, _)| r == "RollingUpdate").count(),
+        3,
+        "{events:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(r, _)| r == "SwitchoverStarted")
+            .count(),
+        2,
+        "{events:?}"
+    );
+    write_through_rw(&env, "roll", &password, "insert into t values (3)").await?;
+    rows_everywhere(&env, "roll", &password, "t", 3).await?;
+    env.stop().await
+}
+
+/// (reason, note) of the cluster's Events, oldest first.
+async fn events_in_order(env: &Env, cluster: &str) -> Result<Vec<(String, String)>> {
+    let events: Api<Event> = Api::namespaced(env.client.clone(), env.n());
+    let mut list: Vec<Event> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(cluster))
+        .collect();
+    list.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    Ok(list
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect())
+}

@@ -454,6 +454,10 @@ async fn reconcile(
     if restarts.changed(requested) {
         tracing::info!(pending = ?report.pending_restart, "restarting PostgreSQL as the cluster's restart annotation asks");
         instance.restart().await.map_err(manage)?;
+    } else if status.restart_instance.as_deref() == Some(me) && !report.pending_restart.is_empty() {
+        // The operator's rolling restart names this instance: its turn.
+        tracing::info!(pending = ?report.pending_restart, "restarting PostgreSQL for parameters pending a restart (rolling restart)");
+        instance.restart().await.map_err(manage)?;
     }
     Ok(next)
 }
