@@ -259,6 +259,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
                     "rolling update: switching the primary from {} to {to} so that {} can be updated",
                     roles.current, roles.current
                 ),
+                instance: Some(to.clone()),
             });
             roles.target = to;
             roles.phase = Some(ClusterPhase::SwitchingOver);
@@ -282,7 +283,8 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             EventType::Normal
         };
         tracing::info!(cluster = %key(cluster), reason = note.reason, "{}", note.message);
-        publish(ctx, cluster, kind, note.reason, &note.message).await;
+        let about = note.instance.as_deref();
+        publish_about(ctx, cluster, kind, note.reason, &note.message, about).await;
     }
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
@@ -293,7 +295,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         let note = format!(
             "rolling restart: {instance} restarts PostgreSQL for parameters pending a restart"
         );
-        publish(ctx, cluster, EventType::Normal, "RollingRestart", &note).await;
+        let about = Some(instance.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "RollingRestart",
+            &note,
+            about,
+        )
+        .await;
     }
 
     // 9. apply, then delete what the plan removed and the outdated Pod
@@ -307,7 +318,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     if let Some(instance) = replace {
         apply::delete_pod(&ctx.client, &namespace, &instance).await?;
         let note = format!("rolling update: replacing pod {instance}, built from an older spec");
-        publish(ctx, cluster, EventType::Normal, "RollingUpdate", &note).await;
+        let about = Some(instance.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "RollingUpdate",
+            &note,
+            about,
+        )
+        .await;
     }
 
     let new_instances: Vec<String> = created
@@ -448,12 +468,33 @@ async fn publish(
     reason: &str,
     note: &str,
 ) {
+    publish_about(ctx, cluster, type_, reason, note, None).await;
+}
+
+/// [`publish`], naming an instance's Pod as the Event's related object. The recorder folds
+/// Events of the same reason and objects into one series (keeping the first note), so
+/// naming the instance keeps, say, the restarts of two instances apart.
+async fn publish_about(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    instance: Option<&str>,
+) {
+    let secondary = instance.map(|name| k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Pod".to_string()),
+        name: Some(name.to_string()),
+        namespace: cluster.namespace(),
+        ..Default::default()
+    });
     let event = Event {
         type_,
         reason: reason.to_string(),
         note: Some(note.chars().take(1000).collect()),
         action: "Reconcile".to_string(),
-        secondary: None,
+        secondary,
     };
     if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
         tracing::warn!(cluster = %key(cluster), reason, error = %e, "failed to publish event");

@@ -31,6 +31,9 @@ pub struct Note {
     pub warning: bool,
     pub reason: &'static str,
     pub message: String,
+    /// The instance the Event is about besides the cluster (its `related` object): Events
+    /// of the same reason about different instances stay apart.
+    pub instance: Option<String>,
 }
 
 /// Whether the current primary is available, for the PrimaryAvailable condition.
@@ -126,6 +129,7 @@ pub fn decide(input: &Input) -> Roles {
                     "{what} complete: {} is the primary (was {})",
                     roles.target, roles.current
                 ),
+                instance: Some(roles.target.clone()),
             });
             roles.current = roles.target.clone();
             roles.primary = availability(input, &roles.current);
@@ -161,6 +165,7 @@ pub fn decide(input: &Input) -> Roles {
                         "primary {} is unavailable ({}); promoting {name} ({why})",
                         roles.current, roles.primary.message
                     ),
+                    instance: Some(name.clone()),
                 });
                 roles.target = name;
                 roles.phase = Some(ClusterPhase::FailingOver);
@@ -172,6 +177,7 @@ pub fn decide(input: &Input) -> Roles {
                     "primary {} is unavailable ({}) and no standby may replace it: {why}",
                     roles.current, roles.primary.message
                 ),
+                instance: Some(roles.current.clone()),
             }),
         }
         if input.switchover_to.is_some() {
@@ -190,6 +196,7 @@ pub fn decide(input: &Input) -> Roles {
                     warning: false,
                     reason: "SwitchoverStarted",
                     message: format!("switching the primary from {} to {to}", roles.current),
+                    instance: Some(to.to_string()),
                 });
                 roles.target = to.to_string();
                 roles.phase = Some(ClusterPhase::SwitchingOver);
@@ -208,6 +215,7 @@ fn refused(input: &Input, why: String) -> Note {
             "switchover to {} refused: {why}",
             input.switchover_to.unwrap_or_default()
         ),
+        instance: input.switchover_to.map(str::to_string),
     }
 }
 
