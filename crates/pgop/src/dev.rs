@@ -168,6 +168,21 @@ pub async fn run(args: Args) -> Result<(), Error> {
             println!(
                 "Watch it: kubectl get pgc -w   (the password is in Secret {secret}, key password)"
             );
+            println!();
+            println!("Fail over: kill -9 the primary's postmaster (or kubectl delete pod $P):");
+            println!();
+            println!("  P=$(kubectl get pgc {name} -o jsonpath='{{.status.currentPrimary}}')");
+            println!(
+                "  D=$(kubectl get pv $(kubectl get pvc $P -o jsonpath='{{.spec.volumeName}}') -o jsonpath='{{.spec.hostPath.path}}')"
+            );
+            println!("  kill -9 $(head -1 $D/pgdata/postmaster.pid)");
+            if let Some(node) = &node {
+                println!();
+                println!(
+                    "{name}-rw then moves to the new primary; there is no DNS here, its address is in\n  grep {name}-rw {}",
+                    node.hosts_file().display()
+                );
+            }
         } else {
             println!(
                 "The cluster is not Ready after {}s; the pod logs are under {}/node/pgop-local/pods/",

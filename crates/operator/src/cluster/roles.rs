@@ -135,6 +135,36 @@ pub fn decide(input: &Input) -> Roles {
             roles.primary = availability(input, &roles.current);
         } else {
             roles.phase = Some(kind);
+            // A failover target whose Pod is gone never promotes: choose again among the
+            // others (it may hold the Lease; the next target then waits for it to expire).
+            let target_gone = pod_of(input, &roles.target)
+                .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+            if kind == ClusterPhase::FailingOver && target_gone {
+                let exclude = [roles.current.as_str(), roles.target.as_str()];
+                match candidate(input, &exclude) {
+                    Ok((name, why)) => {
+                        roles.notes.push(Note {
+                            warning: true,
+                            reason: "FailoverStarted",
+                            message: format!(
+                                "failover target {} is gone; promoting {name} instead ({why})",
+                                roles.target
+                            ),
+                            instance: Some(name.clone()),
+                        });
+                        roles.target = name;
+                    }
+                    Err(why) => roles.notes.push(Note {
+                        warning: true,
+                        reason: "FailoverBlocked",
+                        message: format!(
+                            "failover target {} is gone and no other standby may replace the primary: {why}",
+                            roles.target
+                        ),
+                        instance: Some(roles.target.clone()),
+                    }),
+                }
+            }
         }
         if input.switchover_to.is_some() {
             roles.notes.push(refused(
@@ -156,7 +186,7 @@ pub fn decide(input: &Input) -> Roles {
         if waited < delay {
             return roles;
         }
-        match candidate(input, &roles.current) {
+        match candidate(input, &[roles.current.as_str()]) {
             Ok((name, why)) => {
                 roles.notes.push(Note {
                     warning: true,
@@ -274,7 +304,9 @@ fn promotable<'a>(input: &'a Input, name: &str) -> Option<&'a PgStatus> {
 /// The standby to promote: the most WAL received, then the most replayed, then the lowest
 /// serial. With `dataDurability: required` only when enough standbys answer that one of
 /// them must hold every acknowledged commit.
-fn candidate(input: &Input, primary: &str) -> Result<(String, String), String> {
+/// `exclude` starts with the primary; the rest are standbys not to choose.
+fn candidate(input: &Input, exclude: &[&str]) -> Result<(String, String), String> {
+    let primary = exclude.first().copied().unwrap_or_default();
     let standbys: Vec<&(String, i32)> = input
         .instances
         .iter()
@@ -285,6 +317,7 @@ fn candidate(input: &Input, primary: &str) -> Result<(String, String), String> {
     }
     let mut ranked: Vec<(u64, u64, i32, &str, &PgStatus)> = standbys
         .iter()
+        .filter(|(name, _)| !exclude.contains(&name.as_str()))
         .filter_map(|(name, serial)| {
             let s = promotable(input, name)?;
             let received = s.wal_position().unwrap_or(0);
@@ -556,6 +589,20 @@ mod tests {
         assert_eq!(r.phase, None);
         assert_eq!(r.notes[0].reason, "FailoverCompleted");
         assert!(r.primary.available);
+    }
+
+    #[test]
+    fn a_failover_target_whose_pod_is_gone_is_replaced() {
+        let status = "{phase: FailingOver, currentPrimary: db-1, targetPrimary: db-3}";
+        let mut w = World::new(SPEC, status);
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        w.pods.retain(|p| p.name_any() != "db-3");
+        w.probes.remove("db-3");
+        let r = w.decide(None, 100);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-2"));
+        assert_eq!(r.phase, Some(ClusterPhase::FailingOver));
+        assert!(r.notes[0].message.contains("db-3 is gone"));
     }
 
     #[test]
