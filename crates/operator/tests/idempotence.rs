@@ -58,8 +58,17 @@ async fn a_reconcile_that_finds_everything_in_place_writes_nothing() -> Result {
     for pod in ["calm-1", "calm-2"] {
         make_ready(&client, n, pod, true).await?;
     }
-    wait_cluster(&client, n, "calm", "phase Ready", |c| {
+    // No instance manager runs here, so the operator finds the primary unavailable and,
+    // with no standby answering either, records that it cannot fail over: the steady state.
+    wait_cluster(&client, n, "calm", "phase Ready, failover blocked", |c| {
         phase(c) == Some(ClusterPhase::Ready)
+            && c.status.as_ref().is_some_and(|s| {
+                pgop_api::conditions::find_condition(
+                    &s.conditions,
+                    pgop_api::conditions::PRIMARY_AVAILABLE,
+                )
+                .is_some_and(|p| p.message.contains("no standby may replace it"))
+            })
     })
     .await?;
     op.stop().await;

@@ -154,15 +154,14 @@ pub fn decide(input: &Input) -> Roles {
                         });
                         roles.target = name;
                     }
-                    Err(why) => roles.notes.push(Note {
-                        warning: true,
-                        reason: "FailoverBlocked",
-                        message: format!(
+                    Err(why) => {
+                        let message = format!(
                             "failover target {} is gone and no other standby may replace the primary: {why}",
                             roles.target
-                        ),
-                        instance: Some(roles.target.clone()),
-                    }),
+                        );
+                        let instance = Some(roles.target.clone());
+                        blocked(&mut roles, &old, message, instance);
+                    }
                 }
             }
         }
@@ -200,15 +199,14 @@ pub fn decide(input: &Input) -> Roles {
                 roles.target = name;
                 roles.phase = Some(ClusterPhase::FailingOver);
             }
-            Err(why) => roles.notes.push(Note {
-                warning: true,
-                reason: "FailoverBlocked",
-                message: format!(
+            Err(why) => {
+                let message = format!(
                     "primary {} is unavailable ({}) and no standby may replace it: {why}",
                     roles.current, roles.primary.message
-                ),
-                instance: Some(roles.current.clone()),
-            }),
+                );
+                let instance = Some(roles.current.clone());
+                blocked(&mut roles, &old, message, instance);
+            }
         }
         if input.switchover_to.is_some() {
             roles
@@ -235,6 +233,27 @@ pub fn decide(input: &Input) -> Roles {
         }
     }
     roles
+}
+
+/// A failover that cannot happen: the reason goes into the PrimaryAvailable condition, and
+/// an Event is published only when that reason is new (not on every poll).
+fn blocked(
+    roles: &mut Roles,
+    old: &pgop_api::PostgresClusterStatus,
+    message: String,
+    instance: Option<String>,
+) {
+    let known = find_condition(&old.conditions, conditions::PRIMARY_AVAILABLE)
+        .is_some_and(|c| c.message == message);
+    roles.primary.message = message.clone();
+    if !known {
+        roles.notes.push(Note {
+            warning: true,
+            reason: "FailoverBlocked",
+            message,
+            instance,
+        });
+    }
 }
 
 fn refused(input: &Input, why: String) -> Note {
@@ -564,6 +583,20 @@ mod tests {
         );
         assert_eq!(r.notes[0].reason, "FailoverBlocked");
         assert!(r.notes[0].message.contains("only 1 of 2 standbys"));
+        // Told once: the reason is kept in PrimaryAvailable, and the next pass is quiet.
+        let mut status = w.cluster.status.clone().expect("status");
+        status.conditions.push(pgop_api::conditions::new_condition(
+            conditions::PRIMARY_AVAILABLE,
+            false,
+            r.primary.reason,
+            r.primary.message.clone(),
+            None,
+            at(100),
+        ));
+        w.cluster.status = Some(status);
+        let again = w.decide(None, 101);
+        assert_eq!(again.primary.message, r.primary.message);
+        assert!(again.notes.is_empty(), "{:?}", again.notes);
         // Preferred durability promotes the best standby that answers.
         let mut w = World::new(SPEC, READY3);
         w.probes
