@@ -5,6 +5,7 @@
 //! the instance managers act.
 
 pub mod backoff;
+pub mod backup;
 pub mod cluster;
 
 use futures::StreamExt;
