@@ -34,8 +34,8 @@ pub enum Error {
     Spawn(#[source] std::io::Error),
     #[error("pg_basebackup failed ({status}): {stderr}")]
     BaseBackup { status: String, stderr: String },
-    #[error("pg_basebackup did not report the {0} of the backup")]
-    Lsn(&'static str),
+    #[error("pg_basebackup did not report the {0} of the backup: {1}")]
+    Lsn(&'static str, String),
     #[error(
         "WAL file {wal} that the backup needs did not reach the store within {waited:?}: is archiving working?"
     )]
@@ -184,7 +184,7 @@ pub async fn take(
             "SELECT (SELECT system_identifier::text FROM pg_control_system()),
                     current_setting('server_version_num')::int,
                     pg_is_in_recovery(),
-                    current_setting('wal_segment_size')::bigint",
+                    (SELECT setting::bigint FROM pg_settings WHERE name = 'wal_segment_size')",
             &[],
         )
         .await
@@ -226,7 +226,12 @@ pub async fn take(
         String::from_utf8_lossy(&text).into_owned()
     });
     let tar_key = format!("{dir}/{BASE_TAR_FILE}");
-    let uploaded = store.put_stream(&tar_key, stdout).await;
+    let scanned = std::sync::Arc::new(std::sync::Mutex::new(TarScan::default()));
+    let reader = ScanningReader {
+        inner: stdout,
+        scan: scanned.clone(),
+    };
+    let uploaded = store.put_stream(&tar_key, reader).await;
     let status = child.wait().await.map_err(Error::Spawn)?;
     let stderr = stderr_task.await.unwrap_or_default();
     if !status.success() {
@@ -237,10 +242,32 @@ pub async fn take(
         });
     }
     let (footer, stored_bytes) = uploaded?;
-    let (begin_lsn, timeline) = parse_start(&stderr).ok_or(Error::Lsn("start point"))?;
-    let end_lsn = parse_end(&stderr).ok_or(Error::Lsn("end point"))?;
-    let begin_pos = parse_lsn(&begin_lsn).ok_or(Error::Lsn("start point"))?;
-    let end_pos = parse_lsn(&end_lsn).ok_or(Error::Lsn("end point"))?;
+    let scan = std::mem::take(
+        &mut *scanned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    let missing = |what| Error::Lsn(what, stderr.trim().to_string());
+    // backup_label (in the tar): where the backup begins and on which timeline.
+    let (begin_lsn, timeline) = scan.begin().ok_or_else(|| missing("start point"))?;
+    // backup_manifest's WAL range (injected into the tar since PostgreSQL 15); else the
+    // server's position now, a conservative end.
+    let end_lsn = match scan.end() {
+        Some(end) => end,
+        None => {
+            let row = client
+                .query_one(
+                    "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn()
+                                 ELSE pg_current_wal_lsn() END::text",
+                    &[],
+                )
+                .await
+                .map_err(Error::Query)?;
+            row.try_get(0).map_err(Error::Query)?
+        }
+    };
+    let begin_pos = parse_lsn(&begin_lsn).ok_or_else(|| missing("start point"))?;
+    let end_pos = parse_lsn(&end_lsn).ok_or_else(|| missing("end point"))?;
     let begin_wal = segment_of(timeline, begin_pos, segment_size);
     let end_wal = segment_of(
         timeline,
@@ -299,21 +326,137 @@ pub fn backup_id(at: jiff::Timestamp) -> String {
     at.strftime("%Y%m%dT%H%M%SZ").to_string()
 }
 
-/// `pg_basebackup: write-ahead log start point: 0/2000028 on timeline 1`
-fn parse_start(stderr: &str) -> Option<(String, u32)> {
-    stderr.lines().find_map(|line| {
-        let rest = line.split("write-ahead log start point: ").nth(1)?;
-        let (lsn, tli) = rest.split_once(" on timeline ")?;
-        Some((lsn.trim().to_string(), tli.trim().parse().ok()?))
-    })
+/// Watches the tar stream go by and keeps `backup_label` and the tail of
+/// `backup_manifest`: where the backup begins and ends.
+#[derive(Debug, Default)]
+struct TarScan {
+    header: Vec<u8>,
+    /// Bytes of the current entry's data (then padding) still to come.
+    remaining: u64,
+    padding: u64,
+    capture: Option<Captured>,
+    label: Vec<u8>,
+    manifest_tail: Vec<u8>,
+    done: bool,
 }
 
-/// `pg_basebackup: write-ahead log end point: 0/2000100`
-fn parse_end(stderr: &str) -> Option<String> {
-    stderr.lines().find_map(|line| {
-        let rest = line.split("write-ahead log end point: ").nth(1)?;
-        Some(rest.trim().to_string())
-    })
+#[derive(Debug, Clone, Copy)]
+enum Captured {
+    Label,
+    Manifest,
+}
+
+/// How much of the manifest's end is kept (its WAL range is at the very end).
+const MANIFEST_TAIL: usize = 64 * 1024;
+
+impl TarScan {
+    fn feed(&mut self, mut data: &[u8]) {
+        while !data.is_empty() && !self.done {
+            if self.remaining > 0 {
+                let n = usize::try_from(self.remaining.min(data.len() as u64)).unwrap_or(0);
+                match self.capture {
+                    Some(Captured::Label) if self.label.len() < 64 * 1024 => {
+                        self.label.extend_from_slice(&data[..n])
+                    }
+                    Some(Captured::Manifest) => {
+                        self.manifest_tail.extend_from_slice(&data[..n]);
+                        if self.manifest_tail.len() > 2 * MANIFEST_TAIL {
+                            let cut = self.manifest_tail.len() - MANIFEST_TAIL;
+                            self.manifest_tail.drain(..cut);
+                        }
+                    }
+                    _ => {}
+                }
+                self.remaining -= n as u64;
+                data = &data[n..];
+                continue;
+            }
+            if self.padding > 0 {
+                let n = usize::try_from(self.padding.min(data.len() as u64)).unwrap_or(0);
+                self.padding -= n as u64;
+                data = &data[n..];
+                continue;
+            }
+            let n = (512 - self.header.len()).min(data.len());
+            self.header.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.header.len() == 512 {
+                let header = std::mem::take(&mut self.header);
+                self.start_entry(&header);
+            }
+        }
+    }
+
+    fn start_entry(&mut self, header: &[u8]) {
+        if header.iter().all(|b| *b == 0) {
+            // End-of-archive blocks (or padding): nothing more of interest.
+            return;
+        }
+        let field = |range: std::ops::Range<usize>| {
+            let raw = &header[range];
+            let end = raw.iter().position(|b| *b == 0).unwrap_or(raw.len());
+            String::from_utf8_lossy(&raw[..end]).trim().to_string()
+        };
+        let name = field(0..100);
+        let size = u64::from_str_radix(&field(124..136), 8).unwrap_or(0);
+        self.remaining = size;
+        self.padding = (512 - size % 512) % 512;
+        self.capture = match name.trim_start_matches("./") {
+            "backup_label" => Some(Captured::Label),
+            "backup_manifest" => Some(Captured::Manifest),
+            _ => None,
+        };
+    }
+
+    /// `START WAL LOCATION: 0/2000028 (file ...)` and `START TIMELINE: 1`.
+    fn begin(&self) -> Option<(String, u32)> {
+        let label = String::from_utf8_lossy(&self.label);
+        let lsn = label.lines().find_map(|l| {
+            l.strip_prefix("START WAL LOCATION: ")?
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        })?;
+        let timeline = label
+            .lines()
+            .find_map(|l| l.strip_prefix("START TIMELINE: ")?.trim().parse().ok())?;
+        Some((lsn, timeline))
+    }
+
+    /// The last `"End-LSN": "0/2000100"` of the manifest's WAL ranges.
+    fn end(&self) -> Option<String> {
+        let tail = String::from_utf8_lossy(&self.manifest_tail);
+        let at = tail.rfind("\"End-LSN\"")?;
+        let rest = &tail[at + "\"End-LSN\"".len()..];
+        let start = rest.find('"')? + 1;
+        let len = rest[start..].find('"')?;
+        Some(rest[start..start + len].to_string())
+    }
+}
+
+/// An `AsyncRead` that shows every byte to a [`TarScan`] on the way.
+struct ScanningReader<R> {
+    inner: R,
+    scan: std::sync::Arc<std::sync::Mutex<TarScan>>,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for ScanningReader<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let poll = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = &poll {
+            let new = &buf.filled()[before..];
+            self.scan
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .feed(new);
+        }
+        poll
+    }
 }
 
 /// Every completed backup (manifest read and verified), oldest first, and the ids of
@@ -364,14 +507,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pg_basebackup_progress_lines_give_the_lsns() {
-        let stderr = "pg_basebackup: initiating base backup, waiting for checkpoint to complete\n\
-            pg_basebackup: checkpoint completed\n\
-            pg_basebackup: write-ahead log start point: 0/2000028 on timeline 1\n\
-            pg_basebackup: write-ahead log end point: 0/2000100\n\
-            pg_basebackup: base backup completed\n";
-        assert_eq!(parse_start(stderr), Some(("0/2000028".into(), 1)));
-        assert_eq!(parse_end(stderr), Some("0/2000100".into()));
+    fn the_tar_stream_gives_the_begin_and_end_of_the_backup() {
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut add = |name: &str, data: &[u8]| {
+            let mut header = tar::Header::new_ustar();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o600);
+            header.set_cksum();
+            tar.append_data(&mut header, name, data).expect("append");
+        };
+        add("PG_VERSION", b"15\n");
+        add(
+            "backup_label",
+            b"START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\nCHECKPOINT LOCATION: 0/2000060\nSTART TIMELINE: 1\n",
+        );
+        add("base/1/1259", &vec![1u8; 10_000]);
+        add(
+            "backup_manifest",
+            br#"{ "WAL-Ranges": [
+{ "Timeline": 1, "Start-LSN": "0/2000028", "End-LSN": "0/2000100" }
+], "Manifest-Checksum": "x"}"#,
+        );
+        let bytes = tar.into_inner().expect("tar");
+        let mut scan = TarScan::default();
+        // In odd-sized pieces, as a pipe delivers them.
+        for chunk in bytes.chunks(777) {
+            scan.feed(chunk);
+        }
+        assert_eq!(scan.begin(), Some(("0/2000028".into(), 1)));
+        assert_eq!(scan.end(), Some("0/2000100".into()));
         let at: jiff::Timestamp = "2025-01-31T12:03:04Z".parse().expect("time");
         assert_eq!(backup_id(at), "20250131T120304Z");
     }

@@ -236,7 +236,12 @@ async fn recover(
     match &options.target {
         Target::EndOfWal => {}
         Target::Time(t) => {
-            set("recovery_target_time", t);
+            // PostgreSQL's own spelling: RFC 3339's `T` and `Z` are not read here.
+            let t = match t.parse::<jiff::Timestamp>() {
+                Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S%.6f+00").to_string(),
+                Err(_) => t.clone(),
+            };
+            set("recovery_target_time", &t);
             set("recovery_target_action", "promote");
         }
         Target::Lsn(l) => {

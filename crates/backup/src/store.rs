@@ -438,6 +438,7 @@ impl Store {
         let mut seen = 0u64;
         let mut tail = Vec::with_capacity(FOOTER_LEN);
         let mut failed = None;
+        let mut decoding = true;
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {
                 Ok(chunk) => chunk,
@@ -462,9 +463,10 @@ impl Store {
             tail.extend_from_slice(&chunk[body_part.len()..]);
             if !body_part.is_empty() {
                 stored_hash.update(&body_part);
-                if tx.send(body_part).is_err() {
-                    // The decoder stopped: its error is reported below.
-                    break;
+                // A decoder that stopped reports its error below; the rest is still read
+                // so that a checksum mismatch is reported as such.
+                if decoding && tx.send(body_part).is_err() {
+                    decoding = false;
                 }
             }
         }
@@ -476,13 +478,6 @@ impl Store {
         if let Some(err) = failed {
             return Err(err);
         }
-        let (content, content_len, sink) = decoded.map_err(|err| match err {
-            Error::Codec { object, source } => Error::Corrupt {
-                object,
-                reason: format!("it does not decompress: {source}"),
-            },
-            other => other,
-        })?;
         let Some((footer, stored, expected_content)) = Footer::decode(&tail) else {
             return Err(Error::Corrupt {
                 object,
@@ -500,6 +495,13 @@ impl Store {
                 ),
             });
         }
+        let (content, content_len, sink) = decoded.map_err(|err| match err {
+            Error::Codec { object, source } => Error::Corrupt {
+                object,
+                reason: format!("it does not decompress: {source}"),
+            },
+            other => other,
+        })?;
         if content != expected_content || content_len != footer.content_len {
             return Err(Error::Corrupt {
                 object,
