@@ -484,6 +484,40 @@ mod tests {
     }
 
     #[test]
+    fn archiving_owns_archive_mode_and_command_and_defaults_the_timeout() {
+        let layout = Layout {
+            instance: "demo-1".into(),
+            cluster: "demo".into(),
+            pgdata: "/data".into(),
+            listen_addresses: "10.0.0.1".into(),
+            port: 5432,
+            socket_dir: "/run/postgresql".into(),
+        };
+        let command = "'/pgop' instance wal-archive --store-config '/run/x.json' %p";
+        let none = BTreeMap::new();
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &none);
+        assert!(conf.contains("archive_mode = 'on'"), "{conf}");
+        assert!(
+            conf.contains(
+                "archive_command = '''/pgop'' instance wal-archive --store-config ''/run/x.json'' %p'"
+            ),
+            "{conf}"
+        );
+        assert!(conf.contains("archive_timeout = '60s'"), "{conf}");
+        let user = BTreeMap::from([("archive_timeout".to_string(), "5min".to_string())]);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &user);
+        assert!(
+            !conf.contains("'60s'") && conf.contains("archive_timeout = '5min'"),
+            "{conf}"
+        );
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", None, &none);
+        assert!(
+            conf.contains("archive_mode = 'off'") && !conf.contains("archive_command"),
+            "{conf}"
+        );
+    }
+
+    #[test]
     fn owned_parameters_win_and_values_are_quoted() {
         let layout = Layout {
             instance: "demo-2".into(),
