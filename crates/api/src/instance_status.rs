@@ -67,6 +67,37 @@ pub struct PgStatus {
     pub postgres_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version_num: Option<i32>,
+    /// WAL archiving to the backup store (`pg_stat_archiver`); unset while PostgreSQL does
+    /// not answer (and from managers that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archiving: Option<ArchiveStatus>,
+}
+
+/// WAL archiving as PostgreSQL reports it (`pg_stat_archiver`, since the server started
+/// or the statistics were reset).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveStatus {
+    /// Whether archiving is configured (`archive_mode` on, with pgop's `archive_command`).
+    pub configured: bool,
+    /// Whether the last attempt failed: a failure newer than the last success. The
+    /// operator's ContinuousArchiving condition is False while this is true.
+    #[serde(default)]
+    pub failing: bool,
+    #[serde(default)]
+    pub archived_count: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_wal: Option<String>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_archived_time: Option<String>,
+    #[serde(default)]
+    pub failed_count: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_wal: Option<String>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failed_time: Option<String>,
 }
 
 /// One standby as the primary sees it (`pg_stat_replication`).
@@ -112,6 +143,7 @@ impl PgStatus {
             invalid_parameters: Vec::new(),
             postgres_version: None,
             postgres_version_num: None,
+            archiving: None,
         }
     }
 

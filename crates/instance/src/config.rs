@@ -58,8 +58,17 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("password_encryption", "scram-sha-256"),
 ];
 
+/// Defaults while WAL is archived: a WAL file at least every minute, so that the archive
+/// (and point-in-time recovery) is never more than a minute behind on a quiet server.
+const ARCHIVING_DEFAULTS: &[(&str, &str)] = &[("archive_timeout", "60s")];
+
 /// The parameters pgop owns, for this layout, mode and `synchronous_standby_names`.
-pub fn owned_parameters(layout: &Layout, mode: &Mode, sync_names: &str) -> Vec<(String, String)> {
+pub fn owned_parameters(
+    layout: &Layout,
+    mode: &Mode,
+    sync_names: &str,
+    archive_command: Option<&str>,
+) -> Vec<(String, String)> {
     let mut params = vec![
         ("listen_addresses", layout.listen_addresses.clone()),
         ("port", layout.port.to_string()),
@@ -83,6 +92,15 @@ pub fn owned_parameters(layout: &Layout, mode: &Mode, sync_names: &str) -> Vec<(
         ));
         params.push(("primary_slot_name", sql::slot_name(&layout.instance)));
     }
+    // WAL archiving to the backup store (spec.backup.store). A standby archives too
+    // (`on`, not `always`): only once promoted, so that a new primary picks up at once.
+    match archive_command {
+        Some(command) => {
+            params.push(("archive_mode", "on".into()));
+            params.push(("archive_command", command.to_string()));
+        }
+        None => params.push(("archive_mode", "off".into())),
+    }
     params
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -101,10 +119,16 @@ pub fn render_postgresql_conf(
     layout: &Layout,
     mode: &Mode,
     sync_names: &str,
+    archive_command: Option<&str>,
     user: &BTreeMap<String, String>,
 ) -> String {
     let mut out = String::from("# Written by pgop; edits are overwritten.\n\n# Defaults\n");
-    for (name, value) in DEFAULTS {
+    let archiving_defaults: &[(&str, &str)] = if archive_command.is_some() {
+        ARCHIVING_DEFAULTS
+    } else {
+        &[]
+    };
+    for (name, value) in DEFAULTS.iter().chain(archiving_defaults) {
         if !user.keys().any(|k| k.eq_ignore_ascii_case(name)) {
             out.push_str(&line(name, value));
         }
@@ -114,7 +138,7 @@ pub fn render_postgresql_conf(
         out.push_str(&line(name, value));
     }
     out.push_str("\n# Owned by pgop\n");
-    for (name, value) in owned_parameters(layout, mode, sync_names) {
+    for (name, value) in owned_parameters(layout, mode, sync_names, archive_command) {
         out.push_str(&line(&name, &value));
     }
     out
@@ -460,6 +484,40 @@ mod tests {
     }
 
     #[test]
+    fn archiving_owns_archive_mode_and_command_and_defaults_the_timeout() {
+        let layout = Layout {
+            instance: "demo-1".into(),
+            cluster: "demo".into(),
+            pgdata: "/data".into(),
+            listen_addresses: "10.0.0.1".into(),
+            port: 5432,
+            socket_dir: "/run/postgresql".into(),
+        };
+        let command = "'/pgop' instance wal-archive --store-config '/run/x.json' %p";
+        let none = BTreeMap::new();
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &none);
+        assert!(conf.contains("archive_mode = 'on'"), "{conf}");
+        assert!(
+            conf.contains(
+                "archive_command = '''/pgop'' instance wal-archive --store-config ''/run/x.json'' %p'"
+            ),
+            "{conf}"
+        );
+        assert!(conf.contains("archive_timeout = '60s'"), "{conf}");
+        let user = BTreeMap::from([("archive_timeout".to_string(), "5min".to_string())]);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &user);
+        assert!(
+            !conf.contains("'60s'") && conf.contains("archive_timeout = '5min'"),
+            "{conf}"
+        );
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", None, &none);
+        assert!(
+            conf.contains("archive_mode = 'off'") && !conf.contains("archive_command"),
+            "{conf}"
+        );
+    }
+
+    #[test]
     fn owned_parameters_win_and_values_are_quoted() {
         let layout = Layout {
             instance: "demo-2".into(),
@@ -473,7 +531,7 @@ mod tests {
             ("port".to_string(), "1".to_string()),
             ("search_path".to_string(), "it's".to_string()),
         ]);
-        let conf = render_postgresql_conf(&layout, &Mode::Primary, "ANY 1 (\"a\")", &user);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "ANY 1 (\"a\")", None, &user);
         assert!(!conf.contains("port = '1'"));
         assert!(conf.contains("port = '5432'"));
         assert!(conf.contains("search_path = 'it''s'"));

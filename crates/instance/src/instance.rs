@@ -10,6 +10,7 @@ use crate::status::{self, PgRole, PgStatus};
 use crate::supervisor::{self, Supervisor};
 use crate::sync::{self, SyncSpec};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,8 @@ pub enum Error {
     ReadReplication(#[source] tokio_postgres::Error),
     #[error("failed to read the status")]
     ReadStatus(#[source] status::Error),
+    #[error("failed to write the backup store configuration")]
+    WriteStoreConfig(#[source] pgop_backup::config::Error),
     #[error("failed to check the new primary before re-cloning from it")]
     ProbePrimary(#[source] sql::Error),
 }
@@ -63,6 +66,33 @@ pub struct Options {
     /// standby's always is). `pgop instance run` says no: a crashed primary stays down
     /// until its manager has released the primary Lease and held off (see `run`).
     pub restart_crashed_primary: bool,
+}
+
+/// WAL archiving: the backup store and the `pgop` binary PostgreSQL's `archive_command`
+/// runs (`pgop instance wal-archive`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Archiving {
+    pub store: pgop_backup::StoreConfig,
+    pub pgop_binary: PathBuf,
+}
+
+/// Where the manager writes the backup store's configuration for `archive_command`: in the
+/// socket directory (private to PostgreSQL's OS user, not on the data volume, never in a
+/// base backup), mode 0600.
+pub fn store_config_path(layout: &Layout) -> PathBuf {
+    layout.socket_dir.join("pgop-backup-store.json")
+}
+
+/// `'<pgop>' instance wal-archive --store-config '<file>' %p`, quoted for the shell and
+/// with `%` doubled where PostgreSQL would substitute it.
+pub fn archive_command(pgop_binary: &Path, store_config: &Path) -> String {
+    let arg =
+        |p: &Path| pgop_backup::restore::shell_quote(&p.display().to_string().replace('%', "%%"));
+    format!(
+        "{} instance wal-archive --store-config {} %p",
+        arg(pgop_binary),
+        arg(store_config)
+    )
 }
 
 /// How a former primary became a standby.
@@ -90,6 +120,8 @@ struct Desired {
     sync_names: String,
     invalid: Vec<InvalidParameter>,
     fenced: bool,
+    /// WAL archiving to the backup store, when the spec has one.
+    archiving: Option<Archiving>,
     /// The last spec applied, so that an unchanged spec is not reloaded again.
     applied: Option<(BTreeMap<String, String>, Vec<String>, ConfigReport)>,
 }
@@ -133,6 +165,7 @@ impl Instance {
                 sync_names: String::new(),
                 invalid: Vec::new(),
                 fenced: false,
+                archiving: None,
                 applied: None,
             }),
             ops: tokio::sync::Mutex::new(()),
@@ -201,21 +234,53 @@ impl Instance {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Archives WAL to this store from now on (`None`: stops archiving). A change is
+    /// written with the next configuration; `archive_mode` itself needs a restart, which
+    /// `apply_config` reports as pending.
+    pub fn set_archiving(&self, archiving: Option<Archiving>) {
+        let mut d = self.desired();
+        if d.archiving != archiving {
+            d.archiving = archiving;
+            // Apply again even when the spec's parameters did not change.
+            d.applied = None;
+        }
+    }
+
+    /// WAL archiving as configured.
+    pub fn archiving(&self) -> Option<Archiving> {
+        self.desired().archiving.clone()
+    }
+
     /// Renders both files and standby.signal for the desired mode.
     fn write_config(&self) -> Result<(), Error> {
-        let (conf, hba, standby) = {
+        let layout = &self.options.layout;
+        let store_config = store_config_path(layout);
+        let (conf, hba, standby, archiving) = {
             let d = self.desired();
+            let command = d
+                .archiving
+                .as_ref()
+                .map(|a| archive_command(&a.pgop_binary, &store_config));
             (
                 config::render_postgresql_conf(
-                    &self.options.layout,
+                    layout,
                     &d.mode,
                     &d.sync_names,
+                    command.as_deref(),
                     &d.parameters,
                 ),
                 config::render_pg_hba(&d.pg_hba, &self.options.credentials.replication_user),
                 matches!(d.mode, Mode::Standby { .. }),
+                d.archiving.clone(),
             )
         };
+        if let Some(archiving) = archiving {
+            let owner = self.options.run_as.map(|u| (u.uid, u.gid));
+            archiving
+                .store
+                .write(&store_config, owner)
+                .map_err(Error::WriteStoreConfig)?;
+        }
         self.supervisor
             .set_restart_on_crash(standby || self.options.restart_crashed_primary);
         let pgdata = &self.options.layout.pgdata;

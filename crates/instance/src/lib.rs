@@ -17,7 +17,7 @@ pub mod sync;
 
 pub use bootstrap::{Credentials, DataState};
 pub use config::{InvalidParameter, Layout, Mode};
-pub use instance::{ConfigReport, Instance, Options, Rejoin};
+pub use instance::{Archiving, ConfigReport, Instance, Options, Rejoin};
 pub use pg::{Binaries, Endpoint, RunAs, Upstream};
 pub use status::{PgRole, PgStatus};
 pub use sync::SyncSpec;

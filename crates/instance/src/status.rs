@@ -10,7 +10,7 @@ pub enum Error {
 }
 
 pub use pgop_api::instance_status::{
-    InvalidParameter, PgRole, PgStatus, StandbyReplication, parse_lsn,
+    ArchiveStatus, InvalidParameter, PgRole, PgStatus, StandbyReplication, parse_lsn,
 };
 
 /// Reads the status of a running server.
@@ -60,6 +60,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         pending_restart: !pending.is_empty(),
         pending_restart_parameters: pending,
         invalid_parameters: Vec::new(),
+        archiving: Some(archiving(client).await?),
     };
     if !in_recovery {
         let rows = client
@@ -89,6 +90,35 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
     Ok(status)
 }
 
+/// `pg_stat_archiver`, and whether archiving is configured.
+pub async fn archiving(client: &Client) -> Result<ArchiveStatus, Error> {
+    let e = Error::QueryStatus;
+    let row = client
+        .query_one(
+            "SELECT current_setting('archive_mode') <> 'off' AND current_setting('archive_command') <> '',
+                    archived_count, last_archived_wal,
+                    to_char(last_archived_time AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                    failed_count, last_failed_wal,
+                    to_char(last_failed_time AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                    last_failed_time IS NOT NULL
+                      AND (last_archived_time IS NULL OR last_failed_time > last_archived_time)
+             FROM pg_stat_archiver",
+            &[],
+        )
+        .await
+        .map_err(e)?;
+    Ok(ArchiveStatus {
+        configured: row.try_get(0).map_err(e)?,
+        archived_count: row.try_get(1).map_err(e)?,
+        last_archived_wal: row.try_get(2).map_err(e)?,
+        last_archived_time: row.try_get(3).map_err(e)?,
+        failed_count: row.try_get(4).map_err(e)?,
+        last_failed_wal: row.try_get(5).map_err(e)?,
+        last_failed_time: row.try_get(6).map_err(e)?,
+        failing: row.try_get(7).map_err(e)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,5 +136,12 @@ mod tests {
         assert_eq!(json["role"], "stopped");
         assert_eq!(json["fenced"], true);
         assert!(json.get("pendingRestart").is_some());
+    }
+
+    #[test]
+    fn status_json_without_archiving_still_parses() {
+        let old = r#"{"instance":"demo-1","role":"primary","running":true}"#;
+        let status: PgStatus = serde_json::from_str(old).expect("old JSON");
+        assert_eq!(status.archiving, None);
     }
 }

@@ -18,7 +18,39 @@ enum Command {
     /// Bootstrap, configure, supervise and replicate this pod's PostgreSQL as the
     /// PostgresCluster's status says, and serve /healthz, /readyz and /pg/status.
     Run(RunArgs),
+    /// PostgreSQL's `archive_command`: archive one WAL file (`%p`) to the backup store
+    /// (idempotent: the same content already there is a success; different content under
+    /// the same name is an error). Run by PostgreSQL, not by hand.
+    WalArchive(WalArchiveArgs),
+    /// PostgreSQL's `restore_command`: fetch WAL file `%f` from the backup store into `%p`,
+    /// verifying its checksums. Exit 1 (quietly) when the store has no such file; exit
+    /// 200 on any other failure, which aborts recovery instead of ending it early.
+    WalRestore(WalRestoreArgs),
 }
+
+#[derive(Debug, clap::Args)]
+struct WalArchiveArgs {
+    /// The backup store configuration the instance manager wrote (mode 0600).
+    #[arg(long, env = "PGOP_BACKUP_STORE_CONFIG")]
+    store_config: PathBuf,
+    /// The WAL file, relative to the data directory (the working directory).
+    path: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+struct WalRestoreArgs {
+    /// The backup store configuration (mode 0600).
+    #[arg(long, env = "PGOP_BACKUP_STORE_CONFIG")]
+    store_config: PathBuf,
+    /// The WAL file's name (`%f`).
+    name: String,
+    /// Where to put it (`%p`), relative to the data directory (the working directory).
+    dest: PathBuf,
+}
+
+/// Exit code of `wal-restore` for any failure but a missing file: above 125, so that
+/// PostgreSQL aborts recovery rather than taking it for the end of the archive.
+pub const WAL_RESTORE_FAILED: i32 = 200;
 
 #[derive(Debug, clap::Args)]
 struct RunArgs {
@@ -60,6 +92,13 @@ struct RunArgs {
     /// Seconds between reads of the cluster when no watch event arrives.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     resync: u64,
+    /// Where the claim of `spec.backup.store.volume` is mounted.
+    #[arg(
+        long,
+        env = "PGOP_BACKUP_VOLUME",
+        default_value = "/var/lib/postgresql/backup"
+    )]
+    backup_volume: PathBuf,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -67,6 +106,39 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 pub async fn run(args: Args) -> Result<(), Error> {
     match args.command {
         Command::Run(args) => run_instance(args).await,
+        Command::WalArchive(args) => wal_archive(args).await,
+        Command::WalRestore(args) => wal_restore(args).await,
+    }
+}
+
+async fn wal_archive(args: WalArchiveArgs) -> Result<(), Error> {
+    let config = pgop_backup::StoreConfig::read(&args.store_config)?;
+    let store = pgop_backup::Store::open(&config)?;
+    let cwd = std::env::current_dir()?;
+    let how = pgop_backup::wal::archive(&store, &cwd, &args.path).await?;
+    tracing::debug!(wal = %args.path.display(), ?how, "archived");
+    Ok(())
+}
+
+async fn wal_restore(args: WalRestoreArgs) -> Result<(), Error> {
+    let restored = async {
+        let config = pgop_backup::StoreConfig::read(&args.store_config)?;
+        let store = pgop_backup::Store::open(&config)?;
+        let cwd = std::env::current_dir()?;
+        Ok::<_, Error>(pgop_backup::wal::restore(&store, &cwd, &args.name, &args.dest).await?)
+    };
+    match restored.await {
+        Ok(true) => Ok(()),
+        // PostgreSQL probes for files that may not exist (history files, the next segment).
+        Ok(false) => std::process::exit(1),
+        Err(err) => {
+            eprintln!(
+                "pgop: failed to restore WAL file {}: {}",
+                args.name,
+                pgop_api::error_chain(&*err)
+            );
+            std::process::exit(WAL_RESTORE_FAILED)
+        }
     }
 }
 
@@ -101,6 +173,9 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
         run_as,
         stop_timeout: Duration::from_secs(args.stop_timeout),
         resync: Duration::from_secs(args.resync),
+        pgop_binary: std::env::current_exe()
+            .map_err(|e| format!("failed to find the pgop binary's own path: {e}"))?,
+        backup_volume_path: args.backup_volume,
     };
     tracing::info!(instance = %settings.pod_name, cluster = %settings.cluster, bin = %settings.binaries.dir().display(), "starting the instance manager");
     pgop_instance::run::run(client, settings, crate::operator::shutdown_signal()).await?;

@@ -1,5 +1,6 @@
 //! `pgop`: the one binary of the pgop PostgreSQL operator.
 
+mod backup;
 mod crd;
 mod dev;
 mod instance;
@@ -29,6 +30,8 @@ enum Command {
     Operator(operator::Args),
     /// The instance manager (PID 1 of every PostgreSQL pod): `pgop instance run`.
     Instance(instance::Args),
+    /// Base backups, restores and retention in a backup store (`pgop backup --help`).
+    Backup(backup::Args),
     /// Print the CustomResourceDefinitions (PostgresCluster, PostgresBackup) as YAML.
     Crd,
 }
@@ -56,7 +59,7 @@ async fn main() -> ExitCode {
     init_tracing(
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",
-            Command::Operator(_) | Command::Instance(_) => "info",
+            Command::Operator(_) | Command::Instance(_) | Command::Backup(_) => "info",
             Command::Crd => "warn",
         },
         json,
@@ -65,6 +68,7 @@ async fn main() -> ExitCode {
         Command::Dev(args) => dev::run(args).await,
         Command::Operator(args) => operator::run(args).await,
         Command::Instance(args) => instance::run(args).await,
+        Command::Backup(args) => backup::run(args).await,
         Command::Crd => crd::run(),
     };
     match result {

@@ -59,6 +59,10 @@ pub enum Error {
     },
     #[error("failed to read key {key} of Secret {name}")]
     ReadSecretKey { name: String, key: &'static str },
+    #[error("failed to read key {key} of the backup store's Secret {name}")]
+    ReadStoreSecretKey { name: String, key: String },
+    #[error("failed to configure the backup store")]
+    StoreConfig(#[source] pgop_backup::config::Error),
     #[error("failed to find the address of primary {name}")]
     ResolvePrimary {
         name: String,
@@ -178,6 +182,10 @@ pub struct Settings {
     pub stop_timeout: Duration,
     /// How often the cluster is read even without a watch event.
     pub resync: Duration,
+    /// The `pgop` binary PostgreSQL's `archive_command` runs (this very binary).
+    pub pgop_binary: PathBuf,
+    /// Where a `spec.backup.store.volume` claim is mounted in the pod.
+    pub backup_volume_path: PathBuf,
 }
 
 /// Runs the manager until `shutdown` completes, then stops PostgreSQL cleanly.
@@ -357,6 +365,8 @@ async fn reconcile(
             .crashed_at()
             .is_some_and(|at| at.elapsed() < crash_hold_off(cluster)),
     };
+    // WAL archiving follows spec.backup.store; written with the next start or reload.
+    instance.set_archiving(archiving(client, settings, cluster).await?);
     let plan = plan::plan(me, &status, &observed);
     if plan.action.needs_lease() && !hold.acquire(instance).await? {
         return Ok(Next::Soon);
@@ -460,6 +470,59 @@ async fn reconcile(
         instance.restart().await.map_err(manage)?;
     }
     Ok(next)
+}
+
+/// WAL archiving as `spec.backup.store` asks: the store with its credentials read from the
+/// Secret the spec names (S3) or the volume's mount path.
+async fn archiving(
+    client: &kube::Client,
+    settings: &Settings,
+    cluster: &PostgresCluster,
+) -> Result<Option<instance::Archiving>, Error> {
+    let Some(store) = cluster.spec.backup.as_ref().and_then(|b| b.store.as_ref()) else {
+        return Ok(None);
+    };
+    let keys = match &store.s3 {
+        Some(s3) => {
+            let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+            let name = &s3.credentials_secret.name;
+            let secret = secrets
+                .get(name)
+                .await
+                .map_err(|source| Error::ReadSecret {
+                    name: name.clone(),
+                    source,
+                })?;
+            let key = |key: &str| {
+                secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                    .map(|v| v.trim().to_string())
+                    .ok_or_else(|| Error::ReadStoreSecretKey {
+                        name: name.clone(),
+                        key: key.to_string(),
+                    })
+            };
+            Some(pgop_backup::S3Keys {
+                access_key_id: key(&s3.credentials_secret.access_key_id_key)?,
+                secret_access_key: key(&s3.credentials_secret.secret_access_key_key)?,
+            })
+        }
+        None => None,
+    };
+    let config = pgop_backup::StoreConfig::from_api(
+        store,
+        &settings.cluster,
+        keys.as_ref(),
+        &settings.backup_volume_path,
+    )
+    .map_err(Error::StoreConfig)?;
+    Ok(Some(instance::Archiving {
+        store: config,
+        pgop_binary: settings.pgop_binary.clone(),
+    }))
 }
 
 /// How long a crashed primary stays down: `spec.failoverDelay` + 10 s.

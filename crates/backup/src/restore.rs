@@ -1,0 +1,486 @@
+//! Restore: a base backup fetched, verified and unpacked into an empty data directory,
+//! then PostgreSQL run in archive recovery (`restore_command = pgop instance wal-restore`)
+//! to the end of the archived WAL or to a target time / LSN, promoted, checkpointed and
+//! stopped cleanly. The result is a data directory ready to start as a primary on a new
+//! timeline, or an error: a target that cannot be reached, a missing or corrupt object,
+//! a store that does not answer. Never a half-recovered primary: on any error the data
+//! directory is emptied again.
+
+use crate::base::{self, BASE_TAR_FILE, Manifest, PgTools};
+use crate::config::StoreConfig;
+use crate::store::{self, Store};
+use std::collections::VecDeque;
+use std::io::Write;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no completed backup in {store}{}", .target.as_deref().map(|t| format!(" that ends before the target {t}")).unwrap_or_default())]
+    NoBackup {
+        store: String,
+        target: Option<String>,
+    },
+    #[error("backup {id} is not in {store} (or has no manifest: incomplete)")]
+    UnknownBackup { id: String, store: String },
+    #[error("the data directory {0} is not empty")]
+    NotEmpty(PathBuf),
+    #[error("failed to prepare {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to unpack the base backup")]
+    Unpack(#[source] std::io::Error),
+    #[error("the backup store configuration for restore_command")]
+    Config(#[source] crate::config::Error),
+    #[error("failed to start PostgreSQL for recovery")]
+    Start(#[source] std::io::Error),
+    #[error("recovery failed: PostgreSQL exited ({status}); its last lines:\n{log}")]
+    RecoveryFailed { status: String, log: String },
+    #[error("recovery did not finish within {timeout:?}; PostgreSQL's last lines:\n{log}")]
+    Timeout { timeout: Duration, log: String },
+    #[error("failed to query the recovered server")]
+    Query(#[source] tokio_postgres::Error),
+    #[error(transparent)]
+    Base(#[from] base::Error),
+    #[error(transparent)]
+    Store(#[from] store::Error),
+}
+
+/// Where recovery stops.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Target {
+    /// The end of the archived WAL.
+    #[default]
+    EndOfWal,
+    /// `recovery_target_time` (RFC 3339 or any form PostgreSQL reads).
+    Time(String),
+    /// `recovery_target_lsn`, e.g. `0/3000060`.
+    Lsn(String),
+}
+
+/// How to restore.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    /// A backup id; else the latest completed backup that ends before the target.
+    pub backup_id: Option<String>,
+    pub target: Target,
+    /// The `pgop` binary `restore_command` runs (`pgop instance wal-restore`).
+    pub pgop_binary: PathBuf,
+    /// Where to write the store configuration `restore_command` reads (mode 0600, owned by
+    /// PostgreSQL's OS user); outside the data directory, removed afterwards.
+    pub store_config_file: PathBuf,
+    /// How long recovery may take.
+    pub timeout: Duration,
+}
+
+/// What a restore produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    pub backup: Manifest,
+    /// The new timeline after promotion.
+    pub timeline: i64,
+    /// `pg_current_wal_lsn()` after promotion.
+    pub lsn: String,
+}
+
+/// Restores into `pgdata` (absent or empty). See the module documentation.
+pub async fn restore(
+    config: &StoreConfig,
+    tools: &PgTools,
+    pgdata: &Path,
+    options: &RestoreOptions,
+) -> Result<Restored, Error> {
+    let store = Store::open(config)?;
+    let (backups, _) = base::list(&store).await?;
+    let backup = choose(&backups, options, &store)?;
+    prepare_dir(pgdata, tools.run_as)?;
+    let result = recover(config, &store, tools, pgdata, options, &backup).await;
+    let _ = std::fs::remove_file(&options.store_config_file);
+    match result {
+        Ok(restored) => Ok(restored),
+        Err(err) => {
+            // Never leave a half-recovered data directory behind.
+            empty_dir(pgdata);
+            Err(err)
+        }
+    }
+}
+
+fn choose(
+    backups: &[Manifest],
+    options: &RestoreOptions,
+    store: &Store,
+) -> Result<Manifest, Error> {
+    if let Some(id) = &options.backup_id {
+        return backups
+            .iter()
+            .find(|b| &b.backup_id == id)
+            .cloned()
+            .ok_or_else(|| Error::UnknownBackup {
+                id: id.clone(),
+                store: format!("{store:?}"),
+            });
+    }
+    let fits = |b: &Manifest| match &options.target {
+        Target::EndOfWal => true,
+        Target::Time(t) => match (t.parse::<jiff::Timestamp>(), b.end_time()) {
+            (Ok(target), Some(end)) => end <= target,
+            // A time PostgreSQL reads but jiff does not: PostgreSQL decides.
+            _ => true,
+        },
+        Target::Lsn(l) => match (
+            pgop_api::instance_status::parse_lsn(l),
+            pgop_api::instance_status::parse_lsn(&b.end_lsn),
+        ) {
+            (Some(target), Some(end)) => end <= target,
+            _ => true,
+        },
+    };
+    backups
+        .iter()
+        .rev()
+        .find(|b| fits(b))
+        .cloned()
+        .ok_or_else(|| Error::NoBackup {
+            store: format!("{store:?}"),
+            target: match &options.target {
+                Target::EndOfWal => None,
+                Target::Time(t) | Target::Lsn(t) => Some(t.clone()),
+            },
+        })
+}
+
+fn prepare_dir(pgdata: &Path, run_as: Option<(u32, u32)>) -> Result<(), Error> {
+    let io = |source| Error::Io {
+        path: pgdata.to_path_buf(),
+        source,
+    };
+    if pgdata.exists() {
+        let mut entries = std::fs::read_dir(pgdata).map_err(io)?;
+        if entries.next().is_some() {
+            return Err(Error::NotEmpty(pgdata.to_path_buf()));
+        }
+    } else {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(pgdata)
+            .map_err(io)?;
+    }
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::chown(pgdata, Some(uid), Some(gid)).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn empty_dir(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let _ = if path.is_dir() && !path.is_symlink() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
+    }
+}
+
+async fn recover(
+    config: &StoreConfig,
+    store: &Store,
+    tools: &PgTools,
+    pgdata: &Path,
+    options: &RestoreOptions,
+    backup: &Manifest,
+) -> Result<Restored, Error> {
+    tracing::info!(backup = %backup.backup_id, target = ?options.target, "restoring");
+    unpack(store, backup, pgdata).await?;
+    if let Some((uid, gid)) = tools.run_as {
+        chown_tree(pgdata, uid, gid).map_err(|source| Error::Io {
+            path: pgdata.to_path_buf(),
+            source,
+        })?;
+    }
+    for leftover in ["standby.signal", "postmaster.pid", "postmaster.opts"] {
+        let _ = std::fs::remove_file(pgdata.join(leftover));
+    }
+    config
+        .write(&options.store_config_file, tools.run_as)
+        .map_err(Error::Config)?;
+    let restore_command = format!(
+        "{} instance wal-restore --store-config {} %f %p",
+        shell_quote(&options.pgop_binary.display().to_string()),
+        shell_quote(&options.store_config_file.display().to_string())
+    );
+    let mut conf =
+        String::from("# Written by pgop for a restore; replaced when the instance starts.\n");
+    let mut set = |name: &str, value: &str| {
+        conf.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
+    };
+    set("listen_addresses", "");
+    set("port", "5432");
+    set("unix_socket_directories", &pgdata.display().to_string());
+    // Never archive into the source's store from here.
+    set("archive_mode", "off");
+    set("hot_standby", "off");
+    set("logging_collector", "off");
+    set("restore_command", &restore_command);
+    set("recovery_target_timeline", "latest");
+    match &options.target {
+        Target::EndOfWal => {}
+        Target::Time(t) => {
+            // PostgreSQL's own spelling: RFC 3339's `T` and `Z` are not read here.
+            let t = match t.parse::<jiff::Timestamp>() {
+                Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S%.6f+00").to_string(),
+                Err(_) => t.clone(),
+            };
+            set("recovery_target_time", &t);
+            set("recovery_target_action", "promote");
+        }
+        Target::Lsn(l) => {
+            set("recovery_target_lsn", l);
+            set("recovery_target_action", "promote");
+        }
+    }
+    write_owned(
+        &pgdata.join("postgresql.conf"),
+        conf.as_bytes(),
+        tools.run_as,
+    )?;
+    write_owned(&pgdata.join("recovery.signal"), b"", tools.run_as)?;
+
+    let mut child = tools
+        .command("postgres")
+        .arg("-D")
+        .arg(pgdata)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(Error::Start)?;
+    let log = std::sync::Arc::new(std::sync::Mutex::new(VecDeque::<String>::new()));
+    if let Some(stderr) = child.stderr.take() {
+        let log = log.clone();
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::debug!(target: "postgres", "{line}");
+                let mut log = log
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                log.push_back(line);
+                if log.len() > 30 {
+                    log.pop_front();
+                }
+            }
+        });
+    }
+    let last_lines = || {
+        log.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let source = base::Source {
+        socket_dir: pgdata.to_path_buf(),
+        port: 5432,
+    };
+    let deadline = tokio::time::Instant::now() + options.timeout;
+    // hot_standby is off: the server accepts connections only once recovery is over.
+    let client = loop {
+        if let Some(status) = child.try_wait().map_err(Error::Start)? {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return Err(Error::RecoveryFailed {
+                status: status.to_string(),
+                log: last_lines(),
+            });
+        }
+        if let Ok(client) = source.connect().await
+            && let Ok(row) = client.query_one("SELECT pg_is_in_recovery()", &[]).await
+            && !row.get::<_, bool>(0)
+        {
+            break client;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let _ = child.kill().await;
+            return Err(Error::Timeout {
+                timeout: options.timeout,
+                log: last_lines(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let row = client
+        .query_one(
+            "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint,
+                    pg_current_wal_lsn()::text",
+            &[],
+        )
+        .await
+        .map_err(Error::Query)?;
+    let timeline: i64 = row.try_get(0).map_err(Error::Query)?;
+    let lsn: String = row.try_get(1).map_err(Error::Query)?;
+    client
+        .batch_execute("CHECKPOINT")
+        .await
+        .map_err(Error::Query)?;
+    drop(client);
+    // Fast shutdown: SIGINT to the postmaster.
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGINT) };
+    }
+    let stopped = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
+    if !matches!(stopped, Ok(Ok(status)) if status.success()) {
+        let _ = child.kill().await;
+        return Err(Error::RecoveryFailed {
+            status: "no clean shutdown after promotion".into(),
+            log: last_lines(),
+        });
+    }
+    // The restore settings go; the instance manager writes its own configuration.
+    write_owned(
+        &pgdata.join("postgresql.conf"),
+        b"# Restored by pgop; the instance manager writes this file when it starts.\n",
+        tools.run_as,
+    )?;
+    tracing::info!(backup = %backup.backup_id, timeline, %lsn, "restore completed");
+    Ok(Restored {
+        backup: backup.clone(),
+        timeline,
+        lsn,
+    })
+}
+
+/// Fetches, verifies and unpacks the base tar into `pgdata`.
+async fn unpack(store: &Store, backup: &Manifest, pgdata: &Path) -> Result<(), Error> {
+    let key = format!("base/{}/{BASE_TAR_FILE}", backup.backup_id);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
+    let dir = pgdata.to_path_buf();
+    let unpacker = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let mut archive = tar::Archive::new(VecReader {
+            rx,
+            current: Vec::new(),
+            at: 0,
+        });
+        archive.set_preserve_permissions(true);
+        archive.set_overwrite(true);
+        archive.unpack(&dir)
+    });
+    let fetched = store.get_stream(&key, ChannelWriter { tx }).await;
+    // The writer (and its channel) is dropped with the result: the unpacker sees the end.
+    let fetched = fetched.map(|(footer, _writer)| footer);
+    let unpacked = unpacker
+        .await
+        .map_err(|e| Error::Unpack(std::io::Error::other(e)))?;
+    let footer = fetched?;
+    unpacked.map_err(Error::Unpack)?;
+    if let Some(file) = backup.files.iter().find(|f| f.name == BASE_TAR_FILE)
+        && file.content_sha256 != footer.content_sha256
+    {
+        return Err(store::Error::Corrupt {
+            object: store.name(&key),
+            reason: format!(
+                "its content's SHA-256 is {}, the manifest says {}",
+                footer.content_sha256, file.content_sha256
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+struct ChannelWriter {
+    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.tx.send(buf.to_vec()).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "unpacking stopped")
+        })?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct VecReader {
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    current: Vec<u8>,
+    at: usize,
+}
+
+impl std::io::Read for VecReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at >= self.current.len() {
+            match self.rx.recv() {
+                Ok(chunk) => {
+                    self.current = chunk;
+                    self.at = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.at);
+        buf[..n].copy_from_slice(&self.current[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+fn write_owned(path: &Path, content: &[u8], run_as: Option<(u32, u32)>) -> Result<(), Error> {
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(path)?;
+        file.write_all(content)?;
+        file.sync_all()?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    };
+    write().map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn chown_tree(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            chown_tree(&path, uid, gid)?;
+        } else {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// `'...'` for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_quoting_survives_quotes() {
+        assert_eq!(shell_quote("/a b/it's"), "'/a b/it'\\''s'");
+    }
+}

@@ -1,0 +1,870 @@
+//! Backups against real PostgreSQL 15 and a real S3 server (`s3s-fs`, speaking S3 over
+//! HTTP on loopback, started and stopped by the tests): WAL archiving through
+//! `pgop instance wal-archive`, base backups, restore and point-in-time recovery through
+//! `pgop instance wal-restore`, retention, a store that goes away, corrupt objects.
+//!
+//! A missing `s3s-fs` fails the tests with the command that installs it
+//! (`hack/install-s3-server.sh`); `PGOP_S3_SERVER` names another binary.
+
+use pgop_backup::{PgTools, RestoreOptions, Source, Store, StoreConfig, TakeOptions, Target};
+use pgop_instance::{
+    Archiving, Binaries, Credentials, Instance, Layout, Mode, Options, PgStatus, RunAs,
+};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+const ACCESS_KEY: &str = "pgop-test-access";
+const SECRET_KEY: &str = "pgop-test-secret-key";
+const BUCKET: &str = "pgop-backups";
+
+fn run_as() -> Option<RunAs> {
+    RunAs::when_root("postgres").expect("the postgres OS user")
+}
+
+fn owner() -> Option<(u32, u32)> {
+    run_as().map(|u| (u.uid, u.gid))
+}
+
+fn binaries() -> Binaries {
+    Binaries::locate(None).expect("PostgreSQL binaries (set PGOP_PG_BIN)")
+}
+
+fn tools() -> PgTools {
+    PgTools {
+        bin_dir: binaries().dir().to_path_buf(),
+        run_as: owner(),
+    }
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A directory removed on drop, owned by PostgreSQL's OS user.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> Self {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("pgop-bk-{prefix}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        make_dir(&path);
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn make_dir(path: &Path) {
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(path)
+        .expect("create a test directory");
+    if let Some(user) = run_as() {
+        user.chown(path).expect("chown a test directory");
+    }
+}
+
+/// The pgop binary, copied where PostgreSQL's OS user may run it (the build directory is
+/// under root's home).
+fn pgop_binary(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).expect("bin dir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let target = bin.join("pgop");
+    std::fs::copy(env!("CARGO_BIN_EXE_pgop"), &target).expect("copy pgop");
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    target
+}
+
+/// `s3s-fs` on a loopback port, storing into a directory that survives its restarts.
+struct S3Server {
+    port: u16,
+    root: PathBuf,
+    child: Option<Child>,
+}
+
+fn s3_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("PGOP_S3_SERVER") {
+        return PathBuf::from(path);
+    }
+    let cached = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default()
+        .join(".cache/pgop/s3s-fs/bin/s3s-fs");
+    if cached.is_file() {
+        return cached;
+    }
+    if let Ok(out) = Command::new("sh")
+        .args(["-c", "command -v s3s-fs"])
+        .output()
+        && out.status.success()
+    {
+        return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    }
+    panic!(
+        "the S3 server for the backup tests (s3s-fs) is missing: install it with \
+         `hack/install-s3-server.sh` (cargo install s3s-fs@0.14.1 --features binary --locked \
+         --root ~/.cache/pgop/s3s-fs), or set PGOP_S3_SERVER"
+    );
+}
+
+impl S3Server {
+    fn start(dir: &Path) -> Self {
+        let root = dir.join("s3");
+        std::fs::create_dir_all(root.join(BUCKET)).expect("bucket dir");
+        let mut server = Self {
+            port: free_port(),
+            root,
+            child: None,
+        };
+        server.resume();
+        server
+    }
+
+    /// Starts the server (again) on the same port and data.
+    fn resume(&mut self) {
+        let child = Command::new(s3_server_binary())
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(&self.root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start s3s-fs");
+        self.child = Some(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "s3s-fs did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Stops the server (SIGKILL): the store is down.
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn config(&self, cluster: &str) -> StoreConfig {
+        StoreConfig {
+            format: pgop_backup::config::CONFIG_FORMAT,
+            location: pgop_backup::Location::S3(pgop_backup::S3Location {
+                bucket: BUCKET.into(),
+                endpoint: Some(format!("http://127.0.0.1:{}", self.port)),
+                region: Some("us-east-1".into()),
+                access_key_id: ACCESS_KEY.into(),
+                secret_access_key: SECRET_KEY.into(),
+                insecure_skip_tls_verify: false,
+            }),
+            prefix: Some("tests/pgop".into()),
+            cluster: cluster.into(),
+        }
+    }
+
+    /// The file holding an object, for corrupting it.
+    fn object_file(&self, config: &StoreConfig, rel: &str) -> PathBuf {
+        self.root
+            .join(BUCKET)
+            .join("tests/pgop")
+            .join(&config.cluster)
+            .join("pgop-v1")
+            .join(rel)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A primary that archives to the store.
+struct Node {
+    instance: Arc<Instance>,
+    socket_dir: PathBuf,
+    port: u16,
+}
+
+impl Node {
+    fn options(dir: &Path, name: &str, pgdata: PathBuf) -> (Options, PathBuf, u16) {
+        let socket_dir = dir.join(format!("{name}-run"));
+        make_dir(&socket_dir);
+        let port = free_port();
+        let options = Options {
+            layout: Layout {
+                instance: name.to_string(),
+                cluster: "src".into(),
+                pgdata,
+                listen_addresses: "127.0.0.1".into(),
+                port,
+                socket_dir: socket_dir.clone(),
+            },
+            binaries: binaries(),
+            run_as: run_as(),
+            credentials: Credentials {
+                app_user: "app".into(),
+                app_password: "app-secret".into(),
+                app_database: "app".into(),
+                replication_user: "streaming_replica".into(),
+                replication_password: "repl-secret".into(),
+            },
+            stop_timeout: Duration::from_secs(10),
+            start_timeout: Duration::from_secs(60),
+            forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
+            restart_crashed_primary: true,
+        };
+        (options, socket_dir, port)
+    }
+
+    async fn primary(dir: &Path, name: &str, archiving: Archiving) -> Self {
+        let data = dir.join(format!("{name}-data"));
+        make_dir(&data);
+        let (options, socket_dir, port) = Self::options(dir, name, data.join("pgdata"));
+        let instance = Arc::new(Instance::new(options));
+        instance.set_archiving(Some(archiving));
+        instance.bootstrap_primary().await.expect("bootstrap");
+        Self {
+            instance,
+            socket_dir,
+            port,
+        }
+    }
+
+    /// Starts a restored data directory as a primary (no archiving).
+    async fn start_restored(dir: &Path, name: &str, pgdata: PathBuf) -> Self {
+        let (options, socket_dir, port) = Self::options(dir, name, pgdata);
+        let instance = Arc::new(Instance::new(options));
+        instance
+            .start_as(Mode::Primary)
+            .await
+            .expect("start the restored data");
+        Self {
+            instance,
+            socket_dir,
+            port,
+        }
+    }
+
+    fn source(&self) -> Source {
+        Source {
+            socket_dir: self.socket_dir.clone(),
+            port: self.port,
+        }
+    }
+
+    async fn sql(&self) -> tokio_postgres::Client {
+        self.instance
+            .endpoint()
+            .connect_to("app")
+            .await
+            .expect("connect")
+    }
+
+    async fn exec(&self, sql: &str) {
+        self.sql().await.batch_execute(sql).await.expect(sql);
+    }
+
+    /// Row count and md5 of the ordered table.
+    async fn fingerprint(&self) -> (i64, String) {
+        let row = self
+            .sql()
+            .await
+            .query_one(
+                "SELECT count(*), md5(coalesce(string_agg(id::text || ':' || v, ',' ORDER BY id), '')) FROM t",
+                &[],
+            )
+            .await
+            .expect("fingerprint");
+        (row.get(0), row.get(1))
+    }
+
+    /// Switches to a new WAL file and returns the name of the one just completed.
+    async fn switch_wal(&self) -> String {
+        let row = self
+            .sql()
+            .await
+            .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
+            .await
+            .expect("pg_switch_wal");
+        row.get(0)
+    }
+
+    async fn status(&self) -> PgStatus {
+        self.instance.status().await
+    }
+
+    /// Waits until `wal` (and everything before it) is archived.
+    async fn wait_archived(&self, wal: &str, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let status = self.status().await;
+            let archiving = status.archiving.clone().unwrap_or_default();
+            if archiving.last_archived_wal.as_deref() >= Some(wal) {
+                return;
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "{wal} not archived within {timeout:?}: {archiving:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(pid) = self.instance.pid().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: kill has no memory-safety preconditions; -pid is the server's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
+}
+
+static RESTORES: AtomicU32 = AtomicU32::new(0);
+
+fn restore_options(dir: &Path, pgop: &Path, target: Target) -> RestoreOptions {
+    RestoreOptions {
+        backup_id: None,
+        target,
+        pgop_binary: pgop.to_path_buf(),
+        store_config_file: dir.join(format!(
+            "restore-store-{}.json",
+            RESTORES.fetch_add(1, Ordering::Relaxed)
+        )),
+        timeout: Duration::from_secs(120),
+    }
+}
+
+async fn insert(node: &Node, from: i32, to: i32) {
+    node.exec(&format!(
+        "INSERT INTO t SELECT i, md5(i::text) FROM generate_series({from}, {to}) i"
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_base_backup_and_archived_wal_restore_identical_data_and_pitr_stops_at_the_target() {
+    let dir = TempDir::new("restore");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let node = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 50_000).await;
+    let store = Store::open(&config).expect("open the store");
+
+    let started = Instant::now();
+    let manifest = pgop_backup::base::take(
+        &store,
+        &tools(),
+        &node.source(),
+        "src",
+        &TakeOptions::default(),
+    )
+    .await
+    .expect("base backup");
+    let took = started.elapsed();
+    println!(
+        "base backup: {} bytes ({} stored) in {:?} = {:.1} MB/s; begin {} end {}",
+        manifest.size_bytes,
+        manifest.stored_bytes,
+        took,
+        manifest.size_bytes as f64 / 1e6 / took.as_secs_f64(),
+        manifest.begin_lsn,
+        manifest.end_lsn
+    );
+    assert_eq!(manifest.cluster, "src");
+    assert!(manifest.size_bytes > 1_000_000);
+
+    // Batch A, then a point in time, then batch B.
+    insert(&node, 50_001, 60_000).await;
+    let after_a = {
+        let row = node
+            .sql()
+            .await
+            .query_one(
+                "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+                &[],
+            )
+            .await
+            .expect("now");
+        row.get::<_, String>(0)
+    };
+    let fingerprint_a = node.fingerprint().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    insert(&node, 60_001, 70_000).await;
+    node.exec("UPDATE t SET v = 'changed' WHERE id % 7 = 0")
+        .await;
+    let fingerprint_b = node.fingerprint().await;
+    let last = node.switch_wal().await;
+    let started = Instant::now();
+    node.wait_archived(&last, Duration::from_secs(60)).await;
+    println!("WAL archived up to {last} in {:?}", started.elapsed());
+    let archiving = node.status().await.archiving.expect("archiving status");
+    assert!(archiving.configured && !archiving.failing, "{archiving:?}");
+    assert_eq!(archiving.failed_count, 0);
+
+    // To the end of the WAL: everything.
+    let pgdata = dir.0.join("full/pgdata");
+    make_dir(&dir.0.join("full"));
+    let started = Instant::now();
+    let restored = pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::EndOfWal),
+    )
+    .await
+    .expect("restore to the end of the WAL");
+    println!(
+        "restore to the end of the WAL: {:?} (timeline {}, {})",
+        started.elapsed(),
+        restored.timeline,
+        restored.lsn
+    );
+    assert_eq!(restored.backup.backup_id, manifest.backup_id);
+    assert!(restored.timeline > 1, "a new timeline after promotion");
+    let full = Node::start_restored(&dir.0, "full-1", pgdata).await;
+    assert_eq!(full.fingerprint().await, fingerprint_b);
+    drop(full);
+
+    // To the point between the batches: exactly batch A.
+    let pgdata = dir.0.join("pitr/pgdata");
+    make_dir(&dir.0.join("pitr"));
+    pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::Time(after_a.clone())),
+    )
+    .await
+    .expect("point-in-time restore");
+    let pitr = Node::start_restored(&dir.0, "pitr-1", pgdata).await;
+    assert_eq!(pitr.fingerprint().await, fingerprint_a);
+    assert_ne!(fingerprint_a, fingerprint_b);
+    drop(pitr);
+
+    // A target the WAL never reaches fails clearly and leaves nothing behind.
+    let pgdata = dir.0.join("future/pgdata");
+    make_dir(&dir.0.join("future"));
+    let err = pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::Time("2999-01-01T00:00:00Z".into())),
+    )
+    .await
+    .expect_err("a target after the end of the WAL");
+    let shown = pgop_api::error_chain(&err);
+    assert!(
+        shown.contains("recovery ended before configured recovery target was reached"),
+        "{shown}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&pgdata).expect("pgdata").count(),
+        0,
+        "a failed restore leaves an empty directory"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn archiving_survives_the_store_going_away_and_catches_up_without_losing_a_segment() {
+    let dir = TempDir::new("outage");
+    let mut s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let node = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 1000).await;
+    let store = Store::open(&config).expect("open the store");
+    pgop_backup::base::take(
+        &store,
+        &tools(),
+        &node.source(),
+        "src",
+        &TakeOptions::default(),
+    )
+    .await
+    .expect("base backup");
+
+    s3.stop();
+    for round in 0..5 {
+        insert(&node, 1001 + round * 1000, 2000 + round * 1000).await;
+        node.switch_wal().await;
+    }
+    let start = Instant::now();
+    let failing = loop {
+        let archiving = node.status().await.archiving.expect("archiving status");
+        if archiving.failing && archiving.failed_count > 0 {
+            break archiving;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no archiving failure shown: {archiving:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("while the store is down: {failing:?}");
+    // PostgreSQL keeps running and accepting writes.
+    insert(&node, 10_001, 11_000).await;
+    assert_eq!(node.fingerprint().await.0, 7000);
+
+    s3.resume();
+    let resumed = Instant::now();
+    insert(&node, 11_001, 12_000).await;
+    let last = node.switch_wal().await;
+    node.wait_archived(&last, Duration::from_secs(120)).await;
+    println!("caught up {:?} after the store returned", resumed.elapsed());
+    let archiving = node.status().await.archiving.expect("archiving status");
+    assert!(!archiving.failing, "{archiving:?}");
+    let expected = node.fingerprint().await;
+
+    // Every segment is there, intact: a restore reproduces the data.
+    let pgdata = dir.0.join("after/pgdata");
+    make_dir(&dir.0.join("after"));
+    pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::EndOfWal),
+    )
+    .await
+    .expect("restore after the outage");
+    let restored = Node::start_restored(&dir.0, "after-1", pgdata).await;
+    assert_eq!(restored.fingerprint().await, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn corrupt_objects_are_detected_at_restore_naming_the_object() {
+    let dir = TempDir::new("corrupt");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let node = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 1000).await;
+    let store = Store::open(&config).expect("open the store");
+    let manifest = pgop_backup::base::take(
+        &store,
+        &tools(),
+        &node.source(),
+        "src",
+        &TakeOptions::default(),
+    )
+    .await
+    .expect("base backup");
+    insert(&node, 1001, 2000).await;
+    let needed = node.switch_wal().await;
+    node.wait_archived(&needed, Duration::from_secs(60)).await;
+    drop(node);
+
+    // A WAL file the recovery needs, one byte flipped.
+    let wal = pgop_backup::WalName::parse(&needed).expect("wal name");
+    let file = s3.object_file(&config, &wal.key());
+    let mut raw = std::fs::read(&file).expect("read the WAL object");
+    raw[100] ^= 0x55;
+    std::fs::write(&file, &raw).expect("corrupt it");
+    let pgdata = dir.0.join("r1/pgdata");
+    make_dir(&dir.0.join("r1"));
+    let err = pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::EndOfWal),
+    )
+    .await
+    .expect_err("a corrupt WAL file");
+    let shown = pgop_api::error_chain(&err);
+    println!("{shown}");
+    assert!(
+        shown.contains(&wal.key()) && shown.contains("corrupt"),
+        "the error names the object: {shown}"
+    );
+    assert_eq!(std::fs::read_dir(&pgdata).expect("pgdata").count(), 0);
+
+    // The base backup's tar, one byte flipped.
+    raw[100] ^= 0x55;
+    std::fs::write(&file, &raw).expect("repair the WAL object");
+    let tar_key = format!("base/{}/base.tar.gz", manifest.backup_id);
+    let file = s3.object_file(&config, &tar_key);
+    let mut raw = std::fs::read(&file).expect("read the tar object");
+    let middle = raw.len() / 2;
+    raw[middle] ^= 0x55;
+    std::fs::write(&file, &raw).expect("corrupt it");
+    let pgdata = dir.0.join("r2/pgdata");
+    make_dir(&dir.0.join("r2"));
+    let err = pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::EndOfWal),
+    )
+    .await
+    .expect_err("a corrupt base tar");
+    let shown = pgop_api::error_chain(&err);
+    println!("{shown}");
+    assert!(
+        shown.contains(&tar_key) && shown.contains("SHA-256"),
+        "the error names the object: {shown}"
+    );
+    assert_eq!(std::fs::read_dir(&pgdata).expect("pgdata").count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn archiving_is_idempotent_and_refuses_different_content_under_the_same_name() {
+    let dir = TempDir::new("idempotent");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("idem");
+    let store = Store::open(&config).expect("open the store");
+    let pgdata = dir.0.join("pgdata");
+    std::fs::create_dir_all(pgdata.join("pg_wal/archive_status")).expect("pg_wal");
+    let name = "000000010000000000000003";
+    let segment: Vec<u8> = (0..16 * 1024 * 1024u32).map(|i| (i % 97) as u8).collect();
+    std::fs::write(pgdata.join("pg_wal").join(name), &segment).expect("segment");
+    let wal_path = PathBuf::from("pg_wal").join(name);
+
+    let started = Instant::now();
+    let first = pgop_backup::wal::archive(&store, &pgdata, &wal_path)
+        .await
+        .expect("first upload");
+    println!(
+        "archived a 16 MiB segment in {:?} = {:.1} MB/s",
+        started.elapsed(),
+        16.8 / started.elapsed().as_secs_f64()
+    );
+    assert_eq!(first, pgop_backup::wal::Archived::Uploaded);
+    let again = pgop_backup::wal::archive(&store, &pgdata, &wal_path)
+        .await
+        .expect("the same segment again");
+    assert_eq!(again, pgop_backup::wal::Archived::AlreadyThere);
+
+    let mut other = segment.clone();
+    other[12345] ^= 1;
+    std::fs::write(pgdata.join("pg_wal").join(name), &other).expect("other content");
+    let err = pgop_backup::wal::archive(&store, &pgdata, &wal_path)
+        .await
+        .expect_err("different content under the same name");
+    assert!(
+        err.to_string().contains("different content"),
+        "{}",
+        pgop_api::error_chain(&err)
+    );
+
+    // The same through the CLI PostgreSQL runs: exit codes and messages.
+    let config_file = dir.0.join("store.json");
+    config.write(&config_file, None).expect("config file");
+    let cli = |args: &[&str]| {
+        Command::new(&pgop)
+            .args(args)
+            .current_dir(&pgdata)
+            .output()
+            .expect("run pgop")
+    };
+    let cfg = config_file.display().to_string();
+    let out = cli(&[
+        "instance",
+        "wal-archive",
+        "--store-config",
+        &cfg,
+        &wal_path.display().to_string(),
+    ]);
+    assert!(!out.status.success(), "a conflicting archive fails");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("different content"));
+    let out = cli(&[
+        "instance",
+        "wal-restore",
+        "--store-config",
+        &cfg,
+        name,
+        "pg_wal/RECOVERYXLOG",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read(pgdata.join("pg_wal/RECOVERYXLOG")).expect("restored") == segment);
+    let out = cli(&[
+        "instance",
+        "wal-restore",
+        "--store-config",
+        &cfg,
+        "00000002.history",
+        "pg_wal/RECOVERYHISTORY",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "a missing file exits 1");
+    assert!(
+        out.stderr.is_empty(),
+        "quietly: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not secret: the credentials are nowhere in the output.
+    for output in [&out.stdout, &out.stderr] {
+        assert!(!String::from_utf8_lossy(output).contains(SECRET_KEY));
+    }
+    let file = s3.object_file(
+        &config,
+        &pgop_backup::WalName::parse(name).expect("name").key(),
+    );
+    let mut raw = std::fs::read(&file).expect("object");
+    raw[50] ^= 1;
+    std::fs::write(&file, raw).expect("corrupt");
+    let out = cli(&[
+        "instance",
+        "wal-restore",
+        "--store-config",
+        &cfg,
+        name,
+        "pg_wal/RECOVERYXLOG",
+    ]);
+    assert_eq!(out.status.code(), Some(200), "corruption aborts recovery");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("corrupt"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retention_keeps_the_last_backup_and_the_wal_it_needs() {
+    let dir = TempDir::new("retention");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let node = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    let store = Store::open(&config).expect("open the store");
+    let take = || async {
+        pgop_backup::base::take(
+            &store,
+            &tools(),
+            &node.source(),
+            "src",
+            &TakeOptions::default(),
+        )
+        .await
+        .expect("base backup")
+    };
+    insert(&node, 1, 1000).await;
+    let b1 = take().await;
+    insert(&node, 1001, 2000).await;
+    node.switch_wal().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let b2 = take().await;
+    insert(&node, 2001, 3000).await;
+    let last = node.switch_wal().await;
+    node.wait_archived(&last, Duration::from_secs(60)).await;
+    let expected = node.fingerprint().await;
+    assert!(b1.begin_wal < b2.begin_wal);
+
+    let end2: jiff::Timestamp = b2.end_time.parse().expect("end time");
+    // An hour later, with one day of retention: both stay, only WAL before b1 goes.
+    let plan = pgop_backup::retention::apply(&store, end2 + jiff::SignedDuration::from_hours(1), 1)
+        .await
+        .expect("retention");
+    assert_eq!(
+        plan.keep_backups,
+        vec![b1.backup_id.clone(), b2.backup_id.clone()]
+    );
+    assert!(plan.delete_backups.is_empty(), "{plan:?}");
+    for key in &plan.delete_wal {
+        let name = pgop_backup::WalName::from_key(key).expect("wal key").name;
+        assert!(
+            name.get(8..24) < b1.begin_wal.get(8..24),
+            "{name} is needed by b1"
+        );
+    }
+
+    // Ten days later: both are too old; the newest stays with the WAL from its begin on.
+    let wal_before = store.list("wal/").await.expect("list");
+    let plan =
+        pgop_backup::retention::apply(&store, end2 + jiff::SignedDuration::from_hours(240), 1)
+            .await
+            .expect("retention");
+    assert_eq!(plan.keep_backups, vec![b2.backup_id.clone()]);
+    assert_eq!(plan.delete_backups, vec![b1.backup_id.clone()]);
+    let (left, _) = pgop_backup::base::list(&store).await.expect("list backups");
+    assert_eq!(left.len(), 1);
+    assert!(
+        store
+            .list(&format!("base/{}/", b1.backup_id))
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    let wal_after = store.list("wal/").await.expect("list");
+    for object in &wal_before {
+        let name = pgop_backup::WalName::from_key(&object.key).expect("wal key");
+        let kept = wal_after.iter().any(|o| o.key == object.key);
+        let needed = name.position.is_none() || name.name.get(8..24) >= b2.begin_wal.get(8..24);
+        assert_eq!(kept, needed, "{} kept={kept}", name.name);
+    }
+    assert!(wal_after.len() < wal_before.len(), "old WAL went");
+
+    // What is left still restores to the end.
+    let pgdata = dir.0.join("r/pgdata");
+    make_dir(&dir.0.join("r"));
+    pgop_backup::restore::restore(
+        &config,
+        &tools(),
+        &pgdata,
+        &restore_options(&dir.0, &pgop, Target::EndOfWal),
+    )
+    .await
+    .expect("restore after retention");
+    let restored = Node::start_restored(&dir.0, "r-1", pgdata).await;
+    assert_eq!(restored.fingerprint().await, expected);
+}
