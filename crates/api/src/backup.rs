@@ -103,6 +103,22 @@ pub struct PostgresBackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<i64>,
 
+    /// The backup's id in the store (`base/<id>/` under the cluster's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
+
+    /// The instance the backup was taken from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+
+    /// The timeline the backup was taken on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+
+    /// Bytes stored (compressed) for the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<i64>,
+
     /// Why the backup failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

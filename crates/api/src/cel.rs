@@ -24,6 +24,9 @@ pub const MSG_STORE_EXACTLY_ONE: &str = "exactly one of s3 or volume must be set
 pub const MSG_BOOTSTRAP_AT_MOST_ONE: &str = "at most one of initdb or recovery may be set";
 /// `spec.bootstrap.recovery` with none or both sources.
 pub const MSG_RECOVERY_EXACTLY_ONE_SOURCE: &str = "exactly one of backup or store must be set";
+/// `spec.bootstrap.recovery.store` without the cluster whose backups it holds.
+pub const MSG_RECOVERY_STORE_NEEDS_SOURCE: &str =
+    "store needs sourceCluster: the name the backed-up cluster had (its backups are kept under it)";
 /// `spec.bootstrap.recovery` with two targets.
 pub const MSG_RECOVERY_AT_MOST_ONE_TARGET: &str =
     "at most one of targetTime or targetLsn may be set";
@@ -139,6 +142,13 @@ pub fn recovery_exactly_one_source() -> Rule {
     Rule::new("has(self.backup) != has(self.store)")
         .message(MSG_RECOVERY_EXACTLY_ONE_SOURCE)
         .reason(Reason::FieldValueInvalid)
+}
+
+/// spec.bootstrap.recovery: a store names the cluster whose backups it holds.
+pub fn recovery_store_needs_source() -> Rule {
+    Rule::new("!has(self.store) || has(self.sourceCluster)")
+        .message(MSG_RECOVERY_STORE_NEEDS_SOURCE)
+        .reason(Reason::FieldValueRequired)
 }
 
 /// spec.bootstrap.recovery: one target at most.

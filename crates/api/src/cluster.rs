@@ -420,6 +420,7 @@ fn default_app() -> String {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = cel::recovery_exactly_one_source())]
 #[x_kube(validation = cel::recovery_at_most_one_target())]
+#[x_kube(validation = cel::recovery_store_needs_source())]
 #[serde(rename_all = "camelCase")]
 pub struct RecoverySpec {
     /// Name of a completed PostgresBackup in this namespace to restore.
@@ -430,6 +431,13 @@ pub struct RecoverySpec {
     /// A backup store to restore from: the latest base backup before the target is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<BackupStore>,
+
+    /// With `store`: the name of the cluster whose backups it holds (a store keeps each
+    /// cluster's backups and WAL under the cluster's name). The restored cluster archives
+    /// under its own name, so it never writes over the source's WAL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub source_cluster: Option<String>,
 
     /// Replay WAL up to this time (RFC 3339, e.g. `2025-01-31T12:00:00Z`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -490,6 +498,11 @@ pub struct PostgresClusterStatus {
     #[serde(default = "default_next_serial")]
     pub next_serial: i32,
 
+    /// Where the first instance restores from, resolved by pgop from
+    /// `spec.bootstrap.recovery` (a PostgresBackup is looked up once, here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_source: Option<RecoverySource>,
+
     /// The instance asked to restart PostgreSQL now, to apply parameters that take effect
     /// only at start (a rolling restart: one instance at a time, standbys first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -502,6 +515,19 @@ pub struct PostgresClusterStatus {
     /// The earliest point in time the cluster can be restored to from its backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_recoverability_point: Option<Time>,
+}
+
+/// A base backup to restore, with the store and the cluster name it is kept under.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoverySource {
+    /// The cluster whose backups and WAL are read.
+    pub cluster: String,
+    /// The store they are in.
+    pub store: BackupStore,
+    /// The backup to restore; the latest one before the target when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
 }
 
 fn default_next_serial() -> i32 {
@@ -522,6 +548,7 @@ impl Default for PostgresClusterStatus {
             selector: None,
             instances: Vec::new(),
             next_serial: default_next_serial(),
+            recovery_source: None,
             restart_instance: None,
             last_backup_time: None,
             first_recoverability_point: None,

@@ -38,6 +38,9 @@ pub const PATH_HEALTHZ: &str = "/healthz";
 pub const PATH_READYZ: &str = "/readyz";
 /// The instance's PostgreSQL status: role, timeline, LSNs, lag, pending restart.
 pub const PATH_PG_STATUS: &str = "/pg/status";
+/// Base backups run by the instance manager: `POST` a [`crate::instance_status::BackupRequest`]
+/// to start one, `GET {PATH_BACKUPS}/<name>` for its [`crate::instance_status::BackupJob`].
+pub const PATH_BACKUPS: &str = "/pg/backups";
 
 /// The primary Lease (coordination.k8s.io/v1) is named after its cluster. Only its holder
 /// may run PostgreSQL as a primary, so two primaries can never accept writes at once.

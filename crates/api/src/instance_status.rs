@@ -161,3 +161,53 @@ pub fn parse_lsn(lsn: &str) -> Option<u64> {
     let (hi, lo) = lsn.split_once('/')?;
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }
+
+/// `POST /pg/backups`: take a base backup of this instance into the cluster's store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRequest {
+    /// The PostgresBackup this is for; a second request with the same name returns the
+    /// same job.
+    pub name: String,
+}
+
+/// Where a backup job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupJobPhase {
+    Running,
+    Completed,
+    Failed,
+}
+
+/// `GET /pg/backups/<name>`: a base backup the instance manager runs or ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupJob {
+    pub name: String,
+    pub phase: BackupJobPhase,
+    /// RFC 3339.
+    pub started_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<String>,
+    /// The backup id in the store, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+    /// RFC 3339: when the backup began and ended in PostgreSQL's terms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub begin_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

@@ -334,6 +334,14 @@ fn validate_recovery(recovery: &RecoverySpec, errors: &mut Errors) {
         path,
         || cel::MSG_RECOVERY_AT_MOST_ONE_TARGET.to_string(),
     );
+    errors.check(
+        recovery.store.is_none() || recovery.source_cluster.is_some(),
+        path,
+        || cel::MSG_RECOVERY_STORE_NEEDS_SOURCE.to_string(),
+    );
+    if let Some(source) = &recovery.source_cluster {
+        errors.name(&format!("{path}.sourceCluster"), source);
+    }
     if let Some(backup) = &recovery.backup {
         errors.name(&format!("{path}.backup"), backup);
     }

@@ -32,7 +32,7 @@ fn format_base() -> Value {
             "bucket": "pg-backups",
             "endpoint": "https://minio:9000",
             "credentialsSecret": {"name": "s3"},
-        }}}},
+        }}, "sourceCluster": "old"}},
     })
 }
 

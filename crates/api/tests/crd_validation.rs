@@ -168,6 +168,11 @@ const BAD: &[Case] = &[
         "spec.bootstrap.recovery",
     ),
     case(
+        "recovery from a store without the source cluster",
+        "storage: {size: 1Gi}\nbootstrap: {recovery: {store: {s3: {bucket: pg, credentialsSecret: {name: s3}}}}}",
+        "spec.bootstrap.recovery",
+    ),
+    case(
         "recovery to a time and an LSN",
         "storage: {size: 1Gi}\nbootstrap: {recovery: {backup: nightly, targetLsn: '0/3000060', targetTime: '2025-01-31T12:00:00Z'}}",
         "spec.bootstrap.recovery",
@@ -455,6 +460,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 replayed_lsn: Some("0/3000060".into()),
             },
         ],
+        recovery_source: None,
         next_serial: 3,
         restart_instance: Some("main-2".into()),
         last_backup_time: Some(now.clone()),
