@@ -56,6 +56,10 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log_destination", "stderr"),
     ("hot_standby_feedback", "on"),
     ("password_encryption", "scram-sha-256"),
+    // A standby whose upstream was just promoted (it follows the failover target) retries
+    // its connection after 1 s rather than 5: with synchronous replication the new
+    // primary's first commit waits for it.
+    ("wal_retrieve_retry_interval", "1s"),
 ];
 
 /// Defaults while WAL is archived: a WAL file at least every minute, so that the archive
