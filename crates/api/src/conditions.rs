@@ -21,6 +21,9 @@ pub const SPEC_VALID: &str = "SpecValid";
 pub const PRIMARY_AVAILABLE: &str = "PrimaryAvailable";
 /// The last backup (scheduled or on demand) completed.
 pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
+/// WAL reaches the backup store: False (with the failing WAL file) while the primary's
+/// archiver fails, so that a broken archive is never silent.
+pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
 
 /// Condition status `True`.
 pub const TRUE: &str = "True";

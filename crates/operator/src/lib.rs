@@ -17,6 +17,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use pgop_api::PostgresCluster;
+use pgop_api::backup::PostgresBackup;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -91,7 +92,15 @@ pub async fn run(
         pgop_api::labels::MANAGED_BY_VALUE
     ));
     let ctx = Arc::new(Context::new(client.clone(), options.settings.clone()));
-    Controller::new(
+    // Both controllers stop on the same signal.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let clusters = Controller::new(
         api::<PostgresCluster>(&client, ns),
         watcher::Config::default(),
     )
@@ -104,16 +113,38 @@ pub async fn run(
     .owns(api::<Role>(&client, ns), children.clone())
     .owns(api::<RoleBinding>(&client, ns), children)
     .with_config(controller::Config::default().concurrency(options.concurrency))
-    .graceful_shutdown_on(shutdown)
-    .run(cluster::reconcile, cluster::error_policy, ctx)
+    .graceful_shutdown_on(stopped())
+    .run(cluster::reconcile, cluster::error_policy, ctx.clone())
     .for_each(|result| async move {
         match result {
             Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
             Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
             Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
         }
-    })
-    .await;
+    });
+    let backups = Controller::new(
+        api::<PostgresBackup>(&client, ns),
+        watcher::Config::default(),
+    )
+    .with_config(controller::Config::default().concurrency(options.concurrency))
+    .graceful_shutdown_on(stopped())
+    .run(
+        backup::controller::reconcile,
+        backup::controller::error_policy,
+        ctx,
+    )
+    .for_each(|result| async move {
+        match result {
+            Ok((obj, _)) => tracing::debug!(backup = %obj, "reconciled"),
+            Err(controller::Error::ReconcilerFailed(..)) => {}
+            Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
+        }
+    });
+    let signal = async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    };
+    tokio::join!(clusters, backups, signal);
 }
 
 pub use pgop_api::error_chain;

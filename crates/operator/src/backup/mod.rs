@@ -1,3 +1,6 @@
-//! Backups: the PostgresBackup controller and the cluster's backup schedule.
+//! Backups: the PostgresBackup controller, the cluster's schedule and the backup facts of
+//! its status.
 
+pub mod cluster;
+pub mod controller;
 pub mod schedule;

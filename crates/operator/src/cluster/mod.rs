@@ -31,7 +31,7 @@ pub mod roles;
 pub mod rollout;
 pub mod status;
 
-use crate::Context;
+use crate::{Context, backup};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
@@ -62,6 +62,10 @@ pub enum Error {
     PatchStatus(#[source] kube::Error),
     #[error("failed to remove the switchover annotation")]
     ClearSwitchover(#[source] kube::Error),
+    #[error("failed to list the cluster's PostgresBackups")]
+    ListBackups(#[source] kube::Error),
+    #[error("failed to create a scheduled PostgresBackup")]
+    ScheduleBackup(#[source] kube::Error),
     #[error("failed to generate a password")]
     GeneratePassword(#[source] getrandom::Error),
     #[error("the cluster has no namespace")]
@@ -77,6 +81,8 @@ impl Error {
             Error::Apply(_) => "Apply",
             Error::PatchStatus(_) => "PatchStatus",
             Error::ClearSwitchover(_) => "ClearSwitchover",
+            Error::ListBackups(_) => "ListBackups",
+            Error::ScheduleBackup(_) => "ScheduleBackup",
             Error::GeneratePassword(_) => "GeneratePassword",
             Error::NoNamespace => "NoNamespace",
         }
@@ -275,6 +281,8 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     };
     let mut status = status::compute(cluster, &plan, &seen, now());
     status.restart_instance = restart_instance.clone();
+    let due_backup =
+        backup_facts(ctx, &defaulted, &namespace, &probes, &roles, &mut status).await?;
     patch_status(ctx, cluster, &namespace, status).await?;
     for note in &roles.notes {
         let kind = if note.warning {
@@ -288,6 +296,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     }
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
+    }
+    if let Some(name) = due_backup {
+        match backup::cluster::create_scheduled(&ctx.client, &namespace, &defaulted, &name).await {
+            Ok(true) => {
+                let note = format!("scheduled base backup {name} created");
+                publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
+            }
+            Ok(false) => {}
+            Err(e) => return Err(Error::ScheduleBackup(e)),
+        }
     }
     if let Some(instance) = &restart_instance
         && old_status.restart_instance.as_ref() != Some(instance)
@@ -379,6 +397,74 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     } else {
         POLL
     }))
+}
+
+/// The backup facts of the status: the recovery source of a restored cluster (resolved
+/// once), lastBackupTime, firstRecoverabilityPoint, BackupSucceeded, ContinuousArchiving;
+/// returns the scheduled backup due now, if any.
+async fn backup_facts(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    probes: &std::collections::BTreeMap<String, probe::Probe>,
+    roles: &roles::Roles,
+    status: &mut PostgresClusterStatus,
+) -> Result<Option<String>, Error> {
+    let generation = cluster.metadata.generation;
+    let spec = &cluster.spec;
+    let recovering = spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.recovery.is_some());
+    if recovering && status.recovery_source.is_none() {
+        match backup::cluster::resolve_recovery_source(&ctx.client, namespace, cluster).await {
+            Ok(source) => status.recovery_source = source,
+            Err(why) => {
+                pgop_api::conditions::set_condition(
+                    &mut status.conditions,
+                    pgop_api::conditions::new_condition(
+                        pgop_api::conditions::PROGRESSING,
+                        true,
+                        "WaitingForRecoverySource",
+                        why,
+                        generation,
+                        now(),
+                    ),
+                    now(),
+                );
+            }
+        }
+    }
+    if spec.backup.is_none() {
+        return Ok(None);
+    }
+    let api: Api<pgop_api::backup::PostgresBackup> = Api::namespaced(ctx.client.clone(), namespace);
+    let all = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(Error::ListBackups)?
+        .items;
+    let mine = backup::cluster::of_cluster(&all, &cluster.name_any());
+    backup::cluster::backup_status(&mine, status, generation, now());
+    if spec.backup.as_ref().is_some_and(|b| b.store.is_some()) && !roles.in_transition() {
+        let primary = probes.get(&roles.current).and_then(probe::Probe::status);
+        backup::cluster::archiving_status(primary, status, generation, now());
+    }
+    let serving = matches!(
+        status.phase,
+        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    );
+    if !serving {
+        return Ok(None);
+    }
+    match backup::cluster::due_backup(cluster, &mine, k8s_openapi::jiff::Timestamp::now()) {
+        Ok(due) => Ok(due.map(|(name, _)| name)),
+        Err(e) => {
+            // Validation rejects bad schedules; a time zone unknown here is reported.
+            tracing::warn!(cluster = %key(cluster), error = %e, "no scheduled backups");
+            Ok(None)
+        }
+    }
 }
 
 /// Removes the switchover annotation once it has been acted on or refused, so that an old

@@ -73,14 +73,43 @@ async fn get_status(ip: &str, port: u16) -> Result<PgStatus, String> {
 
 /// `GET path` on `host` (`ip:port`); the body of a 200 answer.
 pub async fn get(host: &str, path: &str) -> Result<Vec<u8>, String> {
+    match request(host, "GET", path, None).await? {
+        (200, body) => Ok(body),
+        (code, body) => Err(format!(
+            "bad answer from {host}: status {code}: {}",
+            String::from_utf8_lossy(&body).trim()
+        )),
+    }
+}
+
+/// One HTTP/1.1 request with an optional JSON body; the status code and body.
+pub async fn request(
+    host: &str,
+    method: &str,
+    path: &str,
+    json: Option<&[u8]>,
+) -> Result<(u16, Vec<u8>), String> {
     let mut stream = tokio::net::TcpStream::connect(host)
         .await
         .map_err(|e| format!("failed to connect to {host}: {e}"))?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    let body = json.unwrap_or_default();
+    let content = if json.is_some() {
+        format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        )
+    } else {
+        String::new()
+    };
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n{content}Connection: close\r\n\r\n"
     );
     stream
-        .write_all(request.as_bytes())
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|e| format!("failed to send to {host}: {e}"))?;
+    stream
+        .write_all(body)
         .await
         .map_err(|e| format!("failed to send to {host}: {e}"))?;
     let mut raw = Vec::new();
@@ -92,8 +121,8 @@ pub async fn get(host: &str, path: &str) -> Result<Vec<u8>, String> {
     parse_response(&raw).map_err(|e| format!("bad answer from {host}: {e}"))
 }
 
-/// The body of a complete HTTP/1.1 response with status 200.
-fn parse_response(raw: &[u8]) -> Result<Vec<u8>, String> {
+/// The status code and body of a complete HTTP/1.1 response.
+fn parse_response(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
@@ -102,10 +131,11 @@ fn parse_response(raw: &[u8]) -> Result<Vec<u8>, String> {
     let body = &raw[split + 4..];
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
-    let code = status_line.split(' ').nth(1).unwrap_or_default();
-    if code != "200" {
-        return Err(format!("status {status_line:?}"));
-    }
+    let code: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
     let mut chunked = false;
     let mut length = None;
     for line in lines {
@@ -119,14 +149,18 @@ fn parse_response(raw: &[u8]) -> Result<Vec<u8>, String> {
             length = Some(value.parse::<usize>().map_err(|_| "bad Content-Length")?);
         }
     }
-    if chunked {
-        return dechunk(body);
-    }
-    match length {
-        Some(n) if body.len() < n => Err(format!("body cut short: {} of {n} bytes", body.len())),
-        Some(n) => Ok(body[..n].to_vec()),
-        None => Ok(body.to_vec()),
-    }
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        match length {
+            Some(n) if body.len() < n => {
+                return Err(format!("body cut short: {} of {n} bytes", body.len()));
+            }
+            Some(n) => body[..n].to_vec(),
+            None => body.to_vec(),
+        }
+    };
+    Ok((code, body))
 }
 
 fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
@@ -159,18 +193,20 @@ mod tests {
     #[test]
     fn content_length_and_chunked_bodies_parse() {
         let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
-        assert_eq!(parse_response(plain).expect("plain"), b"hello");
+        assert_eq!(
+            parse_response(plain).expect("plain"),
+            (200, b"hello".to_vec())
+        );
         let chunked =
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nhel\r\n2;x=y\r\nlo\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).expect("chunked"), b"hello");
+        assert_eq!(
+            parse_response(chunked).expect("chunked"),
+            (200, b"hello".to_vec())
+        );
         let short = b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nhello";
         assert!(parse_response(short).is_err());
-        let error = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
-        assert!(
-            parse_response(error)
-                .expect_err("503")
-                .contains("503 Service Unavailable")
-        );
+        let error = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy";
+        assert_eq!(parse_response(error).expect("503"), (503, b"busy".to_vec()));
     }
 
     /// A real socket: a server that answers one status, one that never answers, and a

@@ -148,7 +148,7 @@ pub fn children(
     let spec = &cluster.spec;
     Ok(Children {
         service_account: rbac::service_account(&common),
-        role: rbac::role(&common),
+        role: rbac::role(&common, cluster),
         role_binding: rbac::role_binding(&common),
         app_secret: secret::app(&common, spec, &passwords.app),
         replication_secret: secret::replication(&common, &passwords.replication),

@@ -24,6 +24,9 @@ pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 /// Writable scratch space on a read-only root filesystem: the socket directory and /tmp.
 pub const RUN_MOUNT: &str = "/run/postgresql";
 pub const TMP_MOUNT: &str = "/tmp";
+/// Where a volume backup store is mounted (the instance manager's default
+/// `--backup-volume`).
+pub const BACKUP_MOUNT: &str = "/var/lib/postgresql/backup";
 
 /// Environment variable names the instance manager reads.
 pub mod env {
@@ -99,6 +102,14 @@ pub fn pod(
         labels::ROLE_REPLICA
     };
     let image = spec.image.clone().unwrap_or_else(|| settings.image.clone());
+    // A volume backup store is mounted where the instance manager looks for it
+    // (`--backup-volume`, default /var/lib/postgresql/backup).
+    let backup_claim = spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.store.as_ref())
+        .and_then(|s| s.volume.as_ref())
+        .map(|v| v.claim_name.clone());
     let container = Container {
         name: "postgres".to_string(),
         image: Some(image),
@@ -152,11 +163,17 @@ pub fn pod(
             }),
             ..SecurityContext::default()
         }),
-        volume_mounts: Some(vec![
-            mount("pgdata", DATA_MOUNT),
-            mount("run", RUN_MOUNT),
-            mount("tmp", TMP_MOUNT),
-        ]),
+        volume_mounts: Some({
+            let mut mounts = vec![
+                mount("pgdata", DATA_MOUNT),
+                mount("run", RUN_MOUNT),
+                mount("tmp", TMP_MOUNT),
+            ];
+            if backup_claim.is_some() {
+                mounts.push(mount("backup", BACKUP_MOUNT));
+            }
+            mounts
+        }),
         ..Container::default()
     };
     let cluster_selector = LabelSelector {
@@ -207,18 +224,30 @@ pub fn pod(
                 ..Affinity::default()
             }),
             containers: vec![container],
-            volumes: Some(vec![
-                Volume {
-                    name: "pgdata".to_string(),
+            volumes: Some(
+                vec![
+                    Volume {
+                        name: "pgdata".to_string(),
+                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                            claim_name: instance.name.clone(),
+                            ..PersistentVolumeClaimVolumeSource::default()
+                        }),
+                        ..Volume::default()
+                    },
+                    empty_dir("run"),
+                    empty_dir("tmp"),
+                ]
+                .into_iter()
+                .chain(backup_claim.map(|claim| Volume {
+                    name: "backup".to_string(),
                     persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                        claim_name: instance.name.clone(),
+                        claim_name: claim,
                         ..PersistentVolumeClaimVolumeSource::default()
                     }),
                     ..Volume::default()
-                },
-                empty_dir("run"),
-                empty_dir("tmp"),
-            ]),
+                }))
+                .collect(),
+            ),
             ..PodSpec::default()
         }),
         ..Pod::default()

@@ -4,6 +4,7 @@
 use super::Common;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use pgop_api::PostgresCluster;
 use pgop_api::constants::GROUP;
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[String]) -> PolicyRule {
@@ -24,12 +25,33 @@ pub fn service_account(c: &Common) -> ServiceAccount {
     }
 }
 
-pub fn role(c: &Common) -> Role {
+pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
     let cluster = vec![c.cluster.clone()];
-    let secrets = vec![
+    let mut secrets = vec![
         format!("{}{}", c.cluster, super::APP_SECRET_SUFFIX),
         format!("{}{}", c.cluster, super::REPLICATION_SECRET_SUFFIX),
     ];
+    // The S3 keys of the backup store, and of the store a recovery reads from.
+    let spec = &cluster_object.spec;
+    let stores = [
+        spec.backup.as_ref().and_then(|b| b.store.as_ref()),
+        spec.bootstrap
+            .as_ref()
+            .and_then(|b| b.recovery.as_ref())
+            .and_then(|r| r.store.as_ref()),
+        cluster_object
+            .status
+            .as_ref()
+            .and_then(|s| s.recovery_source.as_ref())
+            .map(|r| &r.store),
+    ];
+    for store in stores.into_iter().flatten() {
+        if let Some(s3) = &store.s3
+            && !secrets.contains(&s3.credentials_secret.name)
+        {
+            secrets.push(s3.credentials_secret.name.clone());
+        }
+    }
     Role {
         metadata: c.meta(&c.cluster, &[]),
         rules: Some(vec![

@@ -1,0 +1,366 @@
+//! What backups add to a PostgresCluster's reconcile: the recovery source of a restored
+//! cluster, the schedule, and the backup facts of its status (`lastBackupTime`,
+//! `firstRecoverabilityPoint`, conditions BackupSucceeded and ContinuousArchiving).
+
+use super::schedule::Schedule;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::{Resource, ResourceExt};
+use pgop_api::backup::{BackupPhase, ClusterReference, PostgresBackup, PostgresBackupSpec};
+use pgop_api::cluster::RecoverySource;
+use pgop_api::conditions::{self, new_condition, set_condition};
+use pgop_api::constants::ANNOTATION_SCHEDULED;
+use pgop_api::instance_status::PgStatus;
+use pgop_api::{PostgresCluster, PostgresClusterStatus, labels};
+
+/// The PostgresBackups of `cluster` among `all`.
+pub fn of_cluster<'a>(all: &'a [PostgresBackup], cluster: &str) -> Vec<&'a PostgresBackup> {
+    all.iter()
+        .filter(|b| b.spec.cluster.name == cluster)
+        .collect()
+}
+
+/// `lastBackupTime`, `firstRecoverabilityPoint` and BackupSucceeded from the cluster's
+/// backups (pure).
+pub fn backup_status(
+    backups: &[&PostgresBackup],
+    status: &mut PostgresClusterStatus,
+    generation: Option<i64>,
+    now: Time,
+) {
+    let finished = |phase| {
+        backups
+            .iter()
+            .filter(move |b| b.status.as_ref().and_then(|s| s.phase) == Some(phase))
+            .filter_map(|b| Some((b, b.status.as_ref()?.stopped_at.clone()?)))
+    };
+    status.last_backup_time = finished(BackupPhase::Completed).map(|(_, t)| t).max();
+    status.first_recoverability_point = finished(BackupPhase::Completed).map(|(_, t)| t).min();
+    let latest = finished(BackupPhase::Completed)
+        .chain(finished(BackupPhase::Failed))
+        .max_by_key(|(_, t)| t.clone());
+    if let Some((b, _)) = latest {
+        let s = b.status.clone().unwrap_or_default();
+        let condition = if s.phase == Some(BackupPhase::Completed) {
+            new_condition(
+                conditions::BACKUP_SUCCEEDED,
+                true,
+                "BackupCompleted",
+                format!("the last backup, {}, completed", b.name_any()),
+                generation,
+                now.clone(),
+            )
+        } else {
+            new_condition(
+                conditions::BACKUP_SUCCEEDED,
+                false,
+                "BackupFailed",
+                format!(
+                    "the last backup, {}, failed: {}",
+                    b.name_any(),
+                    s.error.unwrap_or_default()
+                ),
+                generation,
+                now.clone(),
+            )
+        };
+        set_condition(&mut status.conditions, condition, now);
+    }
+}
+
+/// ContinuousArchiving from what the primary reports; unchanged when it does not answer.
+pub fn archiving_status(
+    primary: Option<&PgStatus>,
+    status: &mut PostgresClusterStatus,
+    generation: Option<i64>,
+    now: Time,
+) {
+    let Some(pg) = primary else {
+        return;
+    };
+    let (ok, reason, message) = match &pg.archiving {
+        Some(a) if a.configured && !a.failing => (
+            true,
+            "Archiving",
+            match &a.last_archived_wal {
+                Some(wal) => format!("WAL is archived; the last file was {wal}"),
+                None => "WAL archiving is on; nothing archived yet".to_string(),
+            },
+        ),
+        Some(a) if a.configured => (
+            false,
+            "ArchivingFailing",
+            format!(
+                "archiving {} failed ({} failures so far); PostgreSQL keeps the WAL and retries",
+                a.last_failed_wal.as_deref().unwrap_or("a WAL file"),
+                a.failed_count
+            ),
+        ),
+        _ if pg.pending_restart => (
+            false,
+            "RestartPending",
+            "archive_mode takes effect once the primary restarts".to_string(),
+        ),
+        _ => (
+            false,
+            "NotConfigured",
+            "the primary does not archive WAL yet".to_string(),
+        ),
+    };
+    set_condition(
+        &mut status.conditions,
+        new_condition(
+            conditions::CONTINUOUS_ARCHIVING,
+            ok,
+            reason,
+            message,
+            generation,
+            now.clone(),
+        ),
+        now,
+    );
+}
+
+/// The recovery source of `spec.bootstrap.recovery`: a completed PostgresBackup (and its
+/// cluster's store), or a store with the source cluster's name. `Err` says what is missing.
+pub async fn resolve_recovery_source(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &PostgresCluster,
+) -> Result<Option<RecoverySource>, String> {
+    let Some(recovery) = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.recovery.as_ref())
+    else {
+        return Ok(None);
+    };
+    if let (Some(store), Some(source)) = (&recovery.store, &recovery.source_cluster) {
+        return Ok(Some(RecoverySource {
+            cluster: source.clone(),
+            store: store.clone(),
+            backup_id: None,
+        }));
+    }
+    let Some(name) = &recovery.backup else {
+        return Err("spec.bootstrap.recovery names no backup and no store".to_string());
+    };
+    let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), namespace);
+    let backup = backups
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("failed to read PostgresBackup {name}: {e}"))?
+        .ok_or_else(|| {
+            format!("spec.bootstrap.recovery.backup: PostgresBackup {name} does not exist")
+        })?;
+    let status = backup.status.clone().unwrap_or_default();
+    let Some(id) = status
+        .backup_id
+        .filter(|_| status.phase == Some(BackupPhase::Completed))
+    else {
+        return Err(format!(
+            "spec.bootstrap.recovery.backup: PostgresBackup {name} has not completed"
+        ));
+    };
+    let source = backup.spec.cluster.name.clone();
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), namespace);
+    let source_cluster = clusters
+        .get_opt(&source)
+        .await
+        .map_err(|e| format!("failed to read PostgresCluster {source}: {e}"))?
+        .ok_or_else(|| {
+            format!("PostgresCluster {source}, whose backup {name} is, no longer exists; restore from its store with spec.bootstrap.recovery.store and sourceCluster")
+        })?;
+    let store = source_cluster
+        .spec
+        .backup
+        .and_then(|b| b.store)
+        .ok_or_else(|| format!("PostgresCluster {source} has no spec.backup.store"))?;
+    Ok(Some(RecoverySource {
+        cluster: source,
+        store,
+        backup_id: Some(id),
+    }))
+}
+
+/// The scheduled backup due now, if any: its name and firing time. The schedule counts
+/// from the newest scheduled backup (or the cluster's creation), so an operator that was
+/// down catches up with one backup, not one per missed firing.
+pub fn due_backup(
+    cluster: &PostgresCluster,
+    backups: &[&PostgresBackup],
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<Option<(String, k8s_openapi::jiff::Timestamp)>, super::schedule::Error> {
+    let Some(spec) = cluster.spec.backup.as_ref() else {
+        return Ok(None);
+    };
+    let (Some(schedule), Some(_)) = (&spec.schedule, &spec.store) else {
+        return Ok(None);
+    };
+    let schedule = Schedule::parse(schedule, spec.timezone.as_deref())?;
+    let created = |meta: &ObjectMeta| meta.creation_timestamp.as_ref().map(|t| t.0);
+    let since = backups
+        .iter()
+        .filter(|b| b.annotations().contains_key(ANNOTATION_SCHEDULED))
+        .filter_map(|b| created(&b.metadata))
+        .max()
+        .or_else(|| created(&cluster.metadata));
+    let Some(since) = since else {
+        return Ok(None);
+    };
+    match schedule.next_after(since) {
+        Some(at) if at <= now => {
+            let stamp = at.strftime("%Y%m%d%H%M").to_string();
+            Ok(Some((format!("{}-{stamp}", cluster.name_any()), at)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Creates the scheduled PostgresBackup `name` (owned by the cluster, so that the objects go
+/// with it; the data in the store stays). An existing one is fine.
+pub async fn create_scheduled(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &PostgresCluster,
+    name: &str,
+) -> Result<bool, kube::Error> {
+    let schedule = cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.schedule.clone())
+        .unwrap_or_default();
+    let owner = cluster
+        .controller_owner_ref(&())
+        .map(|mut o: OwnerReference| {
+            o.controller = Some(false);
+            o
+        });
+    let backup = PostgresBackup {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some([(labels::CLUSTER.to_string(), cluster.name_any())].into()),
+            annotations: Some([(ANNOTATION_SCHEDULED.to_string(), schedule)].into()),
+            owner_references: owner.map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: PostgresBackupSpec {
+            cluster: ClusterReference {
+                name: cluster.name_any(),
+            },
+            method: None,
+        },
+        status: None,
+    };
+    let api: Api<PostgresBackup> = Api::namespaced(client.clone(), namespace);
+    match api.create(&PostParams::default(), &backup).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn backup(name: &str, yaml_status: &str, scheduled_at: Option<&str>) -> PostgresBackup {
+        let mut b: PostgresBackup = serde_yaml::from_str(&format!(
+            "apiVersion: database.example.com/v1alpha1\nkind: PostgresBackup\nmetadata: {{name: {name}}}\nspec: {{cluster: {{name: db}}}}\nstatus: {yaml_status}\n"
+        ))
+        .expect("backup");
+        if let Some(at) = scheduled_at {
+            b.metadata.creation_timestamp = Some(Time(at.parse().expect("time")));
+            b.metadata.annotations =
+                Some([(ANNOTATION_SCHEDULED.to_string(), "x".to_string())].into());
+        }
+        b
+    }
+
+    fn at(s: &str) -> Time {
+        Time(s.parse().expect("time"))
+    }
+
+    #[test]
+    fn last_backup_time_first_point_and_the_latest_outcome() {
+        let a = backup(
+            "a",
+            "{phase: Completed, stoppedAt: '2026-11-01T02:00:00Z'}",
+            None,
+        );
+        let b = backup(
+            "b",
+            "{phase: Completed, stoppedAt: '2026-11-02T02:00:00Z'}",
+            None,
+        );
+        let c = backup(
+            "c",
+            "{phase: Failed, stoppedAt: '2026-11-03T02:00:00Z', error: disk on fire}",
+            None,
+        );
+        let d = backup("d", "{phase: Running}", None);
+        let mut s = PostgresClusterStatus::default();
+        backup_status(&[&a, &b, &d], &mut s, Some(1), at("2026-11-03T00:00:00Z"));
+        assert_eq!(s.last_backup_time, Some(at("2026-11-02T02:00:00Z")));
+        assert_eq!(
+            s.first_recoverability_point,
+            Some(at("2026-11-01T02:00:00Z"))
+        );
+        assert!(conditions::is_true(
+            &s.conditions,
+            conditions::BACKUP_SUCCEEDED
+        ));
+        backup_status(
+            &[&a, &b, &c, &d],
+            &mut s,
+            Some(1),
+            at("2026-11-03T03:00:00Z"),
+        );
+        let cond = conditions::find_condition(&s.conditions, conditions::BACKUP_SUCCEEDED)
+            .expect("condition");
+        assert_eq!(cond.status, "False");
+        assert!(cond.message.contains("disk on fire"), "{}", cond.message);
+        assert_eq!(s.last_backup_time, Some(at("2026-11-02T02:00:00Z")));
+    }
+
+    fn cluster(schedule: &str) -> PostgresCluster {
+        let mut c: PostgresCluster = serde_yaml::from_str(&format!(
+            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {{name: db, uid: u1}}\nspec: {{storage: {{size: 1Gi}}, backup: {{schedule: '{schedule}', store: {{volume: {{claimName: b}}}}}}}}\n"
+        ))
+        .expect("cluster");
+        c.metadata.creation_timestamp = Some(at("2026-11-29T10:00:30Z"));
+        c
+    }
+
+    #[test]
+    fn the_schedule_fires_once_per_time_and_catches_up_only_once() {
+        let c = cluster("0 * * * *");
+        let now = |s: &str| s.parse::<Timestamp>().expect("time");
+        assert_eq!(
+            due_backup(&c, &[], now("2026-11-29T10:59:00Z")).expect("ok"),
+            None
+        );
+        let (name, when) = due_backup(&c, &[], now("2026-11-29T11:00:01Z"))
+            .expect("ok")
+            .expect("due");
+        assert_eq!(name, "db-202611291100");
+        assert_eq!(when.to_string(), "2026-11-29T11:00:00Z");
+        // Made at 11:00:02: the next is at 12:00.
+        let made = backup("db-202611291100", "{}", Some("2026-11-29T11:00:02Z"));
+        assert_eq!(
+            due_backup(&c, &[&made], now("2026-11-29T11:30:00Z")).expect("ok"),
+            None
+        );
+        // Down from 11:30 to 15:10: one backup, for 12:00, then the schedule goes on from it.
+        let (name, _) = due_backup(&c, &[&made], now("2026-11-29T15:10:00Z"))
+            .expect("ok")
+            .expect("due");
+        assert_eq!(name, "db-202611291200");
+        let bad = cluster("0 * * *");
+        assert!(due_backup(&bad, &[], now("2026-11-29T15:10:00Z")).is_err());
+    }
+}
