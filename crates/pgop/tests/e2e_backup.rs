@@ -1,0 +1,165 @@
+//! Backups end to end: a real API server, the operator, the local node, real PostgreSQL and
+//! a real S3 server (`s3s-fs`). A cluster with a schedule every minute produces
+//! PostgresBackups (taken on a standby) and `lastBackupTime`; a second cluster bootstraps
+//! from the first one's backup to a point in time between two transactions.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams, PostParams};
+use pgop_api::backup::{BackupPhase, PostgresBackup};
+use pgop_api::conditions;
+use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
+use serde_json::json;
+use std::time::Duration;
+
+fn store(endpoint: &str) -> serde_json::Value {
+    json!({"s3": {
+        "bucket": BUCKET, "endpoint": endpoint, "region": "us-east-1", "path": "e2e",
+        "credentialsSecret": {"name": "s3"},
+    }})
+}
+
+async fn completed_backups(env: &Env, cluster: &str) -> Result<Vec<PostgresBackup>> {
+    let api: Api<PostgresBackup> = Api::namespaced(env.client.clone(), env.n());
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|b| b.spec.cluster.name == cluster)
+        .filter(|b| b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Completed))
+        .collect())
+}
+
+#[tokio::test]
+async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("backup").await?;
+    let dir = env.plane.dir().join("s3-test");
+    let s3 = S3Server::start(&dir)?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "s3"},
+        "stringData": {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
+    }))?;
+    Api::<Secret>::namespaced(env.client.clone(), env.n())
+        .create(&PostParams::default(), &secret)
+        .await?;
+
+    env.create(
+        "src",
+        json!({"replicas": 2, "storage": {"size": "1Gi"},
+               "backup": {"schedule": "* * * * *", "retentionDays": 7, "store": store(&s3.endpoint())}}),
+    )
+    .await?;
+    env.wait_ready("src", 2).await?;
+    let password = env.password("src").await?;
+    write_through_rw(
+        &env,
+        "src",
+        &password,
+        "create table t(id int primary key, at timestamptz default now())",
+    )
+    .await?;
+    env.wait_cluster("src", "WAL archived", TIMEOUT, |s| {
+        conditions::is_true(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
+    })
+    .await?;
+
+    // The schedule fires within a minute; the backup is taken on the standby.
+    let src = env
+        .wait_cluster(
+            "src",
+            "a completed scheduled backup",
+            Duration::from_secs(240),
+            |s| {
+                s.last_backup_time.is_some()
+                    && conditions::is_true(&s.conditions, conditions::BACKUP_SUCCEEDED)
+            },
+        )
+        .await?;
+    let status = src.status.ok_or("no status")?;
+    let backups = completed_backups(&env, "src").await?;
+    let first = backups.first().ok_or("no completed backup")?;
+    let bs = first.status.clone().unwrap_or_default();
+    assert!(
+        bs.backup_id.is_some() && bs.begin_lsn.is_some() && bs.end_lsn.is_some(),
+        "{bs:?}"
+    );
+    assert_ne!(
+        bs.instance, status.current_primary,
+        "taken on the standby: {bs:?}"
+    );
+    assert!(
+        first
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(pgop_api::constants::ANNOTATION_SCHEDULED))
+    );
+
+    // Two transactions with a point in time between them, both archived.
+    let primary_ip = env.pod_ip(&env.current_primary("src").await?).await?;
+    let db = connect(&primary_ip, &password).await?;
+    db.batch_execute("insert into t(id) select generate_series(1, 100)")
+        .await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let between: String = db
+        .query_one(
+            "select to_char(now() at time zone 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await?
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    db.batch_execute("insert into t(id) select generate_series(101, 150)")
+        .await?;
+    let segment: String = db
+        .query_one("select pg_walfile_name(pg_switch_wal())", &[])
+        .await?
+        .get(0);
+    pgop_testenv::wait::until(&format!("{segment} archived"), TIMEOUT, || async {
+        let row = db
+            .query_one(
+                "select coalesce(last_archived_wal, '') from pg_stat_archiver",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let last: String = row.get(0);
+        if last.as_str() >= segment.as_str() {
+            Ok(())
+        } else {
+            Err(last)
+        }
+    })
+    .await?;
+
+    // A new cluster from that backup, to the point in time: exactly the first 100 rows.
+    env.create(
+        "dst",
+        json!({"replicas": 1, "storage": {"size": "1Gi"},
+               "bootstrap": {"recovery": {"backup": first.metadata.name, "targetTime": between}}}),
+    )
+    .await?;
+    let dst = env.wait_ready("dst", 1).await?;
+    let source = dst
+        .status
+        .and_then(|s| s.recovery_source)
+        .ok_or("no recovery source in the status")?;
+    assert_eq!(source.cluster, "src");
+    let dst_password = env.password("dst").await?;
+    let dst_ip = env.pod_ip(&env.current_primary("dst").await?).await?;
+    assert_eq!(count_on(&dst_ip, &dst_password, "t").await?, 100);
+    // It is a primary of its own: it takes writes.
+    write_through_rw(
+        &env,
+        "dst",
+        &dst_password,
+        "insert into t(id) values (1000)",
+    )
+    .await?;
+    drop(s3);
+    env.stop().await
+}
