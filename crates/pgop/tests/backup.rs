@@ -868,3 +868,177 @@ async fn retention_keeps_the_last_backup_and_the_wal_it_needs() {
     let restored = Node::start_restored(&dir.0, "r-1", pgdata).await;
     assert_eq!(restored.fingerprint().await, expected);
 }
+
+/// One HTTP/1.1 request to the manager on loopback; (status, body).
+async fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the manager");
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .expect("a response within 30 s")
+    .expect("read the response");
+    let code = response
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+fn job(body: &str) -> pgop_api::instance_status::BackupJob {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("a BackupJob ({e}): {body}"))
+}
+
+/// Polls `GET /pg/backups/<name>` until the job is no longer running.
+async fn finished_job(port: u16, name: &str) -> pgop_api::instance_status::BackupJob {
+    let start = Instant::now();
+    loop {
+        let (code, body) = http(port, "GET", &format!("/pg/backups/{name}"), None).await;
+        assert_eq!(code, 200, "{body}");
+        let job = job(&body);
+        if job.phase != pgop_api::instance_status::BackupJobPhase::Running {
+            return job;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "backup {name} still running: {job:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn base_backups_on_request_through_the_managers_http_endpoint() {
+    use pgop_api::instance_status::BackupJobPhase;
+    let dir = TempDir::new("http");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let archiving = Archiving {
+        store: config.clone(),
+        pgop_binary: pgop.clone(),
+    };
+    let node = Node::primary(&dir.0, "src-1", archiving.clone()).await;
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 20_000).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr, server) = pgop_instance::http::bind(
+        "127.0.0.1:0".parse().expect("address"),
+        node.instance.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    )
+    .await
+    .expect("bind the manager's HTTP endpoints");
+    let server = tokio::spawn(server);
+    let port = addr.port();
+
+    let (code, _) = http(port, "GET", "/pg/backups/unknown", None).await;
+    assert_eq!(code, 404, "a job this manager never ran");
+
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(code, 202, "{body}");
+    let started = job(&body);
+    assert_eq!(started.name, "b1");
+    assert_eq!(started.phase, BackupJobPhase::Running);
+    assert!(started.started_at.parse::<jiff::Timestamp>().is_ok());
+
+    // The same name again: the same job. Another name while it runs: 409.
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(job(&body).started_at, started.started_at);
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b2"}"#)).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("b1"), "names the running backup: {body}");
+
+    let done = finished_job(port, "b1").await;
+    assert_eq!(done.phase, BackupJobPhase::Completed, "{done:?}");
+    let id = done.backup_id.clone().expect("backupId");
+    assert!(
+        done.begin_lsn.is_some() && done.end_lsn.is_some(),
+        "{done:?}"
+    );
+    for time in [&done.begin_time, &done.end_time, &done.stopped_at] {
+        let time = time.as_deref().expect("a time");
+        assert!(time.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {time}");
+    }
+    assert_eq!(done.timeline, Some(1));
+    assert!(done.size_bytes.unwrap_or(0) > 1_000_000, "{done:?}");
+    assert!(done.stored_bytes.unwrap_or(0) > 0, "{done:?}");
+    assert_eq!(done.error, None);
+    let store = Store::open(&config).expect("open the store");
+    assert!(
+        store
+            .footer(&format!("base/{id}/backup.manifest"))
+            .await
+            .expect("read the store")
+            .is_some(),
+        "the manifest of {id} is in the store"
+    );
+    let (completed, _) = pgop_backup::base::list(&store).await.expect("list");
+    let manifest = completed
+        .iter()
+        .find(|m| m.backup_id == id)
+        .expect("a completed backup");
+    assert_eq!(done.end_lsn.as_deref(), Some(manifest.end_lsn.as_str()));
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(
+        (code, job(&body)),
+        (200, done.clone()),
+        "idempotent once done"
+    );
+
+    // A backup that fails: the error chain on the job.
+    node.instance.set_archiving(Some(Archiving {
+        store: StoreConfig::local("/proc/pgop-no-store-here", "src"),
+        pgop_binary: pgop.clone(),
+    }));
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b2"}"#)).await;
+    assert_eq!(code, 202, "{body}");
+    let failed = finished_job(port, "b2").await;
+    assert_eq!(failed.phase, BackupJobPhase::Failed, "{failed:?}");
+    assert!(
+        failed.error.as_deref().is_some_and(|e| !e.is_empty()),
+        "{failed:?}"
+    );
+    println!("a failed backup reports: {:?}", failed.error);
+
+    // No store: 400 naming the field; a known name still answers its job.
+    node.instance.set_archiving(None);
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b3"}"#)).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("spec.backup.store"), "{body}");
+    let (code, _) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(code, 200);
+
+    // PostgreSQL not running: 503.
+    node.instance.set_archiving(Some(archiving));
+    node.instance.stop().await.expect("stop PostgreSQL");
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b3"}"#)).await;
+    assert_eq!(code, 503, "{body}");
+
+    let _ = stop.send(());
+    let _ = server.await;
+}
