@@ -555,6 +555,7 @@ impl Instance {
             pgop_backup::restore::restore(&recovery.source, &self.tools(), pgdata, &options)
                 .await
                 .map_err(Error::Restore)?;
+        self.desired().bootstrap_error = None;
         let started = async {
             mark_history_for_archiving(pgdata, o.run_as).map_err(Error::MarkHistory)?;
             self.write_config()?;

@@ -1042,3 +1042,371 @@ async fn base_backups_on_request_through_the_managers_http_endpoint() {
     let _ = stop.send(());
     let _ = server.await;
 }
+
+/// `pgop instance run` as the pod `demo-1` of cluster `demo` (its PostgreSQL and its
+/// process killed on drop), run from the copy of pgop PostgreSQL's user may execute.
+struct RunningManager {
+    child: Child,
+    pgdata: PathBuf,
+    http_port: u16,
+    pg_port: u16,
+}
+
+impl RunningManager {
+    fn spawn(plane: &pgop_testenv::ControlPlane, namespace: &str, dir: &Path, pgop: &Path) -> Self {
+        let data = dir.join("demo-data");
+        let run = dir.join("demo-run");
+        make_dir(&data);
+        make_dir(&run);
+        let (http_port, pg_port) = (free_port(), free_port());
+        let child = Command::new(pgop)
+            .args(["instance", "run", "--resync", "1"])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .env("POD_NAME", "demo-1")
+            .env("POD_NAMESPACE", namespace)
+            .env("POD_IP", "127.0.0.1")
+            .env("PGOP_CLUSTER", "demo")
+            .env("PGDATA", data.join("pgdata"))
+            .env("PGOP_SOCKET_DIR", &run)
+            .env("PGOP_PG_PORT", pg_port.to_string())
+            .env("PGOP_LISTEN", format!("127.0.0.1:{http_port}"))
+            .env("PGOP_STOP_TIMEOUT", "3")
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("PGOP_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start pgop instance run");
+        Self {
+            child,
+            pgdata: data.join("pgdata"),
+            http_port,
+            pg_port,
+        }
+    }
+
+    async fn pg_status(&self) -> Option<serde_json::Value> {
+        let connected = tokio::net::TcpStream::connect(("127.0.0.1", self.http_port)).await;
+        drop(connected.ok()?);
+        let (code, body) = http(self.http_port, "GET", "/pg/status", None).await;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    async fn app(&self, password: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.pg_port)
+            .user("app")
+            .password(password)
+            .dbname("app")
+            .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+}
+
+impl Drop for RunningManager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let pid = std::fs::read_to_string(self.pgdata.join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next()?.trim().parse::<i32>().ok());
+        if let Some(pid) = pid {
+            // SAFETY: kill has no memory-safety preconditions; -pid is the server's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
+}
+
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> k8s_openapi::api::core::v1::Secret {
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "stringData": data}))
+        .expect("a Secret")
+}
+
+/// The operator's part played by the test: the Secrets, a PostgresCluster `demo` with
+/// `spec.bootstrap.recovery` from cluster `src` in the store (and its own archiving to the
+/// same store under its own name), the status naming `demo-1` the primary, and, later,
+/// `status.recoverySource`. The manager waits for it, fails on a target the WAL never
+/// reaches (visible on /pg/status, the data directory left empty), and, once the spec's
+/// target is a time between two transactions, restores exactly the first on a new
+/// timeline, with this cluster's app password and its own archive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_time() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use pgop_api::PostgresCluster;
+
+    let dir = TempDir::new("bootstrap");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let source_config = s3.config("src");
+
+    // The source cluster: a base backup, batch A, a point in time, batch B, all archived.
+    let source = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: source_config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    source
+        .exec("CREATE TABLE t (id int PRIMARY KEY, v text); ALTER TABLE t OWNER TO app")
+        .await;
+    insert(&source, 1, 1000).await;
+    let source_store = Store::open(&source_config).expect("open the store");
+    pgop_backup::base::take(
+        &source_store,
+        &tools(),
+        &source.source(),
+        "src",
+        &TakeOptions::default(),
+    )
+    .await
+    .expect("base backup");
+    insert(&source, 1001, 2000).await;
+    let fingerprint_a = source.fingerprint().await;
+    let between: String = source
+        .sql()
+        .await
+        .query_one(
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await
+        .expect("now")
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    insert(&source, 2001, 3000).await;
+    let last = source.switch_wal().await;
+    source.wait_archived(&last, Duration::from_secs(60)).await;
+    drop(source);
+
+    let plane = pgop_testenv::shared().await.expect("testenv");
+    let client = plane.client().expect("client");
+    pgop_testenv::crds::install(&client, pgop_api::crds())
+        .await
+        .expect("CRDs");
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "restore-bootstrap")
+        .await
+        .expect("namespace");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns.name());
+    let pp = PostParams::default();
+    for s in [
+        secret(
+            "demo-app",
+            &[
+                ("username", "app"),
+                ("password", "new-app-password"),
+                ("dbname", "app"),
+            ],
+        ),
+        secret(
+            "demo-replication",
+            &[("username", "streaming_replica"), ("password", "new-repl")],
+        ),
+        secret(
+            "s3-creds",
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ],
+        ),
+    ] {
+        secrets.create(&pp, &s).await.expect("a Secret");
+    }
+    let store = serde_json::json!({"s3": {
+        "bucket": BUCKET, "endpoint": format!("http://127.0.0.1:{}", s3.port),
+        "region": "us-east-1", "path": "tests/pgop",
+        "credentialsSecret": {"name": "s3-creds"},
+    }});
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), ns.name());
+    let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "replicas": 1, "storage": {"size": "1Gi"},
+            "backup": {"store": store},
+            "bootstrap": {"recovery": {"store": store, "sourceCluster": "src",
+                                       "targetTime": "2999-01-01T00:00:00Z"}},
+        },
+    }))
+    .expect("a PostgresCluster");
+    clusters.create(&pp, &cluster).await.expect("create demo");
+    let status = |s: serde_json::Value| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch_status(
+                    "demo",
+                    &PatchParams::default(),
+                    &Patch::Merge(&serde_json::json!({ "status": s })),
+                )
+                .await
+                .expect("patch the status");
+        }
+    };
+    status(serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1"})).await;
+
+    let manager = RunningManager::spawn(plane, ns.name(), &dir.0, &pgop);
+    // Named the primary, but no recoverySource yet: it waits (no initdb).
+    wait_for("the manager's /pg/status", Duration::from_secs(30), || {
+        manager.pg_status()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !manager.pgdata.join("PG_VERSION").exists(),
+        "neither initdb nor a restore before status.recoverySource"
+    );
+
+    // The operator resolves the source; the target is after the end of the WAL: the
+    // restore fails, visibly, and leaves no data.
+    status(serde_json::json!({"recoverySource": {"cluster": "src", "store": store}})).await;
+    let error = wait_for(
+        "bootstrapError on /pg/status",
+        Duration::from_secs(120),
+        || async {
+            let status = manager.pg_status().await?;
+            status["bootstrapError"].as_str().map(str::to_string)
+        },
+    )
+    .await;
+    assert!(
+        error.contains("recovery ended before configured recovery target was reached"),
+        "{error}"
+    );
+    assert!(
+        !manager.pgdata.join("PG_VERSION").exists(),
+        "a failed restore leaves no data directory to start"
+    );
+
+    // The target between the two batches: retried after the back-off, exactly batch A.
+    let started = Instant::now();
+    let target = serde_json::json!({"spec": {"bootstrap": {"recovery": {"targetTime": between}}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&target))
+        .await
+        .expect("patch the target");
+    let status = wait_for(
+        "the restored primary, with the new app password",
+        Duration::from_secs(180),
+        || async {
+            let status = manager.pg_status().await?;
+            (status["role"] == "primary").then_some(())?;
+            manager.app("new-app-password").await.ok()?;
+            Some(status)
+        },
+    )
+    .await;
+    println!(
+        "restored and running as the primary {:?} after the target was fixed",
+        started.elapsed()
+    );
+    assert_eq!(status["timeline"], 2, "a new timeline: {status}");
+    assert!(status.get("bootstrapError").is_none(), "{status}");
+    let app = manager
+        .app("new-app-password")
+        .await
+        .expect("the new cluster's app password works");
+    let row = app
+        .query_one(
+            "SELECT count(*), md5(coalesce(string_agg(id::text || ':' || v, ',' ORDER BY id), '')) FROM t",
+            &[],
+        )
+        .await
+        .expect("fingerprint");
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, String>(1)),
+        fingerprint_a
+    );
+    assert!(
+        manager.app("app-secret").await.is_err(),
+        "the source's app password no longer works"
+    );
+    app.batch_execute("INSERT INTO t VALUES (5000, 'after the restore')")
+        .await
+        .expect("writes on the new primary");
+
+    // Its own archive: the new timeline's history file and WAL under `demo`, nothing of
+    // timeline 2 under the source's name.
+    let own = Store::open(&s3.config("demo")).expect("open the store");
+    let history = pgop_backup::WalName::parse("00000002.history").expect("history name");
+    wait_for(
+        "00000002.history archived under demo",
+        Duration::from_secs(60),
+        || async {
+            pgop_backup::wal::exists(&own, &history)
+                .await
+                .ok()
+                .filter(|e| *e)
+        },
+    )
+    .await;
+    let switched: String = app
+        .query_one("SELECT pg_walfile_name(pg_current_wal_lsn())", &[])
+        .await
+        .expect("current WAL")
+        .get(0);
+    drop(app);
+    let superuser = tokio_postgres::Config::new()
+        .host_path(dir.0.join("demo-run"))
+        .port(manager.pg_port)
+        .user("postgres")
+        .dbname("postgres")
+        .connect(tokio_postgres::NoTls)
+        .await;
+    let (c, connection) = superuser.expect("superuser over the socket");
+    tokio::spawn(connection);
+    c.batch_execute("SELECT pg_switch_wal()")
+        .await
+        .expect("switch");
+    let segment = pgop_backup::WalName::parse(&switched).expect("segment name");
+    wait_for(
+        "timeline 2 WAL archived under demo",
+        Duration::from_secs(60),
+        || async {
+            pgop_backup::wal::exists(&own, &segment)
+                .await
+                .ok()
+                .filter(|e| *e)
+        },
+    )
+    .await;
+    assert!(
+        source_store
+            .list("wal/00000002/")
+            .await
+            .expect("list the source's WAL")
+            .is_empty(),
+        "nothing of the new timeline in the source's archive"
+    );
+
+    drop(manager);
+    ns.delete().await.expect("delete the namespace");
+}
