@@ -71,6 +71,11 @@ pub struct PgStatus {
     /// not answer (and from managers that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archiving: Option<ArchiveStatus>,
+    /// Why the last bootstrap of the data directory failed (a restore from a backup whose
+    /// target is unreachable, a corrupt object, ...); unset once a bootstrap succeeds. The
+    /// manager retries after a back-off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_error: Option<String>,
 }
 
 /// WAL archiving as PostgreSQL reports it (`pg_stat_archiver`, since the server started
@@ -144,6 +149,7 @@ impl PgStatus {
             postgres_version: None,
             postgres_version_num: None,
             archiving: None,
+            bootstrap_error: None,
         }
     }
 

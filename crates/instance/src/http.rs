@@ -1,12 +1,16 @@
-//! The manager's HTTP endpoints (axum): `/healthz`, `/readyz` and `/pg/status`. Read-only: it
-//! must never change the instance (role changes come from the cluster status, not HTTP).
+//! The manager's HTTP endpoints (axum): `/healthz`, `/readyz`, `/pg/status`, and
+//! `/pg/backups` (base backups on request, the only thing HTTP may start). It must never
+//! change the instance's role or configuration (those come from the cluster status).
 
-use crate::instance::Instance;
-use axum::extract::State;
+use crate::backups::Begin;
+use crate::instance::{BackupRefused, Instance};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::{Json, Router};
-use pgop_api::constants::{PATH_HEALTHZ, PATH_PG_STATUS, PATH_READYZ};
+use pgop_api::constants::{PATH_BACKUPS, PATH_HEALTHZ, PATH_PG_STATUS, PATH_READYZ};
+use pgop_api::instance_status::BackupRequest;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +29,8 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route(PATH_HEALTHZ, get(healthz))
         .route(PATH_READYZ, get(readyz))
         .route(PATH_PG_STATUS, get(pg_status))
+        .route(PATH_BACKUPS, post(start_backup))
+        .route(&format!("{PATH_BACKUPS}/{{name}}"), get(backup_job))
         .with_state(instance)
 }
 
@@ -64,4 +70,48 @@ async fn readyz(State(instance): State<Arc<Instance>>) -> (StatusCode, &'static 
 
 async fn pg_status(State(instance): State<Arc<Instance>>) -> Json<crate::status::PgStatus> {
     Json(instance.status().await)
+}
+
+/// `POST /pg/backups`: 202 and the new job; 200 and the job of that name if it exists
+/// (whatever its phase); 409 while another backup runs; 400 without a store; 503 while
+/// PostgreSQL does not run.
+async fn start_backup(
+    State(instance): State<Arc<Instance>>,
+    Json(request): Json<BackupRequest>,
+) -> Response {
+    if request.name.is_empty() || request.name.len() > 253 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "the backup name must have 1 to 253 characters\n",
+        )
+            .into_response();
+    }
+    match instance.start_backup(&request.name) {
+        Ok(Begin::Started(job)) => (StatusCode::ACCEPTED, Json(job)).into_response(),
+        Ok(Begin::Existing(job)) => (StatusCode::OK, Json(job)).into_response(),
+        Ok(Begin::Busy { running }) => (
+            StatusCode::CONFLICT,
+            format!("another base backup is running on this instance: {running}\n"),
+        )
+            .into_response(),
+        Err(refused @ BackupRefused::NoStore) => {
+            (StatusCode::BAD_REQUEST, format!("{refused}\n")).into_response()
+        }
+        Err(refused @ BackupRefused::NotRunning) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{refused}\n")).into_response()
+        }
+    }
+}
+
+/// `GET /pg/backups/<name>`: the job, or 404 when this manager does not know it (it
+/// restarted since, or never ran it).
+async fn backup_job(State(instance): State<Arc<Instance>>, Path(name): Path<String>) -> Response {
+    match instance.backup_job(&name) {
+        Some(job) => Json(job).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            format!("no backup job {name} on this instance manager\n"),
+        )
+            .into_response(),
+    }
 }

@@ -2,6 +2,7 @@
 //! PostgreSQL instance. Everything PostgreSQL-facing works without Kubernetes ([`Instance`]
 //! takes the desired role directly); `run` adds the PostgresCluster watch on top.
 
+pub mod backups;
 pub mod bootstrap;
 pub mod config;
 pub mod http;
@@ -17,7 +18,7 @@ pub mod sync;
 
 pub use bootstrap::{Credentials, DataState};
 pub use config::{InvalidParameter, Layout, Mode};
-pub use instance::{Archiving, ConfigReport, Instance, Options, Rejoin};
+pub use instance::{Archiving, BackupRefused, ConfigReport, Instance, Options, Recovery, Rejoin};
 pub use pg::{Binaries, Endpoint, RunAs, Upstream};
 pub use status::{PgRole, PgStatus};
 pub use sync::SyncSpec;

@@ -61,6 +61,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         pending_restart_parameters: pending,
         invalid_parameters: Vec::new(),
         archiving: Some(archiving(client).await?),
+        bootstrap_error: None,
     };
     if !in_recovery {
         let rows = client

@@ -868,3 +868,545 @@ async fn retention_keeps_the_last_backup_and_the_wal_it_needs() {
     let restored = Node::start_restored(&dir.0, "r-1", pgdata).await;
     assert_eq!(restored.fingerprint().await, expected);
 }
+
+/// One HTTP/1.1 request to the manager on loopback; (status, body).
+async fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect to the manager");
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .expect("a response within 30 s")
+    .expect("read the response");
+    let code = response
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+fn job(body: &str) -> pgop_api::instance_status::BackupJob {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("a BackupJob ({e}): {body}"))
+}
+
+/// Polls `GET /pg/backups/<name>` until the job is no longer running.
+async fn finished_job(port: u16, name: &str) -> pgop_api::instance_status::BackupJob {
+    let start = Instant::now();
+    loop {
+        let (code, body) = http(port, "GET", &format!("/pg/backups/{name}"), None).await;
+        assert_eq!(code, 200, "{body}");
+        let job = job(&body);
+        if job.phase != pgop_api::instance_status::BackupJobPhase::Running {
+            return job;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "backup {name} still running: {job:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn base_backups_on_request_through_the_managers_http_endpoint() {
+    use pgop_api::instance_status::BackupJobPhase;
+    let dir = TempDir::new("http");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let archiving = Archiving {
+        store: config.clone(),
+        pgop_binary: pgop.clone(),
+    };
+    let node = Node::primary(&dir.0, "src-1", archiving.clone()).await;
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 20_000).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr, server) = pgop_instance::http::bind(
+        "127.0.0.1:0".parse().expect("address"),
+        node.instance.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    )
+    .await
+    .expect("bind the manager's HTTP endpoints");
+    let server = tokio::spawn(server);
+    let port = addr.port();
+
+    let (code, _) = http(port, "GET", "/pg/backups/unknown", None).await;
+    assert_eq!(code, 404, "a job this manager never ran");
+
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(code, 202, "{body}");
+    let started = job(&body);
+    assert_eq!(started.name, "b1");
+    assert_eq!(started.phase, BackupJobPhase::Running);
+    assert!(started.started_at.parse::<jiff::Timestamp>().is_ok());
+
+    // The same name again: the same job. Another name while it runs: 409.
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(job(&body).started_at, started.started_at);
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b2"}"#)).await;
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("b1"), "names the running backup: {body}");
+
+    let done = finished_job(port, "b1").await;
+    assert_eq!(done.phase, BackupJobPhase::Completed, "{done:?}");
+    let id = done.backup_id.clone().expect("backupId");
+    assert!(
+        done.begin_lsn.is_some() && done.end_lsn.is_some(),
+        "{done:?}"
+    );
+    for time in [&done.begin_time, &done.end_time, &done.stopped_at] {
+        let time = time.as_deref().expect("a time");
+        assert!(time.parse::<jiff::Timestamp>().is_ok(), "RFC 3339: {time}");
+    }
+    assert_eq!(done.timeline, Some(1));
+    assert!(done.size_bytes.unwrap_or(0) > 1_000_000, "{done:?}");
+    assert!(done.stored_bytes.unwrap_or(0) > 0, "{done:?}");
+    assert_eq!(done.error, None);
+    let store = Store::open(&config).expect("open the store");
+    assert!(
+        store
+            .footer(&format!("base/{id}/backup.manifest"))
+            .await
+            .expect("read the store")
+            .is_some(),
+        "the manifest of {id} is in the store"
+    );
+    let (completed, _) = pgop_backup::base::list(&store).await.expect("list");
+    let manifest = completed
+        .iter()
+        .find(|m| m.backup_id == id)
+        .expect("a completed backup");
+    assert_eq!(done.end_lsn.as_deref(), Some(manifest.end_lsn.as_str()));
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(
+        (code, job(&body)),
+        (200, done.clone()),
+        "idempotent once done"
+    );
+
+    // A backup that fails: the error chain on the job.
+    node.instance.set_archiving(Some(Archiving {
+        store: StoreConfig::local("/proc/pgop-no-store-here", "src"),
+        pgop_binary: pgop.clone(),
+    }));
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b2"}"#)).await;
+    assert_eq!(code, 202, "{body}");
+    let failed = finished_job(port, "b2").await;
+    assert_eq!(failed.phase, BackupJobPhase::Failed, "{failed:?}");
+    assert!(
+        failed.error.as_deref().is_some_and(|e| !e.is_empty()),
+        "{failed:?}"
+    );
+    println!("a failed backup reports: {:?}", failed.error);
+
+    // No store: 400 naming the field; a known name still answers its job.
+    node.instance.set_archiving(None);
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b3"}"#)).await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("spec.backup.store"), "{body}");
+    let (code, _) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
+    assert_eq!(code, 200);
+
+    // PostgreSQL not running: 503.
+    node.instance.set_archiving(Some(archiving));
+    node.instance.stop().await.expect("stop PostgreSQL");
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b3"}"#)).await;
+    assert_eq!(code, 503, "{body}");
+
+    let _ = stop.send(());
+    let _ = server.await;
+}
+
+/// `pgop instance run` as the pod `demo-1` of cluster `demo` (its PostgreSQL and its
+/// process killed on drop), run from the copy of pgop PostgreSQL's user may execute.
+struct RunningManager {
+    child: Child,
+    pgdata: PathBuf,
+    http_port: u16,
+    pg_port: u16,
+}
+
+impl RunningManager {
+    fn spawn(plane: &pgop_testenv::ControlPlane, namespace: &str, dir: &Path, pgop: &Path) -> Self {
+        let data = dir.join("demo-data");
+        let run = dir.join("demo-run");
+        make_dir(&data);
+        make_dir(&run);
+        let (http_port, pg_port) = (free_port(), free_port());
+        let child = Command::new(pgop)
+            .args(["instance", "run", "--resync", "1"])
+            .env("KUBECONFIG", plane.kubeconfig())
+            .env("POD_NAME", "demo-1")
+            .env("POD_NAMESPACE", namespace)
+            .env("POD_IP", "127.0.0.1")
+            .env("PGOP_CLUSTER", "demo")
+            .env("PGDATA", data.join("pgdata"))
+            .env("PGOP_SOCKET_DIR", &run)
+            .env("PGOP_PG_PORT", pg_port.to_string())
+            .env("PGOP_LISTEN", format!("127.0.0.1:{http_port}"))
+            .env("PGOP_STOP_TIMEOUT", "3")
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("PGOP_TEST_LOGS").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start pgop instance run");
+        Self {
+            child,
+            pgdata: data.join("pgdata"),
+            http_port,
+            pg_port,
+        }
+    }
+
+    async fn pg_status(&self) -> Option<serde_json::Value> {
+        let connected = tokio::net::TcpStream::connect(("127.0.0.1", self.http_port)).await;
+        drop(connected.ok()?);
+        let (code, body) = http(self.http_port, "GET", "/pg/status", None).await;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    async fn app(&self, password: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, connection) = tokio_postgres::Config::new()
+            .host("127.0.0.1")
+            .port(self.pg_port)
+            .user("app")
+            .password(password)
+            .dbname("app")
+            .connect(tokio_postgres::NoTls)
+            .await?;
+        tokio::spawn(connection);
+        Ok(client)
+    }
+}
+
+impl Drop for RunningManager {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let pid = std::fs::read_to_string(self.pgdata.join("postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next()?.trim().parse::<i32>().ok());
+        if let Some(pid) = pid {
+            // SAFETY: kill has no memory-safety preconditions; -pid is the server's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
+}
+
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> k8s_openapi::api::core::v1::Secret {
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "stringData": data}))
+        .expect("a Secret")
+}
+
+/// The operator's part played by the test: the Secrets, a PostgresCluster `demo` with
+/// `spec.bootstrap.recovery` from cluster `src` in the store (and its own archiving to the
+/// same store under its own name), the status naming `demo-1` the primary, and, later,
+/// `status.recoverySource`. The manager waits for it, fails on a target the WAL never
+/// reaches (visible on /pg/status, the data directory left empty), and, once the spec's
+/// target is a time between two transactions, restores exactly the first on a new
+/// timeline, with this cluster's app password and its own archive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_time() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+    use kube::api::{Patch, PatchParams, PostParams};
+    use pgop_api::PostgresCluster;
+
+    let dir = TempDir::new("bootstrap");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let source_config = s3.config("src");
+
+    // The source cluster: a base backup, batch A, a point in time, batch B, all archived.
+    let source = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: source_config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    source
+        .exec("CREATE TABLE t (id int PRIMARY KEY, v text); ALTER TABLE t OWNER TO app")
+        .await;
+    insert(&source, 1, 1000).await;
+    let source_store = Store::open(&source_config).expect("open the store");
+    pgop_backup::base::take(
+        &source_store,
+        &tools(),
+        &source.source(),
+        "src",
+        &TakeOptions::default(),
+    )
+    .await
+    .expect("base backup");
+    insert(&source, 1001, 2000).await;
+    let fingerprint_a = source.fingerprint().await;
+    let between: String = source
+        .sql()
+        .await
+        .query_one(
+            "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
+            &[],
+        )
+        .await
+        .expect("now")
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    insert(&source, 2001, 3000).await;
+    let last = source.switch_wal().await;
+    source.wait_archived(&last, Duration::from_secs(60)).await;
+    drop(source);
+
+    let plane = pgop_testenv::shared().await.expect("testenv");
+    let client = plane.client().expect("client");
+    pgop_testenv::crds::install(&client, pgop_api::crds())
+        .await
+        .expect("CRDs");
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "restore-bootstrap")
+        .await
+        .expect("namespace");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns.name());
+    let pp = PostParams::default();
+    for s in [
+        secret(
+            "demo-app",
+            &[
+                ("username", "app"),
+                ("password", "new-app-password"),
+                ("dbname", "app"),
+            ],
+        ),
+        secret(
+            "demo-replication",
+            &[("username", "streaming_replica"), ("password", "new-repl")],
+        ),
+        secret(
+            "s3-creds",
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ],
+        ),
+    ] {
+        secrets.create(&pp, &s).await.expect("a Secret");
+    }
+    let store = serde_json::json!({"s3": {
+        "bucket": BUCKET, "endpoint": format!("http://127.0.0.1:{}", s3.port),
+        "region": "us-east-1", "path": "tests/pgop",
+        "credentialsSecret": {"name": "s3-creds"},
+    }});
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), ns.name());
+    let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "replicas": 1, "storage": {"size": "1Gi"},
+            "backup": {"store": store},
+            "bootstrap": {"recovery": {"store": store, "sourceCluster": "src",
+                                       "targetTime": "2999-01-01T00:00:00Z"}},
+        },
+    }))
+    .expect("a PostgresCluster");
+    clusters.create(&pp, &cluster).await.expect("create demo");
+    let status = |s: serde_json::Value| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch_status(
+                    "demo",
+                    &PatchParams::default(),
+                    &Patch::Merge(&serde_json::json!({ "status": s })),
+                )
+                .await
+                .expect("patch the status");
+        }
+    };
+    status(serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1"})).await;
+
+    let manager = RunningManager::spawn(plane, ns.name(), &dir.0, &pgop);
+    // Named the primary, but no recoverySource yet: it waits (no initdb).
+    wait_for("the manager's /pg/status", Duration::from_secs(30), || {
+        manager.pg_status()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !manager.pgdata.join("PG_VERSION").exists(),
+        "neither initdb nor a restore before status.recoverySource"
+    );
+
+    // The operator resolves the source; the target is after the end of the WAL: the
+    // restore fails, visibly, and leaves no data.
+    status(serde_json::json!({"recoverySource": {"cluster": "src", "store": store}})).await;
+    let error = wait_for(
+        "bootstrapError on /pg/status",
+        Duration::from_secs(120),
+        || async {
+            let status = manager.pg_status().await?;
+            status["bootstrapError"].as_str().map(str::to_string)
+        },
+    )
+    .await;
+    assert!(
+        error.contains("recovery ended before configured recovery target was reached"),
+        "{error}"
+    );
+    assert!(
+        !manager.pgdata.join("PG_VERSION").exists(),
+        "a failed restore leaves no data directory to start"
+    );
+
+    // The target between the two batches: retried after the back-off, exactly batch A.
+    let started = Instant::now();
+    let target = serde_json::json!({"spec": {"bootstrap": {"recovery": {"targetTime": between}}}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&target))
+        .await
+        .expect("patch the target");
+    let status = wait_for(
+        "the restored primary, with the new app password",
+        Duration::from_secs(180),
+        || async {
+            let status = manager.pg_status().await?;
+            (status["role"] == "primary").then_some(())?;
+            manager.app("new-app-password").await.ok()?;
+            Some(status)
+        },
+    )
+    .await;
+    println!(
+        "restored and running as the primary {:?} after the target was fixed",
+        started.elapsed()
+    );
+    assert_eq!(status["timeline"], 2, "a new timeline: {status}");
+    assert!(status.get("bootstrapError").is_none(), "{status}");
+    let app = manager
+        .app("new-app-password")
+        .await
+        .expect("the new cluster's app password works");
+    let row = app
+        .query_one(
+            "SELECT count(*), md5(coalesce(string_agg(id::text || ':' || v, ',' ORDER BY id), '')) FROM t",
+            &[],
+        )
+        .await
+        .expect("fingerprint");
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, String>(1)),
+        fingerprint_a
+    );
+    assert!(
+        manager.app("app-secret").await.is_err(),
+        "the source's app password no longer works"
+    );
+    app.batch_execute("INSERT INTO t VALUES (5000, 'after the restore')")
+        .await
+        .expect("writes on the new primary");
+
+    // Its own archive: the new timeline's history file and WAL under `demo`, nothing of
+    // timeline 2 under the source's name.
+    let own = Store::open(&s3.config("demo")).expect("open the store");
+    let history = pgop_backup::WalName::parse("00000002.history").expect("history name");
+    wait_for(
+        "00000002.history archived under demo",
+        Duration::from_secs(60),
+        || async {
+            pgop_backup::wal::exists(&own, &history)
+                .await
+                .ok()
+                .filter(|e| *e)
+        },
+    )
+    .await;
+    let switched: String = app
+        .query_one("SELECT pg_walfile_name(pg_current_wal_lsn())", &[])
+        .await
+        .expect("current WAL")
+        .get(0);
+    drop(app);
+    let superuser = tokio_postgres::Config::new()
+        .host_path(dir.0.join("demo-run"))
+        .port(manager.pg_port)
+        .user("postgres")
+        .dbname("postgres")
+        .connect(tokio_postgres::NoTls)
+        .await;
+    let (c, connection) = superuser.expect("superuser over the socket");
+    tokio::spawn(connection);
+    c.batch_execute("SELECT pg_switch_wal()")
+        .await
+        .expect("switch");
+    let segment = pgop_backup::WalName::parse(&switched).expect("segment name");
+    wait_for(
+        "timeline 2 WAL archived under demo",
+        Duration::from_secs(60),
+        || async {
+            pgop_backup::wal::exists(&own, &segment)
+                .await
+                .ok()
+                .filter(|e| *e)
+        },
+    )
+    .await;
+    assert!(
+        source_store
+            .list("wal/00000002/")
+            .await
+            .expect("list the source's WAL")
+            .is_empty(),
+        "nothing of the new timeline in the source's archive"
+    );
+
+    drop(manager);
+    ns.delete().await.expect("delete the namespace");
+}

@@ -28,6 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use pgop_api::PostgresCluster;
+use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
 use pgop_api::constants::ANNOTATION_RESTART;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -42,6 +43,12 @@ const RETRY_WHILE_CHANGING: Duration = Duration::from_secs(1);
 /// Added to `spec.failoverDelay`: how long a crashed primary stays down before restarting
 /// as the primary, if the status still names it then.
 const CRASH_HOLD_OFF_EXTRA: Duration = Duration::from_secs(10);
+/// How often a pass that waits for `status.recoverySource` runs again.
+const WAIT_FOR_RECOVERY_SOURCE: Duration = Duration::from_secs(2);
+/// How long after a failed restore the next attempt waits.
+const RESTORE_BACKOFF: Duration = Duration::from_secs(30);
+/// How long a restore may replay WAL.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -86,6 +93,8 @@ enum Next {
     Idle,
     /// Run again shortly: waiting for the Lease, a hold-off or a change of primary.
     Soon,
+    /// Run again after this long (waiting for the operator, or backing off).
+    After(Duration),
 }
 
 /// The primary Lease as this manager holds it.
@@ -250,6 +259,7 @@ pub async fn run(
     let mut events = std::pin::pin!(events);
     let mut resync = tokio::time::interval(settings.resync);
     let mut restarts = RestartRequests::default();
+    let mut bootstrap_failed: Option<Instant> = None;
     let mut states = instance.state_changes();
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
@@ -291,6 +301,7 @@ pub async fn run(
                     &mut hold,
                     &cluster,
                     &mut restarts,
+                    &mut bootstrap_failed,
                 )
                 .await;
                 (changing, result)
@@ -300,6 +311,7 @@ pub async fn run(
             () = &mut shutdown => break,
             (changing, result) = step => match result {
                 Ok(Next::Soon) => soon = Some(Box::pin(tokio::time::sleep(SOON))),
+                Ok(Next::After(after)) => soon = Some(Box::pin(tokio::time::sleep(after))),
                 Ok(Next::Idle) if changing => soon = Some(Box::pin(tokio::time::sleep(SOON))),
                 Ok(Next::Idle) => {}
                 Err(err) => {
@@ -329,6 +341,7 @@ async fn reconcile(
     hold: &mut LeaseHold,
     cluster: &PostgresCluster,
     restarts: &mut RestartRequests,
+    bootstrap_failed: &mut Option<Instant>,
 ) -> Result<Next, Error> {
     if let Some(owner) = owner_reference(cluster) {
         hold.lease.set_owner(owner);
@@ -368,6 +381,34 @@ async fn reconcile(
     // WAL archiving follows spec.backup.store; written with the next start or reload.
     instance.set_archiving(archiving(client, settings, cluster).await?);
     let plan = plan::plan(me, &status, &observed);
+    // spec.bootstrap.recovery: the first primary restores a backup instead of initdb, from
+    // where the operator resolved it; decided before the Lease is taken.
+    let mut recovery = None;
+    let recovery_spec = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|b| b.recovery.as_ref());
+    if plan.action == Action::BootstrapPrimary
+        && let Some(spec) = recovery_spec
+    {
+        let Some(source) = status.recovery_source.as_ref() else {
+            tracing::info!("waiting for the operator to resolve status.recoverySource");
+            return Ok(Next::After(WAIT_FOR_RECOVERY_SOURCE));
+        };
+        if let Some(left) =
+            bootstrap_failed.and_then(|at| RESTORE_BACKOFF.checked_sub(at.elapsed()))
+        {
+            return Ok(Next::After(left));
+        }
+        match recovery_of(client, settings, spec, source).await {
+            Ok(r) => recovery = Some(r),
+            Err(err) => {
+                instance.set_bootstrap_error(Some(error_chain(&err)));
+                return Err(err);
+            }
+        }
+    }
     if plan.action.needs_lease() && !hold.acquire(instance).await? {
         return Ok(Next::Soon);
     }
@@ -397,10 +438,29 @@ async fn reconcile(
             tracing::info!("stepped down; waiting for the new primary to be confirmed");
             return Ok(Next::Soon);
         }
-        Action::BootstrapPrimary => {
-            tracing::info!("bootstrapping a new primary with initdb");
-            instance.bootstrap_primary().await.map_err(manage)?;
-        }
+        Action::BootstrapPrimary => match &recovery {
+            Some(recovery) => {
+                tracing::info!(source = %recovery.source.cluster, store = ?recovery.source, backup = ?recovery.backup_id, target = ?recovery.target, "bootstrapping a new primary by restoring a backup");
+                match instance.bootstrap_recovery(recovery).await {
+                    Ok(restored) => {
+                        tracing::info!(backup = %restored.backup.backup_id, timeline = restored.timeline, lsn = %restored.lsn, "restored; running as the primary on a new timeline");
+                        instance.set_bootstrap_error(None);
+                        *bootstrap_failed = None;
+                    }
+                    Err(err) => {
+                        let chain = error_chain(&err);
+                        tracing::error!(error = %chain, retry_in = ?RESTORE_BACKOFF, "the restore failed; the data directory is empty again");
+                        instance.set_bootstrap_error(Some(chain));
+                        *bootstrap_failed = Some(Instant::now());
+                        return Ok(Next::After(RESTORE_BACKOFF));
+                    }
+                }
+            }
+            None => {
+                tracing::info!("bootstrapping a new primary with initdb");
+                instance.bootstrap_primary().await.map_err(manage)?;
+            }
+        },
         Action::StartPrimary => instance.start_as(Mode::Primary).await.map_err(manage)?,
         Action::StartStandby { primary } => {
             let upstream = upstream_for(primary).await?;
@@ -482,6 +542,49 @@ async fn archiving(
     let Some(store) = cluster.spec.backup.as_ref().and_then(|b| b.store.as_ref()) else {
         return Ok(None);
     };
+    let config = store_config(client, settings, store, &settings.cluster).await?;
+    Ok(Some(instance::Archiving {
+        store: config,
+        pgop_binary: settings.pgop_binary.clone(),
+    }))
+}
+
+/// What `spec.bootstrap.recovery` and `status.recoverySource` ask to restore: the source
+/// cluster's store (credentials from the Secret its `s3.credentialsSecret` names, in this
+/// namespace), the backup, the target.
+async fn recovery_of(
+    client: &kube::Client,
+    settings: &Settings,
+    spec: &RecoverySpec,
+    source: &RecoverySource,
+) -> Result<instance::Recovery, Error> {
+    let config = store_config(client, settings, &source.store, &source.cluster).await?;
+    Ok(instance::Recovery {
+        source: config,
+        backup_id: source.backup_id.clone(),
+        target: recovery_target(spec),
+        pgop_binary: settings.pgop_binary.clone(),
+        timeout: RESTORE_TIMEOUT,
+    })
+}
+
+/// The recovery target of `spec.bootstrap.recovery`: a time, an LSN, else the end of WAL.
+pub fn recovery_target(spec: &RecoverySpec) -> pgop_backup::Target {
+    match (&spec.target_time, &spec.target_lsn) {
+        (Some(time), _) => pgop_backup::Target::Time(time.clone()),
+        (None, Some(lsn)) => pgop_backup::Target::Lsn(lsn.clone()),
+        (None, None) => pgop_backup::Target::EndOfWal,
+    }
+}
+
+/// A store of the API resolved for `cluster`'s objects: S3 keys read from the Secret the
+/// store names (in this namespace), a volume at its mount path.
+async fn store_config(
+    client: &kube::Client,
+    settings: &Settings,
+    store: &BackupStore,
+    cluster: &str,
+) -> Result<pgop_backup::StoreConfig, Error> {
     let keys = match &store.s3 {
         Some(s3) => {
             let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
@@ -512,17 +615,8 @@ async fn archiving(
         }
         None => None,
     };
-    let config = pgop_backup::StoreConfig::from_api(
-        store,
-        &settings.cluster,
-        keys.as_ref(),
-        &settings.backup_volume_path,
-    )
-    .map_err(Error::StoreConfig)?;
-    Ok(Some(instance::Archiving {
-        store: config,
-        pgop_binary: settings.pgop_binary.clone(),
-    }))
+    pgop_backup::StoreConfig::from_api(store, cluster, keys.as_ref(), &settings.backup_volume_path)
+        .map_err(Error::StoreConfig)
 }
 
 /// How long a crashed primary stays down: `spec.failoverDelay` + 10 s.
@@ -650,7 +744,29 @@ async fn read_credentials(
 
 #[cfg(test)]
 mod tests {
-    use super::RestartRequests;
+    use super::{RestartRequests, recovery_target};
+    use pgop_api::cluster::RecoverySpec;
+    use pgop_backup::Target;
+
+    #[test]
+    fn the_recovery_target_is_the_time_the_lsn_or_the_end_of_wal() {
+        let spec = |time: Option<&str>, lsn: Option<&str>| RecoverySpec {
+            backup: None,
+            store: None,
+            source_cluster: None,
+            target_time: time.map(str::to_string),
+            target_lsn: lsn.map(str::to_string),
+        };
+        assert_eq!(recovery_target(&spec(None, None)), Target::EndOfWal);
+        assert_eq!(
+            recovery_target(&spec(Some("2025-01-31T12:00:00Z"), None)),
+            Target::Time("2025-01-31T12:00:00Z".into())
+        );
+        assert_eq!(
+            recovery_target(&spec(None, Some("0/3000060"))),
+            Target::Lsn("0/3000060".into())
+        );
+    }
 
     #[test]
     fn only_a_new_restart_annotation_restarts() {

@@ -1,0 +1,199 @@
+//! Base backups on request (`POST /pg/backups`): one at a time, in a background task, into
+//! the cluster's own store (the one WAL is archived to), with the last [`KEEP_JOBS`] jobs
+//! kept in memory for `GET /pg/backups/<name>`. The bookkeeping ([`Jobs`]) is pure and
+//! unit-tested; the task runs `pgop_backup::base::take`. A manager that restarts forgets
+//! its jobs: the operator sees 404 and marks the backup failed.
+
+use pgop_api::instance_status::{BackupJob, BackupJobPhase};
+use pgop_backup::Manifest;
+
+/// How many jobs (finished ones, plus the running one) are remembered.
+pub const KEEP_JOBS: usize = 20;
+
+/// The outcome of asking for a backup.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Begin {
+    /// A new job, now running: 202.
+    Started(BackupJob),
+    /// A job of that name exists (in any phase): 200, the same job.
+    Existing(BackupJob),
+    /// Another backup is running: 409.
+    Busy { running: String },
+}
+
+/// The jobs this manager knows, oldest first.
+#[derive(Debug, Default)]
+pub struct Jobs {
+    jobs: Vec<BackupJob>,
+}
+
+impl Jobs {
+    /// Registers a job named `name` unless it exists or another one runs; `now` is RFC 3339.
+    pub fn begin(&mut self, name: &str, now: &str) -> Begin {
+        if let Some(job) = self.get(name) {
+            return Begin::Existing(job);
+        }
+        if let Some(running) = self
+            .jobs
+            .iter()
+            .find(|j| j.phase == BackupJobPhase::Running)
+        {
+            return Begin::Busy {
+                running: running.name.clone(),
+            };
+        }
+        let job = BackupJob {
+            name: name.to_string(),
+            phase: BackupJobPhase::Running,
+            started_at: now.to_string(),
+            stopped_at: None,
+            backup_id: None,
+            begin_lsn: None,
+            end_lsn: None,
+            begin_time: None,
+            end_time: None,
+            timeline: None,
+            size_bytes: None,
+            stored_bytes: None,
+            error: None,
+        };
+        self.jobs.push(job.clone());
+        // Forget the oldest finished jobs (never the running one).
+        while self.jobs.len() > KEEP_JOBS {
+            match self
+                .jobs
+                .iter()
+                .position(|j| j.phase != BackupJobPhase::Running)
+            {
+                Some(at) => {
+                    self.jobs.remove(at);
+                }
+                None => break,
+            }
+        }
+        Begin::Started(job)
+    }
+
+    /// Records the end of job `name`: the manifest of a completed backup, or the error chain.
+    pub fn finish(&mut self, name: &str, result: Result<&Manifest, String>, now: &str) {
+        let Some(job) = self.jobs.iter_mut().find(|j| j.name == name) else {
+            return;
+        };
+        job.stopped_at = Some(now.to_string());
+        match result {
+            Ok(manifest) => {
+                job.phase = BackupJobPhase::Completed;
+                job.backup_id = Some(manifest.backup_id.clone());
+                job.begin_lsn = Some(manifest.begin_lsn.clone());
+                job.end_lsn = Some(manifest.end_lsn.clone());
+                job.begin_time = Some(manifest.begin_time.clone());
+                job.end_time = Some(manifest.end_time.clone());
+                job.timeline = Some(i64::from(manifest.timeline));
+                job.size_bytes = i64::try_from(manifest.size_bytes).ok();
+                job.stored_bytes = i64::try_from(manifest.stored_bytes).ok();
+            }
+            Err(error) => {
+                job.phase = BackupJobPhase::Failed;
+                job.error = Some(error);
+            }
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<BackupJob> {
+        self.jobs.iter().find(|j| j.name == name).cloned()
+    }
+}
+
+/// The current time, RFC 3339 (UTC, whole seconds).
+pub fn now() -> String {
+    let now = jiff::Timestamp::now();
+    now.round(jiff::Unit::Second).unwrap_or(now).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            format: 1,
+            backup_id: "20250131T120304Z".into(),
+            cluster: "demo".into(),
+            system_identifier: "1".into(),
+            timeline: 2,
+            begin_lsn: "0/3000028".into(),
+            end_lsn: "0/3000100".into(),
+            begin_wal: "000000020000000000000003".into(),
+            end_wal: "000000020000000000000003".into(),
+            begin_time: "2025-01-31T12:03:04Z".into(),
+            end_time: "2025-01-31T12:03:09Z".into(),
+            size_bytes: 1000,
+            stored_bytes: 300,
+            postgres_version_num: 150000,
+            from_standby: false,
+            files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_same_name_is_the_same_job_and_a_second_one_waits() {
+        let mut jobs = Jobs::default();
+        let Begin::Started(job) = jobs.begin("b1", "2025-01-31T12:00:00Z") else {
+            panic!("a new job")
+        };
+        assert_eq!(job.phase, BackupJobPhase::Running);
+        assert_eq!(
+            jobs.begin("b1", "2025-01-31T12:00:01Z"),
+            Begin::Existing(job.clone())
+        );
+        assert_eq!(
+            jobs.begin("b2", "2025-01-31T12:00:01Z"),
+            Begin::Busy {
+                running: "b1".into()
+            }
+        );
+        jobs.finish("b1", Ok(&manifest()), "2025-01-31T12:00:10Z");
+        let done = jobs.get("b1").expect("b1");
+        assert_eq!(done.phase, BackupJobPhase::Completed);
+        assert_eq!(done.backup_id.as_deref(), Some("20250131T120304Z"));
+        assert_eq!(done.timeline, Some(2));
+        assert_eq!(done.stored_bytes, Some(300));
+        assert_eq!(done.stopped_at.as_deref(), Some("2025-01-31T12:00:10Z"));
+        // Finished: the same name still answers the same job, a new name may start.
+        assert_eq!(
+            jobs.begin("b1", "2025-01-31T12:00:11Z"),
+            Begin::Existing(done)
+        );
+        assert!(matches!(
+            jobs.begin("b2", "2025-01-31T12:00:11Z"),
+            Begin::Started(_)
+        ));
+        jobs.finish("b2", Err("pg_basebackup failed: boom".into()), "now");
+        let failed = jobs.get("b2").expect("b2");
+        assert_eq!(failed.phase, BackupJobPhase::Failed);
+        assert_eq!(failed.error.as_deref(), Some("pg_basebackup failed: boom"));
+        assert_eq!(failed.backup_id, None);
+    }
+
+    #[test]
+    fn only_the_last_jobs_are_kept() {
+        let mut jobs = Jobs::default();
+        for i in 0..KEEP_JOBS + 5 {
+            let name = format!("b{i}");
+            assert!(matches!(jobs.begin(&name, "t"), Begin::Started(_)));
+            jobs.finish(&name, Err("x".into()), "t");
+        }
+        assert!(jobs.get("b0").is_none());
+        assert!(jobs.get("b4").is_none());
+        assert!(jobs.get("b5").is_some());
+        assert!(jobs.get(&format!("b{}", KEEP_JOBS + 4)).is_some());
+        assert_eq!(jobs.jobs.len(), KEEP_JOBS);
+    }
+
+    #[test]
+    fn now_is_rfc3339_in_whole_seconds() {
+        let now = now();
+        assert!(now.ends_with('Z') && !now.contains('.'), "{now}");
+        assert!(now.parse::<jiff::Timestamp>().is_ok());
+    }
+}
