@@ -119,6 +119,16 @@ pub struct PostgresBackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_bytes: Option<i64>,
 
+    /// With the cluster's `spec.backup.verify`: whether the backup was restored into a
+    /// scratch directory, replayed to its end and passed a checksum pass of every page
+    /// (unset until checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+
+    /// What the verification found (why a backup cannot be restored, or what was checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<String>,
+
     /// Why the backup failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

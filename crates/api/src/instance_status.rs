@@ -175,6 +175,10 @@ pub struct BackupRequest {
     /// The PostgresBackup this is for; a second request with the same name returns the
     /// same job.
     pub name: String,
+    /// After the backup, restore it into a scratch directory and check it; the job stays
+    /// `running` until the check is done.
+    #[serde(default)]
+    pub verify: bool,
 }
 
 /// Where a backup job is.
@@ -214,6 +218,13 @@ pub struct BackupJob {
     pub size_bytes: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_bytes: Option<i64>,
+    /// Requested with `verify`: the backup restored into a scratch directory and every
+    /// page's checksum checked (`None` while not checked yet or not requested).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<bool>,
+    /// What the verification found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

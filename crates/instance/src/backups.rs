@@ -55,6 +55,8 @@ impl Jobs {
             timeline: None,
             size_bytes: None,
             stored_bytes: None,
+            verified: None,
+            verification: None,
             error: None,
         };
         self.jobs.push(job.clone());

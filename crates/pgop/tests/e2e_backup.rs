@@ -49,7 +49,9 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
 
     env.create(
         "src",
+        // archive_timeout 5s: a WAL file reaches the store at most 5 s after a commit.
         json!({"replicas": 2, "storage": {"size": "1Gi"},
+               "postgresql": {"parameters": {"archive_timeout": "5s"}},
                "backup": {"schedule": "* * * * *", "retentionDays": 7, "store": store(&s3.endpoint())}}),
     )
     .await?;
@@ -115,8 +117,9 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
     tokio::time::sleep(Duration::from_millis(1500)).await;
     db.batch_execute("insert into t(id) select generate_series(101, 150)")
         .await?;
+    // The application user may not switch WAL files; archive_timeout does it.
     let segment: String = db
-        .query_one("select pg_walfile_name(pg_switch_wal())", &[])
+        .query_one("select pg_walfile_name(pg_current_wal_lsn())", &[])
         .await?
         .get(0);
     pgop_testenv::wait::until(&format!("{segment} archived"), TIMEOUT, || async {

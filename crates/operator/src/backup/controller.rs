@@ -177,7 +177,12 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
         .await;
     };
     let host = format!("{ip}:{MANAGER_PORT}");
-    let body = serde_json::to_vec(&BackupRequest { name: name.clone() }).unwrap_or_default();
+    let verify = cluster.spec.backup.as_ref().is_some_and(|b| b.verify);
+    let body = serde_json::to_vec(&BackupRequest {
+        name: name.clone(),
+        verify,
+    })
+    .unwrap_or_default();
     // The request is idempotent: the same name returns the same job.
     let answer = probe::request(&host, "POST", PATH_BACKUPS, Some(&body)).await;
     let job: BackupJob = match answer {
@@ -225,6 +230,8 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
             done.timeline = job.timeline;
             done.size_bytes = job.size_bytes;
             done.stored_bytes = job.stored_bytes;
+            done.verified = job.verified;
+            done.verification = job.verification.clone();
             done.error = None;
             patch_status(&ctx, &backup, &done).await?;
             publish(
@@ -241,6 +248,20 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
                 ),
             )
             .await;
+            if job.verified == Some(false) {
+                let note = format!(
+                    "backup {name} cannot be restored: {}",
+                    job.verification.as_deref().unwrap_or("verification failed")
+                );
+                publish(
+                    &ctx,
+                    &backup,
+                    EventType::Warning,
+                    "VerificationFailed",
+                    &note,
+                )
+                .await;
+            }
             retention(&ctx, &cluster, &namespace).await;
             Ok(Action::await_change())
         }
