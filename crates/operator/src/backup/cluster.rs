@@ -327,6 +327,47 @@ mod tests {
         assert_eq!(s.last_backup_time, Some(at("2026-11-02T02:00:00Z")));
     }
 
+    #[test]
+    fn continuous_archiving_follows_the_primarys_archiver() {
+        use pgop_api::instance_status::{ArchiveStatus, PgStatus};
+        let mut pg = PgStatus::stopped("db-1", false);
+        let archive = |failing: bool| ArchiveStatus {
+            configured: true,
+            failing,
+            archived_count: 3,
+            last_archived_wal: Some("000000010000000000000003".into()),
+            last_archived_time: None,
+            failed_count: if failing { 2 } else { 0 },
+            last_failed_wal: failing.then(|| "000000010000000000000004".into()),
+            last_failed_time: None,
+        };
+        let mut s = PostgresClusterStatus::default();
+        pg.archiving = Some(archive(false));
+        archiving_status(Some(&pg), &mut s, None, at("2026-11-29T10:00:00Z"));
+        assert!(conditions::is_true(
+            &s.conditions,
+            conditions::CONTINUOUS_ARCHIVING
+        ));
+        pg.archiving = Some(archive(true));
+        archiving_status(Some(&pg), &mut s, None, at("2026-11-29T10:01:00Z"));
+        let c = conditions::find_condition(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
+            .expect("condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "ArchivingFailing")
+        );
+        assert!(
+            c.message.contains("000000010000000000000004"),
+            "{}",
+            c.message
+        );
+        // A primary that does not answer changes nothing.
+        archiving_status(None, &mut s, None, at("2026-11-29T10:02:00Z"));
+        let again = conditions::find_condition(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
+            .expect("condition");
+        assert_eq!(again.reason, "ArchivingFailing");
+    }
+
     fn cluster(schedule: &str) -> PostgresCluster {
         let mut c: PostgresCluster = serde_yaml::from_str(&format!(
             "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {{name: db, uid: u1}}\nspec: {{storage: {{size: 1Gi}}, backup: {{schedule: '{schedule}', store: {{volume: {{claimName: b}}}}}}}}\n"

@@ -435,6 +435,25 @@ async fn backup_facts(
             }
         }
     }
+    // A restore (or another bootstrap) that fails shows here, not only in the pod's log.
+    let bootstrap_error = probes
+        .get(&roles.target)
+        .and_then(probe::Probe::status)
+        .and_then(|s| s.bootstrap_error.clone());
+    if let Some(error) = bootstrap_error {
+        pgop_api::conditions::set_condition(
+            &mut status.conditions,
+            pgop_api::conditions::new_condition(
+                pgop_api::conditions::PROGRESSING,
+                true,
+                "BootstrapFailed",
+                format!("{}: {error}", roles.target),
+                generation,
+                now(),
+            ),
+            now(),
+        );
+    }
     if spec.backup.is_none() {
         return Ok(None);
     }
