@@ -11,11 +11,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 hack/install-testenv.sh >/dev/null
-# The backup tests start a real S3 server (s3s-fs); without it they fail naming
-# hack/install-s3-server.sh, which installs it into ~/.cache/pgop/s3s-fs.
-cache=${PGOP_CACHE_DIR:-$HOME/.cache/pgop}
-if [ -z "${PGOP_S3_SERVER:-}" ] && [ ! -x "$cache/s3s-fs/bin/s3s-fs" ] && ! command -v s3s-fs >/dev/null; then
-  echo "hack/test.sh: the S3 server for the backup tests is missing; run hack/install-s3-server.sh" >&2
-fi
+# The backup tests start a real S3 server (s3s-fs), installed once into
+# ~/.cache/pgop/s3s-fs (a few minutes the first time).
+hack/install-s3-server.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 exec cargo test --workspace "$@"

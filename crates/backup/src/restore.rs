@@ -77,6 +77,10 @@ pub struct RestoreOptions {
     pub store_config_file: PathBuf,
     /// How long recovery may take.
     pub timeout: Duration,
+    /// Where the recovering server's Unix socket goes (it listens on nothing else); the
+    /// data directory when unset. A socket path is limited to 107 bytes, which a deep data
+    /// directory can exceed.
+    pub socket_dir: Option<PathBuf>,
 }
 
 /// What a restore produced.
@@ -226,7 +230,8 @@ async fn recover(
     };
     set("listen_addresses", "");
     set("port", "5432");
-    set("unix_socket_directories", &pgdata.display().to_string());
+    let socket_dir = options.socket_dir.as_deref().unwrap_or(pgdata);
+    set("unix_socket_directories", &socket_dir.display().to_string());
     // Never archive into the source's store from here.
     set("archive_mode", "off");
     set("hot_standby", "off");
@@ -291,7 +296,10 @@ async fn recover(
             .join("\n")
     };
     let source = base::Source {
-        socket_dir: pgdata.to_path_buf(),
+        socket_dir: options
+            .socket_dir
+            .clone()
+            .unwrap_or_else(|| pgdata.to_path_buf()),
         port: 5432,
     };
     let deadline = tokio::time::Instant::now() + options.timeout;

@@ -549,6 +549,9 @@ impl Instance {
             // Private to PostgreSQL's OS user, never on the data volume; removed after.
             store_config_file: o.layout.socket_dir.join("pgop-restore-store.json"),
             timeout: recovery.timeout,
+            // The instance's own socket directory: short, private, and free (PostgreSQL is
+            // not running during a bootstrap).
+            socket_dir: Some(o.layout.socket_dir.clone()),
         };
         // On failure the data directory is emptied (the marker stays: never started).
         let restored =

@@ -147,6 +147,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
                     pgop_binary: std::env::current_exe()?,
                     store_config_file,
                     timeout: Duration::from_secs(args.timeout),
+                    socket_dir: None,
                 },
             )
             .await?;

@@ -352,6 +352,7 @@ fn restore_options(dir: &Path, pgop: &Path, target: Target) -> RestoreOptions {
             RESTORES.fetch_add(1, Ordering::Relaxed)
         )),
         timeout: Duration::from_secs(120),
+        socket_dir: None,
     }
 }
 
