@@ -362,6 +362,29 @@ fn default_secret_access_key_key() -> String {
     "AWS_SECRET_ACCESS_KEY".to_string()
 }
 
+impl S3Credentials {
+    /// The access key id and secret access key in `secret` (values trimmed); `Err` names
+    /// the key that is missing or not UTF-8.
+    pub fn keys_in(
+        &self,
+        secret: &k8s_openapi::api::core::v1::Secret,
+    ) -> Result<(String, String), String> {
+        let value = |key: &str| {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .and_then(|v| String::from_utf8(v.0.clone()).ok())
+                .map(|v| v.trim().to_string())
+                .ok_or_else(|| key.to_string())
+        };
+        Ok((
+            value(&self.access_key_id_key)?,
+            value(&self.secret_access_key_key)?,
+        ))
+    }
+}
+
 /// A PersistentVolumeClaim used as backup store.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]

@@ -16,8 +16,6 @@ mod common;
 use common::*;
 use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
 use serde_json::json;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const RUNS: usize = 10;
@@ -67,47 +65,6 @@ async fn failover_once(env: &Env, name: &str, password: &str) -> Result<Duration
     let rto = write_through_rw(env, name, password, "insert into probe values (default)").await?;
     env.wait_ready(name, 3).await?;
     Ok(rto)
-}
-
-/// Commits through `-rw` until stopped; returns every acknowledged id.
-fn writer(
-    env: &Env,
-    name: &str,
-    password: &str,
-) -> (Arc<AtomicBool>, tokio::task::JoinHandle<Vec<i64>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    let hosts = env.node.hosts_file().to_path_buf();
-    let rw = format!("{name}-rw.{}.svc", env.n());
-    let password = password.to_string();
-    let task = tokio::spawn(async move {
-        let mut acked = Vec::new();
-        let mut next = 1i64;
-        while !flag.load(Ordering::Relaxed) {
-            let host = pgop_testenv::node::resolve_host(&hosts, &rw);
-            let client = match host {
-                Some(h) => connect_within(&h, &password, Duration::from_millis(500))
-                    .await
-                    .ok(),
-                None => None,
-            };
-            let Some(c) = client else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            };
-            while !flag.load(Ordering::Relaxed) {
-                let id = next;
-                next += 1;
-                let sql = "insert into acked(id) values ($1)";
-                match tokio::time::timeout(Duration::from_secs(5), c.execute(sql, &[&id])).await {
-                    Ok(Ok(1)) => acked.push(id),
-                    _ => break,
-                }
-            }
-        }
-        acked
-    });
-    (stop, task)
 }
 
 #[tokio::main]
@@ -210,14 +167,13 @@ async fn main() -> Result {
         "create table probe(id serial primary key); create table acked(id bigint primary key)",
     )
     .await?;
-    let (stop, task) = writer(&env, "sync", &password);
+    let writer = Writer::start(&env, "sync", &password);
     let mut rto = Vec::new();
     for _ in 0..RUNS {
         tokio::time::sleep(Duration::from_millis(500)).await;
         rto.push(failover_once(&env, "sync", &password).await?);
     }
-    stop.store(true, Ordering::Relaxed);
-    let acked = task.await?;
+    let acked = writer.stop().await?;
     let primary = env.current_primary("sync").await?;
     let c = connect(&env.pod_ip(&primary).await?, &password).await?;
     let stored: std::collections::HashSet<i64> = c

@@ -10,8 +10,6 @@ use kube::api::{Api, ListParams};
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
 use serde_json::json;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 fn three(extra: serde_json::Value) -> serde_json::Value {
@@ -116,51 +114,6 @@ async fn e2e_failover_after_the_primary_is_killed_and_after_its_pod_is_deleted()
     env.stop().await
 }
 
-/// A writer through `-rw` that records every commit PostgreSQL acknowledged.
-struct Writer {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<i64>>,
-}
-
-impl Writer {
-    fn start(rw: impl Fn() -> Option<String> + Send + 'static, password: String) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut acked = Vec::new();
-            let mut next = 1i64;
-            while !flag.load(Ordering::Relaxed) {
-                let Some(host) = rw() else {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                };
-                let Ok(c) = connect_within(&host, &password, Duration::from_millis(500)).await
-                else {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                };
-                while !flag.load(Ordering::Relaxed) {
-                    let id = next;
-                    next += 1;
-                    let sql = "insert into acked(id) values ($1)";
-                    match tokio::time::timeout(Duration::from_secs(5), c.execute(sql, &[&id])).await
-                    {
-                        Ok(Ok(1)) => acked.push(id),
-                        _ => break,
-                    }
-                }
-            }
-            acked
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> Result<Vec<i64>> {
-        self.stop.store(true, Ordering::Relaxed);
-        Ok(self.task.await?)
-    }
-}
-
 #[tokio::test]
 async fn e2e_ten_synchronous_failovers_lose_no_acknowledged_commit() -> Result {
     let _serial = SERIAL.lock().await;
@@ -179,12 +132,7 @@ async fn e2e_ten_synchronous_failovers_lose_no_acknowledged_commit() -> Result {
         "create table acked(id bigint primary key)",
     )
     .await?;
-    let hosts = env.node.hosts_file().to_path_buf();
-    let rw_name = format!("sync-rw.{}.svc", env.n());
-    let writer = Writer::start(
-        move || pgop_testenv::node::resolve_host(&hosts, &rw_name),
-        password.clone(),
-    );
+    let writer = Writer::start(&env, "sync", &password);
     let mut primaries = Vec::new();
     for round in 1..=10 {
         let primary = env.current_primary("sync").await?;

@@ -596,21 +596,16 @@ async fn store_config(
                     name: name.clone(),
                     source,
                 })?;
-            let key = |key: &str| {
-                secret
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(key))
-                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
-                    .map(|v| v.trim().to_string())
-                    .ok_or_else(|| Error::ReadStoreSecretKey {
-                        name: name.clone(),
-                        key: key.to_string(),
-                    })
-            };
+            let (access_key_id, secret_access_key) = s3
+                .credentials_secret
+                .keys_in(&secret)
+                .map_err(|key| Error::ReadStoreSecretKey {
+                    name: name.clone(),
+                    key,
+                })?;
             Some(pgop_backup::S3Keys {
-                access_key_id: key(&s3.credentials_secret.access_key_id_key)?,
-                secret_access_key: key(&s3.credentials_secret.secret_access_key_key)?,
+                access_key_id,
+                secret_access_key,
             })
         }
         None => None,

@@ -10,6 +10,8 @@ use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
 use pgop_testenv::node::{LocalNode, NodeOptions};
 use pgop_testenv::{ControlPlane, Options, TestNamespace, wait};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 pub type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
@@ -317,5 +319,57 @@ pub async fn write_through_rw(
             return Err(format!("no write through {name}-rw within {TIMEOUT:?}").into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A writer through `-rw` that records every commit PostgreSQL acknowledged.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<i64>>,
+}
+
+impl Writer {
+    /// Starts committing `insert into acked(id)` through `<cluster>-rw`, reconnecting to
+    /// wherever it resolves after a failure.
+    pub fn start(env: &Env, cluster: &str, password: &str) -> Self {
+        let hosts = env.node.hosts_file().to_path_buf();
+        let name = format!("{cluster}-rw.{}.svc", env.n());
+        let rw = move || pgop_testenv::node::resolve_host(&hosts, &name);
+        let password = password.to_string();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut acked = Vec::new();
+            let mut next = 1i64;
+            while !flag.load(Ordering::Relaxed) {
+                let Some(host) = rw() else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let Ok(c) = connect_within(&host, &password, Duration::from_millis(500)).await
+                else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                while !flag.load(Ordering::Relaxed) {
+                    let id = next;
+                    next += 1;
+                    let sql = "insert into acked(id) values ($1)";
+                    match tokio::time::timeout(Duration::from_secs(5), c.execute(sql, &[&id])).await
+                    {
+                        Ok(Ok(1)) => acked.push(id),
+                        _ => break,
+                    }
+                }
+            }
+            acked
+        });
+        Self { stop, task }
+    }
+
+    /// Stops writing; every id PostgreSQL acknowledged.
+    pub async fn stop(self) -> Result<Vec<i64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        Ok(self.task.await?)
     }
 }
