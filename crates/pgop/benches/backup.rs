@@ -218,6 +218,10 @@ async fn drain(client: &tokio_postgres::Client, timeout: Duration) -> Result<Dur
     }
 }
 
+fn segments(n: u64) -> String {
+    format!("{n} segment{}", if n == 1 { "" } else { "s" })
+}
+
 fn median(v: &[u64]) -> u64 {
     let mut s = v.to_vec();
     s.sort_unstable();
@@ -593,10 +597,10 @@ async fn bench(ctx: &Bench<'_>) -> Result {
         "—".into(),
         "—".into(),
         format!(
-            "median {} segments ({}), max {} segments ({}); {} samples; the rest archived {} after the load ended",
-            median(&lag_segs),
+            "median {} ({}), max {} ({}); {} samples; the rest archived {} after the load ended",
+            segments(median(&lag_segs)),
             size(median(&lag_bytes)),
-            lag_segs.iter().max().copied().unwrap_or(0),
+            segments(lag_segs.iter().max().copied().unwrap_or(0)),
             size(lag_bytes.iter().max().copied().unwrap_or(0)),
             samples.len(),
             secs(drain_time)
