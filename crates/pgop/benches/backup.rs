@@ -517,6 +517,7 @@ async fn bench(ctx: &Bench<'_>) -> Result {
             pgop_binary: pgop.to_path_buf(),
             store_config_file: dir.join("restore-store.json"),
             timeout: Duration::from_secs(3600),
+            socket_dir: None,
         },
     )
     .await?;
