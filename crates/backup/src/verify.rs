@@ -47,7 +47,7 @@ pub enum Error {
     Restore {
         id: String,
         #[source]
-        source: restore::Error,
+        source: Box<restore::Error>,
     },
     #[error("failed to run pg_checksums")]
     Spawn(#[source] std::io::Error),
@@ -166,7 +166,7 @@ async fn check(
         .await
         .map_err(|source| Error::Restore {
             id: id.clone(),
-            source,
+            source: Box::new(source),
         })?;
     tracing::info!(backup = %id, "restore check: pg_checksums --check");
     let (files, blocks) = pg_checksums(tools, scratch, options.timeout).await?;
