@@ -5,8 +5,8 @@
 //! by the store layer on the way), the temporary server stopped cleanly, then
 //! `pg_checksums --check` over every page. The scratch directory is removed afterwards
 //! whatever happens. The temporary server is the restore's own: no TCP
-//! (`listen_addresses = ''`), its socket in the scratch directory, so it never collides
-//! with the instance's server.
+//! (`listen_addresses = ''`), its socket in a directory of its own
+//! ([`VerifyOptions::socket_dir`]), so it never collides with the instance's server.
 
 use crate::base::{self, Manifest, PgTools};
 use crate::config::StoreConfig;
@@ -72,6 +72,10 @@ pub struct VerifyOptions {
     pub store_config_file: PathBuf,
     /// How long the restore may take, and then pg_checksums.
     pub timeout: Duration,
+    /// A directory of its own for the temporary server's Unix socket (created, and removed
+    /// afterwards): never the running instance's socket directory, whose server may use
+    /// the same port. Short: a socket path is limited to 107 bytes.
+    pub socket_dir: PathBuf,
 }
 
 /// A backup that restored and whose every page has a valid checksum.
@@ -117,10 +121,13 @@ pub async fn verify(
         remove_stale(parent);
     }
     remove(&scratch)?;
+    remove(&options.socket_dir)?;
     let result = check(config, tools, &scratch, options).await;
-    if let Err(err) = remove(&scratch) {
-        // The verdict stands; the next check sweeps the leftover.
-        tracing::error!(error = %pgop_api::error_chain(&err), "failed to remove the scratch copy");
+    for dir in [&scratch, &options.socket_dir] {
+        if let Err(err) = remove(dir) {
+            // The verdict stands; the next check sweeps the leftover.
+            tracing::error!(error = %pgop_api::error_chain(&err), "failed to remove the restore check's directory");
+        }
     }
     result
 }
@@ -155,12 +162,14 @@ async fn check(
         }
     }
     tracing::info!(backup = %id, scratch = %scratch.display(), "restore check: restoring");
+    make_private_dir(&options.socket_dir, tools.run_as)?;
     let restore_options = RestoreOptions {
         backup_id: Some(id.clone()),
         target: Target::Immediate,
         pgop_binary: options.pgop_binary.clone(),
         store_config_file: options.store_config_file.clone(),
         timeout: options.timeout,
+        socket_dir: Some(options.socket_dir.clone()),
     };
     restore::restore(config, tools, scratch, &restore_options)
         .await
@@ -276,6 +285,23 @@ fn free_bytes(path: &Path) -> Option<u64> {
     #[allow(clippy::useless_conversion)]
     let (avail, size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
     Some(avail.saturating_mul(size))
+}
+
+fn make_private_dir(dir: &Path, run_as: Option<(u32, u32)>) -> Result<(), Error> {
+    use std::os::unix::fs::DirBuilderExt;
+    let io = |source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io)?;
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io)?;
+    }
+    Ok(())
 }
 
 fn remove(dir: &Path) -> Result<(), Error> {

@@ -142,8 +142,9 @@ pub const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4
 pub struct Check {
     /// The instance's PGDATA: the scratch copy goes next to it (same volume).
     pub pgdata: std::path::PathBuf,
-    /// Where the store configuration for `restore_command` is written (private, never on
-    /// the data volume).
+    /// The instance's socket directory: the store configuration for `restore_command`
+    /// (private, never on the data volume) and the temporary server's own socket directory
+    /// (`pgop-verify`) go there.
     pub socket_dir: std::path::PathBuf,
     pub pgop_binary: std::path::PathBuf,
 }
@@ -160,6 +161,8 @@ impl Check {
             pgop_binary: self.pgop_binary.clone(),
             store_config_file: self.socket_dir.join("pgop-verify-store.json"),
             timeout: VERIFY_TIMEOUT,
+            // Not the instance's socket directory: its server runs, maybe on the same port.
+            socket_dir: self.socket_dir.join("pgop-verify"),
         };
         pgop_backup::verify::verify(config, tools, &self.pgdata, &options).await
     }

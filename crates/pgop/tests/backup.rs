@@ -1526,6 +1526,10 @@ async fn a_backup_requested_with_verify_is_restored_and_checked_before_it_comple
         !node.socket_dir.join("pgop-verify-store.json").exists(),
         "the store configuration for restore_command is removed"
     );
+    assert!(
+        !node.socket_dir.join("pgop-verify").exists(),
+        "the temporary server's socket directory is removed"
+    );
     // The instance's own server was never disturbed.
     insert(&node, 20_001, 20_010).await;
     assert_eq!(node.fingerprint().await.0, 20_010);
@@ -1628,6 +1632,7 @@ async fn the_restore_check_of_a_corrupt_base_object_fails_naming_it() {
     );
     assert_eq!(next_to_pgdata(&node_data), vec!["pgdata".to_string()]);
     assert!(processes_mentioning(&format!("verify-{id}")).is_empty());
+    assert!(!node.socket_dir.join("pgop-verify").exists());
 
     // An id the store does not have.
     let err = node
