@@ -9,10 +9,12 @@ pub mod config;
 pub mod restore;
 pub mod retention;
 pub mod store;
+pub mod verify;
 pub mod wal;
 
 pub use base::{Manifest, PgTools, Source, TakeOptions};
 pub use config::{Location, S3Keys, S3Location, StoreConfig};
 pub use restore::{RestoreOptions, Restored, Target};
 pub use store::Store;
+pub use verify::{Verified, VerifyOptions};
 pub use wal::WalName;

@@ -62,6 +62,9 @@ pub enum Target {
     Time(String),
     /// `recovery_target_lsn`, e.g. `0/3000060`.
     Lsn(String),
+    /// `recovery_target = 'immediate'`: the backup's consistent end, no further WAL (the
+    /// restore check).
+    Immediate,
 }
 
 /// How to restore.
@@ -132,7 +135,7 @@ fn choose(
             });
     }
     let fits = |b: &Manifest| match &options.target {
-        Target::EndOfWal => true,
+        Target::EndOfWal | Target::Immediate => true,
         Target::Time(t) => match (t.parse::<jiff::Timestamp>(), b.end_time()) {
             (Ok(target), Some(end)) => end <= target,
             // A time PostgreSQL reads but jiff does not: PostgreSQL decides.
@@ -154,7 +157,7 @@ fn choose(
         .ok_or_else(|| Error::NoBackup {
             store: format!("{store:?}"),
             target: match &options.target {
-                Target::EndOfWal => None,
+                Target::EndOfWal | Target::Immediate => None,
                 Target::Time(t) | Target::Lsn(t) => Some(t.clone()),
             },
         })
@@ -251,6 +254,10 @@ async fn recover(
         }
         Target::Lsn(l) => {
             set("recovery_target_lsn", l);
+            set("recovery_target_action", "promote");
+        }
+        Target::Immediate => {
+            set("recovery_target", "immediate");
             set("recovery_target_action", "promote");
         }
     }

@@ -85,14 +85,7 @@ impl Jobs {
         match result {
             Ok(manifest) => {
                 job.phase = BackupJobPhase::Completed;
-                job.backup_id = Some(manifest.backup_id.clone());
-                job.begin_lsn = Some(manifest.begin_lsn.clone());
-                job.end_lsn = Some(manifest.end_lsn.clone());
-                job.begin_time = Some(manifest.begin_time.clone());
-                job.end_time = Some(manifest.end_time.clone());
-                job.timeline = Some(i64::from(manifest.timeline));
-                job.size_bytes = i64::try_from(manifest.size_bytes).ok();
-                job.stored_bytes = i64::try_from(manifest.stored_bytes).ok();
+                record(job, manifest);
             }
             Err(error) => {
                 job.phase = BackupJobPhase::Failed;
@@ -101,8 +94,77 @@ impl Jobs {
         }
     }
 
+    /// Records the manifest of job `name`'s backup while the job stays `running` (the
+    /// restore check follows).
+    pub fn taken(&mut self, name: &str, manifest: &Manifest) {
+        if let Some(job) = self.jobs.iter_mut().find(|j| j.name == name) {
+            record(job, manifest);
+        }
+    }
+
+    /// Records the restore check of job `name` (the summary, or why the backup cannot be
+    /// restored) and completes it: the backup itself succeeded either way.
+    pub fn verified(&mut self, name: &str, result: Result<String, String>, now: &str) {
+        let Some(job) = self.jobs.iter_mut().find(|j| j.name == name) else {
+            return;
+        };
+        job.stopped_at = Some(now.to_string());
+        job.phase = BackupJobPhase::Completed;
+        let (verified, verification) = match result {
+            Ok(summary) => (true, summary),
+            Err(reason) => (false, reason),
+        };
+        job.verified = Some(verified);
+        job.verification = Some(verification);
+    }
+
     pub fn get(&self, name: &str) -> Option<BackupJob> {
         self.jobs.iter().find(|j| j.name == name).cloned()
+    }
+}
+
+fn record(job: &mut BackupJob, manifest: &Manifest) {
+    job.backup_id = Some(manifest.backup_id.clone());
+    job.begin_lsn = Some(manifest.begin_lsn.clone());
+    job.end_lsn = Some(manifest.end_lsn.clone());
+    job.begin_time = Some(manifest.begin_time.clone());
+    job.end_time = Some(manifest.end_time.clone());
+    job.timeline = Some(i64::from(manifest.timeline));
+    job.size_bytes = i64::try_from(manifest.size_bytes).ok();
+    job.stored_bytes = i64::try_from(manifest.stored_bytes).ok();
+}
+
+/// How long the restore check may take (the restore, then pg_checksums).
+pub const VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4 * 3600);
+
+/// Where the restore check of this instance works.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// The instance's PGDATA: the scratch copy goes next to it (same volume).
+    pub pgdata: std::path::PathBuf,
+    /// The instance's socket directory: the store configuration for `restore_command`
+    /// (private, never on the data volume) and the temporary server's own socket directory
+    /// (`pgop-verify`) go there.
+    pub socket_dir: std::path::PathBuf,
+    pub pgop_binary: std::path::PathBuf,
+}
+
+impl Check {
+    pub async fn run(
+        &self,
+        config: &pgop_backup::StoreConfig,
+        tools: &pgop_backup::PgTools,
+        backup_id: &str,
+    ) -> Result<pgop_backup::Verified, pgop_backup::verify::Error> {
+        let options = pgop_backup::VerifyOptions {
+            backup_id: backup_id.to_string(),
+            pgop_binary: self.pgop_binary.clone(),
+            store_config_file: self.socket_dir.join("pgop-verify-store.json"),
+            timeout: VERIFY_TIMEOUT,
+            // Not the instance's socket directory: its server runs, maybe on the same port.
+            socket_dir: self.socket_dir.join("pgop-verify"),
+        };
+        pgop_backup::verify::verify(config, tools, &self.pgdata, &options).await
     }
 }
 
@@ -175,6 +237,33 @@ mod tests {
         assert_eq!(failed.phase, BackupJobPhase::Failed);
         assert_eq!(failed.error.as_deref(), Some("pg_basebackup failed: boom"));
         assert_eq!(failed.backup_id, None);
+    }
+
+    #[test]
+    fn a_verified_job_stays_running_until_the_check_is_done() {
+        let mut jobs = Jobs::default();
+        assert!(matches!(jobs.begin("v1", "t0"), Begin::Started(_)));
+        jobs.taken("v1", &manifest());
+        let taken = jobs.get("v1").expect("v1");
+        assert_eq!(taken.phase, BackupJobPhase::Running);
+        assert_eq!(taken.backup_id.as_deref(), Some("20250131T120304Z"));
+        assert_eq!((taken.verified, taken.stopped_at), (None, None));
+        assert!(matches!(jobs.begin("v2", "t1"), Begin::Busy { .. }));
+        jobs.verified("v1", Ok("checked 3 blocks".into()), "t2");
+        let done = jobs.get("v1").expect("v1");
+        assert_eq!(done.phase, BackupJobPhase::Completed);
+        assert_eq!(done.verified, Some(true));
+        assert_eq!(done.verification.as_deref(), Some("checked 3 blocks"));
+        assert_eq!(done.stopped_at.as_deref(), Some("t2"));
+
+        assert!(matches!(jobs.begin("v2", "t3"), Begin::Started(_)));
+        jobs.taken("v2", &manifest());
+        jobs.verified("v2", Err("corrupt".into()), "t4");
+        let bad = jobs.get("v2").expect("v2");
+        assert_eq!(bad.phase, BackupJobPhase::Completed);
+        assert_eq!(bad.verified, Some(false));
+        assert_eq!(bad.verification.as_deref(), Some("corrupt"));
+        assert_eq!(bad.error, None);
     }
 
     #[test]

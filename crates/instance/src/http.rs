@@ -72,7 +72,8 @@ async fn pg_status(State(instance): State<Arc<Instance>>) -> Json<crate::status:
     Json(instance.status().await)
 }
 
-/// `POST /pg/backups`: 202 and the new job; 200 and the job of that name if it exists
+/// `POST /pg/backups`: 202 and the new job (with `verify`, the restore check follows the
+/// backup in the same job); 200 and the job of that name if it exists
 /// (whatever its phase); 409 while another backup runs; 400 without a store; 503 while
 /// PostgreSQL does not run.
 async fn start_backup(
@@ -86,7 +87,7 @@ async fn start_backup(
         )
             .into_response();
     }
-    match instance.start_backup(&request.name) {
+    match instance.start_backup(&request.name, request.verify) {
         Ok(Begin::Started(job)) => (StatusCode::ACCEPTED, Json(job)).into_response(),
         Ok(Begin::Existing(job)) => (StatusCode::OK, Json(job)).into_response(),
         Ok(Begin::Busy { running }) => (

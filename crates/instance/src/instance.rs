@@ -57,6 +57,10 @@ pub enum Error {
     RestoreIntoSource(String),
     #[error("failed to mark the new timeline's history files for archiving")]
     MarkHistory(#[source] std::io::Error),
+    #[error("no backup store is configured for this cluster: set spec.backup.store")]
+    NoStore,
+    #[error("the restore check failed")]
+    Verify(#[source] pgop_backup::verify::Error),
 }
 
 /// Why a base backup was not started (`POST /pg/backups`).
@@ -607,8 +611,9 @@ impl Instance {
     /// `POST /pg/backups`: starts a base backup named `name` into the cluster's store in
     /// the background, unless a job of that name exists (returned as it is) or another one
     /// runs. Works on a primary or a standby (a standby's end WAL segment reaches the store
-    /// through the primary's archiver; the backup waits for it).
-    pub fn start_backup(&self, name: &str) -> Result<Begin, BackupRefused> {
+    /// through the primary's archiver; the backup waits for it). With `verify`, the same
+    /// job then runs the restore check ([`Instance::verify_backup`]) before it completes.
+    pub fn start_backup(&self, name: &str, verify: bool) -> Result<Begin, BackupRefused> {
         let jobs = self.backups.clone();
         let mut locked = jobs
             .lock()
@@ -630,10 +635,15 @@ impl Instance {
                 socket_dir: self.options.layout.socket_dir.clone(),
                 port: self.options.layout.port,
             };
+            let check = verify.then(|| backups::Check {
+                pgdata: self.options.layout.pgdata.clone(),
+                socket_dir: self.options.layout.socket_dir.clone(),
+                pgop_binary: archiving.pgop_binary.clone(),
+            });
             let config = archiving.store;
             let name = name.to_string();
             tokio::spawn(async move {
-                tracing::info!(backup = %name, "taking a base backup on request");
+                tracing::info!(backup = %name, verify, "taking a base backup on request");
                 let taken = async {
                     let store = pgop_backup::Store::open(&config)?;
                     pgop_backup::base::take(
@@ -646,23 +656,61 @@ impl Instance {
                     .await
                 }
                 .await;
-                let result = match &taken {
+                let manifest = match taken {
                     Ok(manifest) => {
                         tracing::info!(backup = %name, backup_id = %manifest.backup_id, "base backup completed");
-                        Ok(manifest)
+                        manifest
                     }
                     Err(err) => {
-                        let chain = crate::error_chain(err);
+                        let chain = crate::error_chain(&err);
                         tracing::error!(backup = %name, error = %chain, "base backup failed");
+                        jobs.lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .finish(&name, Err(chain), &backups::now());
+                        return;
+                    }
+                };
+                let Some(check) = check else {
+                    jobs.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .finish(&name, Ok(&manifest), &backups::now());
+                    return;
+                };
+                jobs.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .taken(&name, &manifest);
+                let result = match check.run(&config, &tools, &manifest.backup_id).await {
+                    Ok(verified) => Ok(verified.summary()),
+                    Err(err) => {
+                        let chain = crate::error_chain(&err);
+                        tracing::error!(backup = %name, backup_id = %manifest.backup_id, error = %chain, "restore check failed");
                         Err(chain)
                     }
                 };
                 jobs.lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .finish(&name, result, &backups::now());
+                    .verified(&name, result, &backups::now());
             });
         }
         Ok(begin)
+    }
+
+    /// The restore check of backup `backup_id` in this cluster's store (see
+    /// `pgop_backup::verify`): restored into `<PGDATA parent>/verify-<id>` to its
+    /// consistent end, checked with `pg_checksums --check`, the scratch copy removed.
+    pub async fn verify_backup(&self, backup_id: &str) -> Result<pgop_backup::Verified, Error> {
+        let Some(archiving) = self.archiving() else {
+            return Err(Error::NoStore);
+        };
+        let check = backups::Check {
+            pgdata: self.options.layout.pgdata.clone(),
+            socket_dir: self.options.layout.socket_dir.clone(),
+            pgop_binary: archiving.pgop_binary.clone(),
+        };
+        check
+            .run(&archiving.store, &self.tools(), backup_id)
+            .await
+            .map_err(Error::Verify)
     }
 
     /// `GET /pg/backups/<name>`: a job this manager knows (the last few).

@@ -1411,3 +1411,237 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
     drop(manager);
     ns.delete().await.expect("delete the namespace");
 }
+
+/// Processes whose command line mentions `needle` (the scratch server would).
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Ok(raw) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            if cmdline.contains(needle) {
+                found.push(cmdline);
+            }
+        }
+    }
+    found
+}
+
+/// What is left next to PGDATA (only `pgdata` itself once a check is over).
+fn next_to_pgdata(node_data: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(node_data)
+        .expect("the data volume")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backup_requested_with_verify_is_restored_and_checked_before_it_completes() {
+    use pgop_api::instance_status::BackupJobPhase;
+    let dir = TempDir::new("verify-http");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let node = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    let node_data = dir.0.join("src-1-data");
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 20_000).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (addr, server) = pgop_instance::http::bind(
+        "127.0.0.1:0".parse().expect("address"),
+        node.instance.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    )
+    .await
+    .expect("bind the manager's HTTP endpoints");
+    let server = tokio::spawn(server);
+    let port = addr.port();
+
+    // verify: true — the job stays running through the check, then completes verified.
+    let start = Instant::now();
+    let (code, body) = http(
+        port,
+        "POST",
+        "/pg/backups",
+        Some(r#"{"name":"v1","verify":true}"#),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let mut saw_checking = false;
+    let done = loop {
+        let (code, body) = http(port, "GET", "/pg/backups/v1", None).await;
+        assert_eq!(code, 200, "{body}");
+        let job = job(&body);
+        if job.phase != BackupJobPhase::Running {
+            break job;
+        }
+        if let Some(id) = &job.backup_id {
+            // The backup is taken, the check runs: its scratch copy is next to PGDATA.
+            saw_checking |= node_data.join(format!("verify-{id}")).exists();
+        }
+        assert!(start.elapsed() < Duration::from_secs(180), "{job:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = start.elapsed();
+    println!("backup + restore check in {took:?}: {done:?}");
+    assert_eq!(done.phase, BackupJobPhase::Completed, "{done:?}");
+    assert_eq!(done.error, None);
+    assert_eq!(done.verified, Some(true), "{done:?}");
+    let summary = done.verification.clone().expect("a verification summary");
+    let end_lsn = done.end_lsn.clone().expect("endLsn");
+    assert!(
+        summary.contains(&format!("restored to {end_lsn}")),
+        "{summary}"
+    );
+    let blocks: u64 = summary
+        .split(" blocks")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a block count: {summary}"));
+    // 20 000 rows alone take > 100 pages; the catalog many more.
+    assert!(blocks > 1000, "{summary}");
+    assert!(summary.contains("no checksum failure"), "{summary}");
+    println!("saw the scratch copy while the job ran: {saw_checking}");
+    let id = done.backup_id.clone().expect("backupId");
+    assert_eq!(next_to_pgdata(&node_data), vec!["pgdata".to_string()]);
+    assert!(
+        processes_mentioning(&format!("verify-{id}")).is_empty(),
+        "no scratch server left running"
+    );
+    assert!(
+        !node.socket_dir.join("pgop-verify-store.json").exists(),
+        "the store configuration for restore_command is removed"
+    );
+    assert!(
+        !node.socket_dir.join("pgop-verify").exists(),
+        "the temporary server's socket directory is removed"
+    );
+    // The instance's own server was never disturbed.
+    insert(&node, 20_001, 20_010).await;
+    assert_eq!(node.fingerprint().await.0, 20_010);
+
+    // verify absent (false): no check, `verified` stays unset.
+    let start = Instant::now();
+    let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"v2"}"#)).await;
+    assert_eq!(code, 202, "{body}");
+    let plain = finished_job(port, "v2").await;
+    println!("backup without check in {:?}", start.elapsed());
+    assert_eq!(plain.phase, BackupJobPhase::Completed, "{plain:?}");
+    assert_eq!((plain.verified, plain.verification), (None, None));
+    let (code, body) = http(
+        port,
+        "POST",
+        "/pg/backups",
+        Some(r#"{"name":"v3","verify":false}"#),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let plain = finished_job(port, "v3").await;
+    assert_eq!(plain.phase, BackupJobPhase::Completed, "{plain:?}");
+    assert_eq!((plain.verified, plain.verification), (None, None));
+    assert_eq!(next_to_pgdata(&node_data), vec!["pgdata".to_string()]);
+
+    let _ = stop.send(());
+    let _ = server.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_restore_check_of_a_corrupt_base_object_fails_naming_it() {
+    let dir = TempDir::new("verify-corrupt");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("src");
+    let node = Node::primary(
+        &dir.0,
+        "src-1",
+        Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        },
+    )
+    .await;
+    let node_data = dir.0.join("src-1-data");
+    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        .await;
+    insert(&node, 1, 5000).await;
+    let store = Store::open(&config).expect("open the store");
+    let manifest = pgop_backup::base::take(
+        &store,
+        &tools(),
+        &node.source(),
+        "src",
+        &TakeOptions::default(),
+    )
+    .await
+    .expect("base backup");
+    let id = manifest.backup_id.clone();
+
+    // A scratch copy left by an interrupted check is swept; the healthy backup passes.
+    let stale = node_data.join("verify-19990101T000000Z");
+    make_dir(&stale);
+    std::fs::write(stale.join("junk"), b"x").expect("a stale file");
+    let start = Instant::now();
+    let verified = node
+        .instance
+        .verify_backup(&id)
+        .await
+        .unwrap_or_else(|e| panic!("{}", pgop_api::error_chain(&e)));
+    println!(
+        "restore check of a healthy backup in {:?}: {}",
+        start.elapsed(),
+        verified.summary()
+    );
+    assert!(verified.blocks > 0 && verified.files > 0, "{verified:?}");
+    assert_eq!(next_to_pgdata(&node_data), vec!["pgdata".to_string()]);
+
+    // One byte of the stored base tar flipped.
+    let tar_key = format!("base/{id}/base.tar.gz");
+    let file = s3.object_file(&config, &tar_key);
+    let mut raw = std::fs::read(&file).expect("read the tar object");
+    let middle = raw.len() / 2;
+    raw[middle] ^= 0x55;
+    std::fs::write(&file, &raw).expect("corrupt it");
+    let start = Instant::now();
+    let err = node
+        .instance
+        .verify_backup(&id)
+        .await
+        .expect_err("a corrupt base tar");
+    let shown = pgop_api::error_chain(&err);
+    println!(
+        "restore check of a corrupt backup in {:?}: {shown}",
+        start.elapsed()
+    );
+    assert!(
+        shown.contains(&tar_key) && shown.contains("SHA-256") && shown.contains(&id),
+        "the reason names the object: {shown}"
+    );
+    assert_eq!(next_to_pgdata(&node_data), vec!["pgdata".to_string()]);
+    assert!(processes_mentioning(&format!("verify-{id}")).is_empty());
+    assert!(!node.socket_dir.join("pgop-verify").exists());
+
+    // An id the store does not have.
+    let err = node
+        .instance
+        .verify_backup("20000101T000000Z")
+        .await
+        .expect_err("an unknown backup");
+    assert!(
+        pgop_api::error_chain(&err).contains("20000101T000000Z"),
+        "{err}"
+    );
+}
