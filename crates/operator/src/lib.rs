@@ -140,11 +140,25 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
         }
     });
-    let signal = async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
+    let controllers = async {
+        tokio::join!(clusters, backups);
     };
-    tokio::join!(clusters, backups, signal);
+    tokio::pin!(controllers);
+    tokio::select! {
+        () = &mut controllers => {}
+        () = shutdown => {
+            let _ = stop_tx.send(true);
+            // Reconciles in flight finish within the grace period. A controller that
+            // never started (its CRD is not installed: it keeps waiting for its first
+            // list) must not hold the exit up for ever.
+            if tokio::time::timeout(SHUTDOWN_GRACE, controllers).await.is_err() {
+                tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+            }
+        }
+    }
 }
+
+/// How long reconciles in flight may take to finish after a shutdown request.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub use pgop_api::error_chain;
