@@ -17,9 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-const ACCESS_KEY: &str = "pgop-test-access";
-const SECRET_KEY: &str = "pgop-test-secret-key";
-const BUCKET: &str = "pgop-backups";
+use pgop_testenv::s3::{ACCESS_KEY, BUCKET, SECRET_KEY};
 
 fn run_as() -> Option<RunAs> {
     RunAs::when_root("postgres").expect("the postgres OS user")
@@ -90,79 +88,26 @@ fn pgop_binary(dir: &Path) -> PathBuf {
     target
 }
 
-/// `s3s-fs` on a loopback port, storing into a directory that survives its restarts.
-struct S3Server {
-    port: u16,
-    root: PathBuf,
-    child: Option<Child>,
-}
-
-fn s3_server_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("PGOP_S3_SERVER") {
-        return PathBuf::from(path);
-    }
-    let cached = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default()
-        .join(".cache/pgop/s3s-fs/bin/s3s-fs");
-    if cached.is_file() {
-        return cached;
-    }
-    if let Ok(out) = Command::new("sh")
-        .args(["-c", "command -v s3s-fs"])
-        .output()
-        && out.status.success()
-    {
-        return PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    }
-    panic!(
-        "the S3 server for the backup tests (s3s-fs) is missing: install it with \
-         `hack/install-s3-server.sh` (cargo install s3s-fs@0.14.1 --features binary --locked \
-         --root ~/.cache/pgop/s3s-fs), or set PGOP_S3_SERVER"
-    );
-}
+/// The real S3 server of `pgop_testenv::s3`, with the store configuration the tests use.
+struct S3Server(pgop_testenv::s3::S3Server);
 
 impl S3Server {
     fn start(dir: &Path) -> Self {
-        let root = dir.join("s3");
-        std::fs::create_dir_all(root.join(BUCKET)).expect("bucket dir");
-        let mut server = Self {
-            port: free_port(),
-            root,
-            child: None,
-        };
-        server.resume();
-        server
+        Self(pgop_testenv::s3::S3Server::start(dir).expect("start s3s-fs"))
     }
 
-    /// Starts the server (again) on the same port and data.
+    /// Starts the server again on the same port and data.
     fn resume(&mut self) {
-        let child = Command::new(s3_server_binary())
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(&self.root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs");
-        self.child = Some(child);
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "s3s-fs did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.0.resume().expect("restart s3s-fs");
     }
 
-    /// Stops the server (SIGKILL): the store is down.
+    /// Stops the server at once: the store is down.
     fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.stop();
+    }
+
+    fn endpoint(&self) -> String {
+        self.0.endpoint()
     }
 
     fn config(&self, cluster: &str) -> StoreConfig {
@@ -170,7 +115,7 @@ impl S3Server {
             format: pgop_backup::config::CONFIG_FORMAT,
             location: pgop_backup::Location::S3(pgop_backup::S3Location {
                 bucket: BUCKET.into(),
-                endpoint: Some(format!("http://127.0.0.1:{}", self.port)),
+                endpoint: Some(self.endpoint()),
                 region: Some("us-east-1".into()),
                 access_key_id: ACCESS_KEY.into(),
                 secret_access_key: SECRET_KEY.into(),
@@ -183,18 +128,8 @@ impl S3Server {
 
     /// The file holding an object, for corrupting it.
     fn object_file(&self, config: &StoreConfig, rel: &str) -> PathBuf {
-        self.root
-            .join(BUCKET)
-            .join("tests/pgop")
-            .join(&config.cluster)
-            .join("pgop-v1")
-            .join(rel)
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        self.stop();
+        self.0
+            .object_file(&format!("tests/pgop/{}/pgop-v1/{rel}", config.cluster))
     }
 }
 
@@ -1242,7 +1177,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
         secrets.create(&pp, &s).await.expect("a Secret");
     }
     let store = serde_json::json!({"s3": {
-        "bucket": BUCKET, "endpoint": format!("http://127.0.0.1:{}", s3.port),
+        "bucket": BUCKET, "endpoint": s3.endpoint(),
         "region": "us-east-1", "path": "tests/pgop",
         "credentialsSecret": {"name": "s3-creds"},
     }});
