@@ -60,6 +60,12 @@ pub struct PgStatus {
     pub pending_restart: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_restart_parameters: Vec<String>,
+    /// The cluster's `metadata.generation` whose parameters this instance last applied
+    /// (reloaded): until every instance has, `pendingRestart` may not yet tell the whole
+    /// story, so a rolling restart waits. Unset before the first apply (and from managers
+    /// that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_generation: Option<i64>,
     /// User parameters refused by the last configuration (never written).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub invalid_parameters: Vec<InvalidParameter>,
@@ -145,6 +151,7 @@ impl PgStatus {
             replication: Vec::new(),
             pending_restart: false,
             pending_restart_parameters: Vec::new(),
+            applied_generation: None,
             invalid_parameters: Vec::new(),
             postgres_version: None,
             postgres_version_num: None,

@@ -211,6 +211,8 @@ struct Desired {
     applied: Option<(BTreeMap<String, String>, Vec<String>, ConfigReport)>,
     /// Why the last bootstrap failed, for `/pg/status`.
     bootstrap_error: Option<String>,
+    /// The cluster generation whose configuration was last applied, for `/pg/status`.
+    applied_generation: Option<i64>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -257,6 +259,7 @@ impl Instance {
                 archiving: None,
                 applied: None,
                 bootstrap_error: None,
+                applied_generation: None,
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -814,6 +817,12 @@ impl Instance {
         Ok(report)
     }
 
+    /// Records that the configuration of this cluster generation is applied (see
+    /// [`PgStatus::applied_generation`]).
+    pub fn applied_generation(&self, generation: Option<i64>) {
+        self.desired().applied_generation = generation;
+    }
+
     /// Primary: keeps `synchronous_standby_names` in step with the spec and the standbys.
     pub async fn set_synchronous(
         &self,
@@ -923,9 +932,14 @@ impl Instance {
 
     /// The status served on `/pg/status`.
     pub async fn status(&self) -> PgStatus {
-        let (invalid, fenced, bootstrap_error) = {
+        let (invalid, fenced, bootstrap_error, applied_generation) = {
             let d = self.desired();
-            (d.invalid.clone(), d.fenced, d.bootstrap_error.clone())
+            (
+                d.invalid.clone(),
+                d.fenced,
+                d.bootstrap_error.clone(),
+                d.applied_generation,
+            )
         };
         let queried = async {
             let client = self.endpoint().connect().await.map_err(Error::Connect)?;
@@ -943,6 +957,7 @@ impl Instance {
         status.invalid_parameters = invalid;
         status.fenced = fenced;
         status.bootstrap_error = bootstrap_error;
+        status.applied_generation = applied_generation;
         status
     }
 

@@ -59,6 +59,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         replication: Vec::new(),
         pending_restart: !pending.is_empty(),
         pending_restart_parameters: pending,
+        applied_generation: None,
         invalid_parameters: Vec::new(),
         archiving: Some(archiving(client).await?),
         bootstrap_error: None,

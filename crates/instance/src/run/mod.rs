@@ -517,6 +517,7 @@ async fn reconcile(
     for bad in &report.invalid {
         tracing::warn!(parameter = %bad.name, reason = %bad.reason, "refused a parameter");
     }
+    instance.applied_generation(cluster.metadata.generation);
     let requested = cluster
         .annotations()
         .get(ANNOTATION_RESTART)

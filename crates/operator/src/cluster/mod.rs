@@ -250,6 +250,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         probes: &probes,
         roles: &roles,
         desired_hashes: &desired_hashes,
+        generation: cluster.metadata.generation,
     });
     let mut replace = None;
     let mut restart_instance = None;

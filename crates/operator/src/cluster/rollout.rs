@@ -12,7 +12,10 @@
 //!   deleted; the next reconcile creates it anew on the same volume.
 //! - An instance reporting parameters pending a restart is named in
 //!   `status.restartInstance`; its manager restarts PostgreSQL, and the name moves on once
-//!   it no longer reports the restart pending.
+//!   it no longer reports the restart pending. Restarts wait until every instance reports
+//!   the cluster's current generation applied: managers see a spec change at different
+//!   moments, and a primary that reports its restart pending before the standbys do must
+//!   not be switched over to a standby that is about to need one too.
 
 use super::probe::Probe;
 use super::roles::Roles;
@@ -44,6 +47,8 @@ pub struct Input<'a> {
     pub roles: &'a Roles,
     /// The spec hash each instance's Pod is built with now.
     pub desired_hashes: &'a BTreeMap<String, String>,
+    /// The cluster's `metadata.generation`.
+    pub generation: Option<i64>,
 }
 
 pub fn next(input: &Input) -> Step {
@@ -83,6 +88,15 @@ pub fn next(input: &Input) -> Step {
         return Step::Replace {
             instance: n.to_string(),
         };
+    }
+    let behind = |s: &PgStatus| match (s.applied_generation, input.generation) {
+        (Some(applied), Some(current)) => applied < current,
+        _ => false,
+    };
+    if live.iter().any(|(_, _, s)| behind(s)) {
+        // Some manager has not applied the current parameters yet: what is pending a
+        // restart is not known everywhere.
+        return Step::Idle;
     }
     if let Some((n, _, _)) = standbys.iter().find(|(_, _, s)| s.pending_restart) {
         return Step::Restart {
@@ -169,6 +183,7 @@ mod tests {
         pods: Vec<Pod>,
         probes: BTreeMap<String, Probe>,
         hashes: BTreeMap<String, String>,
+        generation: Option<i64>,
     }
 
     impl World {
@@ -190,6 +205,7 @@ mod tests {
                     .iter()
                     .map(|n| (n.to_string(), "old".into()))
                     .collect(),
+                generation: Some(1),
             }
         }
 
@@ -200,6 +216,7 @@ mod tests {
                 probes: &self.probes,
                 roles,
                 desired_hashes: &self.hashes,
+                generation: self.generation,
             })
         }
     }
@@ -277,6 +294,44 @@ mod tests {
                 instance: "db-1".into()
             }
         );
+    }
+
+    fn applied(w: &mut World, name: &str, generation: i64, pending: bool) {
+        if let Some(Probe::Status(s)) = w.probes.get_mut(name) {
+            s.applied_generation = Some(generation);
+            s.pending_restart = pending;
+        }
+    }
+
+    #[test]
+    fn a_restart_waits_until_every_instance_applied_the_new_generation() {
+        // Found in CI: the primary reloaded the new shared_buffers first and reported it
+        // pending while the standbys had not seen the change yet; the rollout switched
+        // over to a standby that then needed a restart itself, and switched back.
+        let mut w = World::new();
+        for n in ["db-1", "db-2", "db-3"] {
+            applied(&mut w, n, 1, false);
+        }
+        w.generation = Some(2);
+        applied(&mut w, "db-1", 2, true);
+        let r = roles("db-1", "db-1");
+        assert_eq!(w.next(&r), Step::Idle, "db-2 and db-3 have not applied 2");
+        applied(&mut w, "db-2", 2, true);
+        assert_eq!(w.next(&r), Step::Idle, "db-3 has not applied 2");
+        applied(&mut w, "db-3", 2, true);
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-2".into()
+            }
+        );
+        // Managers that never report a generation do not hold a rollout up forever.
+        let mut old = World::new();
+        applied(&mut old, "db-1", 0, true);
+        if let Some(Probe::Status(s)) = old.probes.get_mut("db-1") {
+            s.applied_generation = None;
+        }
+        assert_eq!(old.next(&r), Step::Switchover { to: "db-3".into() });
     }
 
     #[test]
