@@ -27,7 +27,7 @@ pub const ANNOTATION_SCHEDULED: &str = "database.example.com/scheduled";
 pub const POSTGRES_PORT: u16 = 5432;
 /// Name of the PostgreSQL port in Pods and Services.
 pub const POSTGRES_PORT_NAME: &str = "postgres";
-/// The instance manager's HTTP port (health, readiness, status).
+/// The instance manager's HTTP port (health, readiness, status, metrics).
 pub const MANAGER_PORT: u16 = 8000;
 /// Name of the instance manager's port in Pods.
 pub const MANAGER_PORT_NAME: &str = "manager";
@@ -38,6 +38,8 @@ pub const PATH_HEALTHZ: &str = "/healthz";
 pub const PATH_READYZ: &str = "/readyz";
 /// The instance's PostgreSQL status: role, timeline, LSNs, lag, pending restart.
 pub const PATH_PG_STATUS: &str = "/pg/status";
+/// The instance's metrics in the OpenMetrics text format (Prometheus), on [`MANAGER_PORT`].
+pub const PATH_METRICS: &str = "/metrics";
 /// Base backups run by the instance manager: `POST` a [`crate::instance_status::BackupRequest`]
 /// to start one, `GET {PATH_BACKUPS}/<name>` for its [`crate::instance_status::BackupJob`].
 pub const PATH_BACKUPS: &str = "/pg/backups";

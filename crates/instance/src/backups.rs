@@ -121,6 +121,11 @@ impl Jobs {
     pub fn get(&self, name: &str) -> Option<BackupJob> {
         self.jobs.iter().find(|j| j.name == name).cloned()
     }
+
+    /// Every job remembered, oldest first (for `/metrics`).
+    pub fn all(&self) -> &[BackupJob] {
+        &self.jobs
+    }
 }
 
 fn record(job: &mut BackupJob, manifest: &Manifest) {

@@ -1,5 +1,5 @@
-//! The manager's HTTP endpoints (axum): `/healthz`, `/readyz`, `/pg/status`, and
-//! `/pg/backups` (base backups on request, the only thing HTTP may start). It must never
+//! The manager's HTTP endpoints (axum): `/healthz`, `/readyz`, `/pg/status`, `/metrics`,
+//! and `/pg/backups` (base backups on request, the only thing HTTP may start). It must never
 //! change the instance's role or configuration (those come from the cluster status).
 
 use crate::backups::Begin;
@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pgop_api::constants::{PATH_BACKUPS, PATH_HEALTHZ, PATH_PG_STATUS, PATH_READYZ};
+use pgop_api::constants::{PATH_BACKUPS, PATH_HEALTHZ, PATH_METRICS, PATH_PG_STATUS, PATH_READYZ};
 use pgop_api::instance_status::BackupRequest;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +29,7 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route(PATH_HEALTHZ, get(healthz))
         .route(PATH_READYZ, get(readyz))
         .route(PATH_PG_STATUS, get(pg_status))
+        .route(PATH_METRICS, get(metrics))
         .route(PATH_BACKUPS, post(start_backup))
         .route(&format!("{PATH_BACKUPS}/{{name}}"), get(backup_job))
         .with_state(instance)
@@ -70,6 +71,31 @@ async fn readyz(State(instance): State<Arc<Instance>>) -> (StatusCode, &'static 
 
 async fn pg_status(State(instance): State<Arc<Instance>>) -> Json<crate::status::PgStatus> {
     Json(instance.status().await)
+}
+
+/// `GET /metrics`: one fresh status and the backup jobs, in the OpenMetrics text format.
+async fn metrics(State(instance): State<Arc<Instance>>) -> Response {
+    let status = instance.status().await;
+    let jobs = instance.backup_jobs();
+    let manager = crate::metrics::Manager {
+        cluster: &instance.options().layout.cluster,
+        crash_restarts: instance.restarts(),
+    };
+    match crate::metrics::encode(&status, &jobs, manager) {
+        Ok(body) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            body,
+        )
+            .into_response(),
+        Err(std::fmt::Error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failed to encode the metrics\n",
+        )
+            .into_response(),
+    }
 }
 
 /// `POST /pg/backups`: 202 and the new job (with `verify`, the restore check follows the

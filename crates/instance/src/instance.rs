@@ -724,6 +724,15 @@ impl Instance {
             .get(name)
     }
 
+    /// Every backup job this manager remembers (the last few), oldest first.
+    pub fn backup_jobs(&self) -> Vec<pgop_api::instance_status::BackupJob> {
+        self.backups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .all()
+            .to_vec()
+    }
+
     /// Clones `upstream` with pg_basebackup and starts as its standby. Redone from scratch
     /// when interrupted. The primary must already have this instance's slot.
     pub async fn bootstrap_standby(&self, upstream: &Upstream) -> Result<(), Error> {

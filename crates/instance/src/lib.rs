@@ -8,6 +8,7 @@ pub mod config;
 pub mod http;
 pub mod instance;
 pub mod lease;
+pub mod metrics;
 pub mod pg;
 pub mod reaper;
 pub mod role;
