@@ -207,6 +207,12 @@ impl Http {
 
     /// GET `path`: the status code and the body.
     pub async fn get(&self, path: &str) -> (u16, String) {
+        let (code, _head, body) = self.get_with_head(path).await;
+        (code, body)
+    }
+
+    /// GET `path`: the status code, the status line and headers, and the body.
+    pub async fn get_with_head(&self, path: &str) -> (u16, String, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(self.addr)
             .await
@@ -220,11 +226,11 @@ impl Http {
             .nth(1)
             .and_then(|c| c.parse().ok())
             .expect("status code");
-        let body = response
+        let (head, body) = response
             .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
+            .map(|(h, b)| (h.to_string(), b.to_string()))
             .unwrap_or_default();
-        (code, body)
+        (code, head, body)
     }
 
     pub async fn status(&self) -> pgop_instance::PgStatus {

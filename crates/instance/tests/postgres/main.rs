@@ -6,5 +6,6 @@ mod common;
 mod config;
 mod durability;
 mod failover;
+mod metrics;
 mod rejoin;
 mod replication;
