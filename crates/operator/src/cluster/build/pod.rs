@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use pgop_api::PostgresClusterSpec;
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::constants::{
-    MANAGER_PORT, MANAGER_PORT_NAME, PATH_HEALTHZ, PATH_READYZ, POSTGRES_PORT, POSTGRES_PORT_NAME,
+    MANAGER_PORT, MANAGER_PORT_NAME, PATH_HEALTHZ, PATH_METRICS, PATH_READYZ, POSTGRES_PORT,
+    POSTGRES_PORT_NAME,
 };
 use pgop_api::labels;
 
@@ -255,10 +256,20 @@ pub fn pod(
     // A Pod's spec cannot change: the hash of the spec it was built from tells the
     // rolling update which Pods must be replaced.
     let hash = spec_hash(&pod.spec);
-    pod.metadata
+    let annotations = pod
+        .metadata
         .annotations
-        .get_or_insert_with(Default::default)
-        .insert(ANNOTATION_SPEC_HASH.to_string(), hash);
+        .get_or_insert_with(Default::default);
+    annotations.insert(ANNOTATION_SPEC_HASH.to_string(), hash);
+    // The conventional hints for annotation-based Prometheus scrape configs (a PodMonitor
+    // selects the named manager port instead). Metadata, not spec: no rolling update.
+    for (key, value) in [
+        ("prometheus.io/scrape", "true".to_string()),
+        ("prometheus.io/port", MANAGER_PORT.to_string()),
+        ("prometheus.io/path", PATH_METRICS.to_string()),
+    ] {
+        annotations.insert(key.to_string(), value);
+    }
     pod
 }
 

@@ -160,8 +160,17 @@ fn the_pod_runs_the_instance_manager_under_a_restricted_security_context() {
     );
     let psc = spec.security_context.expect("pod security context");
     assert_eq!(psc.run_as_user, Some(26));
-    let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
-    assert_eq!(ports, vec![5432, 8000]);
+    let ports: Vec<(Option<&str>, i32)> = c
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.as_deref(), p.container_port))
+        .collect();
+    assert_eq!(
+        ports,
+        vec![(Some("postgres"), 5432), (Some("manager"), 8000)],
+        "a PodMonitor selects the manager's port by name"
+    );
     let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
         p.as_ref()
             .and_then(|p| p.http_get.as_ref())
@@ -238,4 +247,19 @@ fn a_cluster_without_uid_is_an_error_not_a_panic() {
     let mut cluster = fixture();
     cluster.metadata.uid = None;
     assert!(children(&cluster, &instances(), &passwords(), &Settings::default()).is_err());
+}
+
+#[test]
+fn pods_carry_the_prometheus_scrape_hints_outside_the_spec_hash() {
+    let p = pod("main-2");
+    let annotations = p.metadata.annotations.clone().unwrap_or_default();
+    let get = |k: &str| annotations.get(k).map(String::as_str);
+    assert_eq!(get("prometheus.io/scrape"), Some("true"));
+    assert_eq!(get("prometheus.io/port"), Some("8000"));
+    assert_eq!(get("prometheus.io/path"), Some("/metrics"));
+    // Metadata only: the hash (and so the rolling update) depends on the spec alone.
+    assert_eq!(
+        get(pgop_api::constants::ANNOTATION_SPEC_HASH),
+        Some(super::pod::spec_hash(&p.spec).as_str())
+    );
 }
