@@ -6,6 +6,7 @@
 
 pub mod base;
 pub mod config;
+pub mod logical;
 pub mod restore;
 pub mod retention;
 pub mod store;
@@ -14,6 +15,7 @@ pub mod wal;
 
 pub use base::{Manifest, PgTools, Source, TakeOptions};
 pub use config::{Location, S3Keys, S3Location, StoreConfig};
+pub use logical::{LogicalManifest, LogicalTarget};
 pub use restore::{RestoreOptions, Restored, Target};
 pub use store::Store;
 pub use verify::{Verified, VerifyOptions};

@@ -3,7 +3,9 @@
 //! (mode 0600) like the one the instance manager writes for `archive_command`: credentials
 //! never appear on a command line.
 
-use pgop_backup::{PgTools, RestoreOptions, Source, Store, StoreConfig, TakeOptions, Target};
+use pgop_backup::{
+    LogicalTarget, PgTools, RestoreOptions, Source, Store, StoreConfig, TakeOptions, Target,
+};
 use pgop_instance::{Binaries, RunAs};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,9 +28,108 @@ enum Command {
     Restore(RestoreArgs),
     /// List the completed backups (manifests, JSON) in the store.
     List(StoreArgs),
-    /// Delete backups older than --retention-days (never the newest) and the WAL no kept
-    /// backup needs; prints what was kept and deleted as JSON.
+    /// Delete base backups older than --retention-days (never the newest) and the WAL no
+    /// kept backup needs, and logical backups older than --retention-days (never the newest;
+    /// leftovers of failed ones after a day); prints what was kept and deleted as JSON.
     Retention(RetentionArgs),
+    /// Logical backups (pg_dump per database, pg_dumpall --globals-only): take, list,
+    /// restore (`pgop backup logical --help`).
+    #[command(subcommand)]
+    Logical(LogicalCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum LogicalCommand {
+    /// Dump every database that allows connections (pg_dump -Fc, `postgres` included) and
+    /// the roles and tablespaces (pg_dumpall --globals-only) of a running server
+    /// (superuser over its Unix socket) into the store; prints the manifest as JSON.
+    Take(LogicalTakeArgs),
+    /// List the completed logical backups (manifests, JSON, oldest first) in the store.
+    List(StoreArgs),
+    /// Restore one database of a logical backup into an existing (empty) database: the
+    /// dump is downloaded and verified first, then pg_restore applies it in one transaction.
+    /// Owners and privileges are restored as dumped: restore the globals first
+    /// (`restore-globals`). The password comes from PGPASSWORD. Prints the result as JSON.
+    Restore(LogicalRestoreArgs),
+    /// Create the roles (and tablespaces) of a logical backup that the target server does
+    /// not have; existing ones are left alone. The password comes from PGPASSWORD. Prints
+    /// the roles created and skipped as JSON.
+    RestoreGlobals(LogicalGlobalsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct LogicalTakeArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    pg: PgArgs,
+    #[arg(long, env = "PGOP_SOCKET_DIR", default_value = "/run/postgresql")]
+    socket_dir: PathBuf,
+    #[arg(long, env = "PGOP_PG_PORT", default_value_t = pgop_api::constants::POSTGRES_PORT)]
+    pg_port: u16,
+}
+
+#[derive(Debug, clap::Args)]
+struct TargetArgs {
+    /// The server to restore into: a host name, an IP address or a Unix socket directory.
+    #[arg(long, default_value = "/run/postgresql")]
+    host: String,
+    #[arg(long, default_value_t = pgop_api::constants::POSTGRES_PORT)]
+    port: u16,
+    /// The role to connect as (a superuser, to restore owners and privileges).
+    #[arg(long, default_value = "postgres")]
+    user: String,
+    /// Directory for the verified temporary copy of the dump (removed afterwards); it needs
+    /// room for the whole dump, uncompressed.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    scratch_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+struct LogicalRestoreArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    pg: PgArgs,
+    /// The logical backup (its id, YYYYMMDDTHHMMSSZ; see `pgop backup logical list`).
+    #[arg(long)]
+    backup_id: String,
+    /// The database of the backup to restore.
+    #[arg(long)]
+    database: String,
+    #[command(flatten)]
+    target: TargetArgs,
+    /// The existing database to restore into; default: --database.
+    #[arg(long)]
+    dbname: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct LogicalGlobalsArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    #[command(flatten)]
+    pg: PgArgs,
+    /// The logical backup (its id, YYYYMMDDTHHMMSSZ; see `pgop backup logical list`).
+    #[arg(long)]
+    backup_id: String,
+    #[command(flatten)]
+    target: TargetArgs,
+    /// The database to connect to.
+    #[arg(long, default_value = "postgres")]
+    dbname: String,
+}
+
+impl TargetArgs {
+    fn target(&self, dbname: String) -> LogicalTarget {
+        LogicalTarget {
+            host: self.host.clone(),
+            port: self.port,
+            user: self.user.clone(),
+            password: std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()),
+            dbname,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -174,14 +275,87 @@ pub async fn run(args: Args) -> Result<(), Error> {
             } else {
                 pgop_backup::retention::apply(&store, now, args.retention_days).await?
             };
+            let logical = pgop_backup::logical::apply_retention(
+                &store,
+                now,
+                args.retention_days,
+                args.dry_run,
+            )
+            .await?;
             let out = serde_json::json!({
                 "keptBackups": plan.keep_backups,
                 "deletedBackups": plan.delete_backups,
                 "deletedWal": plan.delete_wal.len(),
                 "oldestKeptWal": plan.oldest_kept_wal,
+                "keptLogicalBackups": logical.kept,
+                "deletedLogicalBackups": logical.deleted,
+                "deletedIncompleteLogicalBackups": logical.deleted_incomplete,
                 "dryRun": args.dry_run,
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        Command::Logical(command) => logical(command).await?,
+    }
+    Ok(())
+}
+
+async fn logical(command: LogicalCommand) -> Result<(), Error> {
+    match command {
+        LogicalCommand::Take(args) => {
+            let config = StoreConfig::read(&args.store.store_config)?;
+            let store = Store::open(&config)?;
+            let manifest = pgop_backup::logical::take(
+                &store,
+                &args.pg.tools()?,
+                &Source {
+                    socket_dir: args.socket_dir,
+                    port: args.pg_port,
+                },
+                &config.cluster,
+            )
+            .await?;
+            println!("{}", serde_json::to_string_pretty(&manifest)?);
+        }
+        LogicalCommand::List(args) => {
+            let config = StoreConfig::read(&args.store_config)?;
+            let store = Store::open(&config)?;
+            let backups = pgop_backup::logical::list(&store).await?;
+            println!("{}", serde_json::to_string_pretty(&backups)?);
+        }
+        LogicalCommand::Restore(args) => {
+            let config = StoreConfig::read(&args.store.store_config)?;
+            let store = Store::open(&config)?;
+            let dbname = args.dbname.unwrap_or_else(|| args.database.clone());
+            let target = args.target.target(dbname);
+            let bytes = pgop_backup::logical::restore(
+                &store,
+                &args.pg.tools()?,
+                &args.backup_id,
+                &args.database,
+                &target,
+                &args.target.scratch_dir,
+            )
+            .await?;
+            let out = serde_json::json!({
+                "backupId": args.backup_id,
+                "database": args.database,
+                "restoredInto": target.dbname,
+                "bytesRestored": bytes,
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+        }
+        LogicalCommand::RestoreGlobals(args) => {
+            let config = StoreConfig::read(&args.store.store_config)?;
+            let store = Store::open(&config)?;
+            let restored = pgop_backup::logical::restore_globals(
+                &store,
+                &args.pg.tools()?,
+                &args.backup_id,
+                &args.target.target(args.dbname.clone()),
+                &args.target.scratch_dir,
+            )
+            .await?;
+            println!("{}", serde_json::to_string_pretty(&restored)?);
         }
     }
     Ok(())

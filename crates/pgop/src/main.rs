@@ -30,7 +30,8 @@ enum Command {
     Operator(operator::Args),
     /// The instance manager (PID 1 of every PostgreSQL pod): `pgop instance run`.
     Instance(instance::Args),
-    /// Base backups, restores and retention in a backup store (`pgop backup --help`).
+    /// Base and logical backups, restores and retention in a backup store (`pgop backup
+    /// --help`).
     Backup(backup::Args),
     /// Print the CustomResourceDefinitions (PostgresCluster, PostgresBackup) as YAML.
     Crd,

@@ -3,6 +3,8 @@
 //! crate's binary) as pods, the operator in-process, and real PostgreSQL.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod pg;
+
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
