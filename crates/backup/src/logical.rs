@@ -90,6 +90,10 @@ pub enum Error {
         expected: String,
         actual: String,
     },
+    #[error(
+        "{object} is no longer in the store as written (removed while the backup ran, e.g. by retention of a backup under way for over a day); the backup is not completed"
+    )]
+    Vanished { object: String },
     #[error("failed to connect to the target server {target}")]
     TargetConnect {
         target: String,
@@ -373,6 +377,23 @@ pub async fn take(
             return Err(err);
         }
     };
+    // Every object is still there as written before the manifest says so: a backup under
+    // way for longer than INCOMPLETE_GRACE looks like a leftover to retention.
+    for object in std::iter::once(&globals).chain(dumps.iter().map(|d| &d.dump)) {
+        let intact = match store.footer(&object.object).await {
+            Ok(found) => found.is_some_and(|f| f.content_sha256 == object.sha256),
+            Err(err) => {
+                remove_objects(store, &dir).await;
+                return Err(err.into());
+            }
+        };
+        if !intact {
+            remove_objects(store, &dir).await;
+            return Err(Error::Vanished {
+                object: store.name(&object.object),
+            });
+        }
+    }
     let end = jiff::Timestamp::now();
     let manifest = LogicalManifest {
         format: LOGICAL_MANIFEST_FORMAT,
