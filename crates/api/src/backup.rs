@@ -1,4 +1,5 @@
-//! `PostgresBackup`: one base backup of one cluster, taken on demand or by the schedule.
+//! `PostgresBackup`: one backup of one cluster (a base backup or a logical one), taken on
+//! demand or by a schedule.
 
 use crate::cel;
 use crate::formats;
@@ -17,7 +18,7 @@ use serde::{Deserialize, Serialize};
     version = "v1alpha1",
     kind = "PostgresBackup",
     namespaced,
-    doc = "One base backup of a PostgresCluster, taken on demand or by the cluster's backup schedule.",
+    doc = "One backup of a PostgresCluster (base or logical), taken on demand or by one of the cluster's backup schedules.",
     category = "pgop",
     status = "PostgresBackupStatus",
     derive = "PartialEq",
@@ -26,6 +27,12 @@ use serde::{Deserialize, Serialize};
         type_ = "string",
         json_path = ".spec.cluster.name",
         description = "The PostgresCluster backed up"
+    ),
+    printcolumn(
+        name = "Method",
+        type_ = "string",
+        json_path = ".spec.method",
+        description = "baseBackup (when empty) or logical"
     ),
     printcolumn(
         name = "Phase",
@@ -65,7 +72,7 @@ pub struct ClusterReference {
     pub name: String,
 }
 
-/// How the backup is taken; `baseBackup` (the only method so far) when unset.
+/// How the backup is taken; `baseBackup` when unset.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum BackupMethod {
@@ -73,6 +80,10 @@ pub enum BackupMethod {
     /// from the primary, uploaded to the cluster's backup store.
     #[default]
     BaseBackup,
+    /// `pg_dump` of every database (custom format) and `pg_dumpall --globals-only` (roles),
+    /// taken on the primary and uploaded to the cluster's backup store. Restores one
+    /// database at a time with `pgop backup logical restore`; not a point-in-time method.
+    Logical,
 }
 
 /// The observed state of a PostgresBackup, written only by pgop.
@@ -103,7 +114,8 @@ pub struct PostgresBackupStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<i64>,
 
-    /// The backup's id in the store (`base/<id>/` under the cluster's name).
+    /// The backup's id in the store (`base/<id>/`, or `logical/<id>/` for a logical
+    /// backup, under the cluster's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_id: Option<String>,
 
@@ -128,6 +140,10 @@ pub struct PostgresBackupStatus {
     /// What the verification found (why a backup cannot be restored, or what was checked).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<String>,
+
+    /// A logical backup: the databases dumped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<String>,
 
     /// Why the backup failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,7 +17,8 @@ pub const MSG_REQUIRED_NEEDS_SYNCHRONOUS: &str = "required needs spec.replicatio
 pub const MSG_STORAGE_CLASS_IMMUTABLE: &str =
     "is immutable once set: the instances' volumes were created with it";
 /// `spec.backup.schedule` without `spec.backup.store`.
-pub const MSG_SCHEDULE_NEEDS_STORE: &str = "is required when spec.backup.schedule is set";
+pub const MSG_SCHEDULE_NEEDS_STORE: &str =
+    "is required when spec.backup.schedule or spec.backup.logicalSchedule is set";
 /// A backup store with none or both of its kinds.
 pub const MSG_STORE_EXACTLY_ONE: &str = "exactly one of s3 or volume must be set";
 /// `spec.bootstrap` with both methods.
@@ -117,7 +118,7 @@ pub fn no_owned_parameters() -> Rule {
 
 /// spec.backup: a schedule needs somewhere to put the backups.
 pub fn schedule_needs_store() -> Rule {
-    Rule::new("!has(self.schedule) || has(self.store)")
+    Rule::new("!(has(self.schedule) || has(self.logicalSchedule)) || has(self.store)")
         .message(MSG_SCHEDULE_NEEDS_STORE)
         .field_path(".store")
         .reason(Reason::FieldValueRequired)

@@ -154,8 +154,9 @@ pub struct PostgresClusterSpec {
     #[schemars(range(min = 0))]
     pub failover_delay: i32,
 
-    /// Seconds a switchover (a planned change of primary) may take before pgop gives it up
-    /// and keeps the old primary.
+    /// Seconds a switchover (a planned change of primary) may take. Past it, pgop gives the
+    /// switchover up and keeps the old primary when that one still runs as the primary;
+    /// when it has already stepped down, the switchover becomes a failover.
     #[serde(default = "default_switchover_timeout")]
     #[schemars(range(min = 1))]
     pub switchover_timeout: i32,
@@ -264,17 +265,26 @@ pub struct BackupSpec {
     #[schemars(pattern(formats::cron_pattern()))]
     pub schedule: Option<String>,
 
-    /// IANA time zone the schedule is read in, e.g. `Europe/Berlin`; UTC when unset.
+    /// When to take a logical backup (`pg_dump` of every database, plus the roles): a
+    /// five-field cron expression like `schedule`. A second, independent method next to
+    /// base backups; no scheduled logical backups when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(formats::cron_pattern()))]
+    pub logical_schedule: Option<String>,
+
+    /// IANA time zone both schedules are read in, e.g. `Europe/Berlin`; UTC when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), pattern(formats::TIMEZONE_PATTERN))]
     pub timezone: Option<String>,
 
-    /// Days a backup (and the WAL needed to restore it) is kept, 1 to 365.
+    /// Days a backup (and the WAL needed to restore it) is kept, 1 to 365; the newest
+    /// completed backup of each method is kept whatever its age.
     #[serde(default = "default_retention_days")]
     #[schemars(range(min = 1, max = 365))]
     pub retention_days: i32,
 
-    /// Where backups and archived WAL go. Required when `schedule` is set.
+    /// Where backups and archived WAL go. Required when `schedule` or `logicalSchedule`
+    /// is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<BackupStore>,
 
@@ -499,6 +509,11 @@ pub struct PostgresClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_primary: Option<String>,
 
+    /// When `targetPrimary` last changed: the start of the current (or last) failover or
+    /// switchover, which `spec.switchoverTimeout` counts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary_since: Option<Time>,
+
     /// Number of instances that exist (the scale subresource's replicas).
     #[serde(default)]
     pub replicas: i32,
@@ -538,6 +553,10 @@ pub struct PostgresClusterStatus {
     /// The earliest point in time the cluster can be restored to from its backups.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_recoverability_point: Option<Time>,
+
+    /// When the last logical backup (`pg_dump`) completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_logical_backup_time: Option<Time>,
 }
 
 /// A base backup to restore, with the store and the cluster name it is kept under.
@@ -566,6 +585,7 @@ impl Default for PostgresClusterStatus {
             observed_generation: None,
             current_primary: None,
             target_primary: None,
+            target_primary_since: None,
             replicas: 0,
             ready_replicas: 0,
             selector: None,
@@ -575,6 +595,7 @@ impl Default for PostgresClusterStatus {
             restart_instance: None,
             last_backup_time: None,
             first_recoverability_point: None,
+            last_logical_backup_time: None,
         }
     }
 }

@@ -43,6 +43,10 @@ pub const PATH_METRICS: &str = "/metrics";
 /// Base backups run by the instance manager: `POST` a [`crate::instance_status::BackupRequest`]
 /// to start one, `GET {PATH_BACKUPS}/<name>` for its [`crate::instance_status::BackupJob`].
 pub const PATH_BACKUPS: &str = "/pg/backups";
+/// Retention run by the instance manager (which mounts the store, whatever its kind): `POST`
+/// a [`crate::instance_status::RetentionRequest`], answered with a
+/// [`crate::instance_status::RetentionDone`].
+pub const PATH_RETENTION: &str = "/pg/retention";
 
 /// The primary Lease (coordination.k8s.io/v1) is named after its cluster. Only its holder
 /// may run PostgreSQL as a primary, so two primaries can never accept writes at once.

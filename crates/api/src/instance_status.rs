@@ -1,6 +1,7 @@
 //! The instance manager's `/pg/status` JSON: what an instance's PostgreSQL is doing. The
 //! instance manager serves it and the operator reads it, so the types live here, once.
 
+use crate::backup::BackupMethod;
 use serde::{Deserialize, Serialize};
 
 /// A user parameter (or `pgHba` for the pg_hba rules) the server would not accept, and why.
@@ -175,7 +176,7 @@ pub fn parse_lsn(lsn: &str) -> Option<u64> {
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }
 
-/// `POST /pg/backups`: take a base backup of this instance into the cluster's store.
+/// `POST /pg/backups`: take a backup of this instance into the cluster's store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupRequest {
@@ -186,6 +187,33 @@ pub struct BackupRequest {
     /// `running` until the check is done.
     #[serde(default)]
     pub verify: bool,
+    /// Base backup (the default) or logical backup (`pg_dump`).
+    #[serde(default)]
+    pub method: BackupMethod,
+}
+
+/// `POST /pg/retention`: apply the cluster's retention to its store, from this instance
+/// (which can reach the store, whatever its kind).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionRequest {
+    /// `spec.backup.retentionDays`.
+    pub retention_days: u32,
+}
+
+/// The answer to a [`RetentionRequest`]: what was removed from the store.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionDone {
+    /// Base backup ids removed (with the WAL only they needed).
+    #[serde(default)]
+    pub base_backups: Vec<String>,
+    /// Logical backup ids removed.
+    #[serde(default)]
+    pub logical_backups: Vec<String>,
+    /// WAL files removed.
+    #[serde(default)]
+    pub wal_files: usize,
 }
 
 /// Where a backup job is.
@@ -197,7 +225,7 @@ pub enum BackupJobPhase {
     Failed,
 }
 
-/// `GET /pg/backups/<name>`: a base backup the instance manager runs or ran.
+/// `GET /pg/backups/<name>`: a backup the instance manager runs or ran.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupJob {
@@ -232,6 +260,11 @@ pub struct BackupJob {
     /// What the verification found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verification: Option<String>,
+    #[serde(default)]
+    pub method: BackupMethod,
+    /// A logical backup: the databases dumped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }

@@ -232,6 +232,14 @@ fn validate_backup_spec(backup: &BackupSpec, errors: &mut Errors) {
             format!("must be a five-field cron expression such as \"0 2 * * *\": {problem}"),
         );
     }
+    if let Some(schedule) = &backup.logical_schedule
+        && let Some(problem) = formats::cron_problem(schedule)
+    {
+        errors.add(
+            "spec.backup.logicalSchedule",
+            format!("must be a five-field cron expression such as \"0 3 * * *\": {problem}"),
+        );
+    }
     if let Some(timezone) = &backup.timezone {
         errors.check(
             timezone.len() <= 64 && formats::is_timezone(timezone),
@@ -246,7 +254,7 @@ fn validate_backup_spec(backup: &BackupSpec, errors: &mut Errors) {
         Some(365),
     );
     errors.check(
-        backup.schedule.is_none() || backup.store.is_some(),
+        (backup.schedule.is_none() && backup.logical_schedule.is_none()) || backup.store.is_some(),
         "spec.backup.store",
         || cel::MSG_SCHEDULE_NEEDS_STORE.to_string(),
     );
@@ -490,6 +498,15 @@ bootstrap:
         assert_eq!(fields(validate(&s)), vec!["spec.backup.store".to_string()]);
         let s = spec("storage: {size: 1Gi}\nbackup: {store: {}}");
         assert_eq!(fields(validate(&s)), vec!["spec.backup.store".to_string()]);
+        let s = spec("storage: {size: 1Gi}\nbackup: {logicalSchedule: '0 3 * * *'}");
+        assert_eq!(fields(validate(&s)), vec!["spec.backup.store".to_string()]);
+        let s = spec(
+            "storage: {size: 1Gi}\nbackup: {logicalSchedule: '0 3 * *', store: {volume: {claimName: b}}}",
+        );
+        assert_eq!(
+            fields(validate(&s)),
+            vec!["spec.backup.logicalSchedule".to_string()]
+        );
     }
 
     #[test]

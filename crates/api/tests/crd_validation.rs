@@ -138,6 +138,16 @@ const BAD: &[Case] = &[
         "spec.backup.store",
     ),
     case(
+        "logical schedule without store",
+        "storage: {size: 1Gi}\nbackup: {logicalSchedule: '0 3 * * *'}",
+        "spec.backup.store",
+    ),
+    case(
+        "logical schedule with six fields",
+        "storage: {size: 1Gi}\nbackup: {logicalSchedule: '0 0 3 * * *', store: {volume: {claimName: backups}}}",
+        "spec.backup.logicalSchedule",
+    ),
+    case(
         "schedule with a null store",
         "storage: {size: 1Gi}\nbackup: {schedule: '0 2 * * *', store: null}",
         "spec.backup.store",
@@ -437,6 +447,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         observed_generation: Some(1),
         current_primary: Some("main-1".into()),
         target_primary: Some("main-1".into()),
+        target_primary_since: None,
         replicas: 2,
         ready_replicas: 2,
         selector: Some(pgop_api::labels::instance_selector("main")),
@@ -465,6 +476,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         restart_instance: Some("main-2".into()),
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,
+        last_logical_backup_time: None,
     };
     let patch = json!({
         "apiVersion": pgop_api::constants::API_VERSION,

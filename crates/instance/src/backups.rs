@@ -1,11 +1,14 @@
-//! Base backups on request (`POST /pg/backups`): one at a time, in a background task, into
-//! the cluster's own store (the one WAL is archived to), with the last [`KEEP_JOBS`] jobs
-//! kept in memory for `GET /pg/backups/<name>`. The bookkeeping ([`Jobs`]) is pure and
-//! unit-tested; the task runs `pgop_backup::base::take`. A manager that restarts forgets
-//! its jobs: the operator sees 404 and marks the backup failed.
+//! Backups on request (`POST /pg/backups`), base or logical: one at a time, in a background
+//! task, into the cluster's own store (the one WAL is archived to), with the last
+//! [`KEEP_JOBS`] jobs kept in memory for `GET /pg/backups/<name>`. The bookkeeping
+//! ([`Jobs`]) is pure and unit-tested; the task runs `pgop_backup::base::take` or
+//! `pgop_backup::logical::take`. A manager that restarts forgets its jobs: the operator
+//! sees 404 and marks the backup failed.
 
+use pgop_api::backup::BackupMethod;
 use pgop_api::instance_status::{BackupJob, BackupJobPhase};
 use pgop_backup::Manifest;
+use pgop_backup::logical::LogicalManifest;
 
 /// How many jobs (finished ones, plus the running one) are remembered.
 pub const KEEP_JOBS: usize = 20;
@@ -29,7 +32,7 @@ pub struct Jobs {
 
 impl Jobs {
     /// Registers a job named `name` unless it exists or another one runs; `now` is RFC 3339.
-    pub fn begin(&mut self, name: &str, now: &str) -> Begin {
+    pub fn begin(&mut self, name: &str, method: BackupMethod, now: &str) -> Begin {
         if let Some(job) = self.get(name) {
             return Begin::Existing(job);
         }
@@ -57,6 +60,8 @@ impl Jobs {
             stored_bytes: None,
             verified: None,
             verification: None,
+            method,
+            databases: Vec::new(),
             error: None,
         };
         self.jobs.push(job.clone());
@@ -86,6 +91,34 @@ impl Jobs {
             Ok(manifest) => {
                 job.phase = BackupJobPhase::Completed;
                 record(job, manifest);
+            }
+            Err(error) => {
+                job.phase = BackupJobPhase::Failed;
+                job.error = Some(error);
+            }
+        }
+    }
+
+    /// Records the end of logical backup job `name`: its manifest, or the error chain.
+    pub fn finish_logical(
+        &mut self,
+        name: &str,
+        result: Result<&LogicalManifest, String>,
+        now: &str,
+    ) {
+        let Some(job) = self.jobs.iter_mut().find(|j| j.name == name) else {
+            return;
+        };
+        job.stopped_at = Some(now.to_string());
+        match result {
+            Ok(manifest) => {
+                job.phase = BackupJobPhase::Completed;
+                job.backup_id = Some(manifest.backup_id.clone());
+                job.begin_time = Some(manifest.begin_time.clone());
+                job.end_time = Some(manifest.end_time.clone());
+                job.size_bytes = i64::try_from(manifest.size_bytes()).ok();
+                job.stored_bytes = i64::try_from(manifest.stored_bytes()).ok();
+                job.databases = manifest.databases.iter().map(|d| d.name.clone()).collect();
             }
             Err(error) => {
                 job.phase = BackupJobPhase::Failed;
@@ -207,16 +240,18 @@ mod tests {
     #[test]
     fn the_same_name_is_the_same_job_and_a_second_one_waits() {
         let mut jobs = Jobs::default();
-        let Begin::Started(job) = jobs.begin("b1", "2025-01-31T12:00:00Z") else {
+        let Begin::Started(job) =
+            jobs.begin("b1", BackupMethod::BaseBackup, "2025-01-31T12:00:00Z")
+        else {
             panic!("a new job")
         };
         assert_eq!(job.phase, BackupJobPhase::Running);
         assert_eq!(
-            jobs.begin("b1", "2025-01-31T12:00:01Z"),
+            jobs.begin("b1", BackupMethod::BaseBackup, "2025-01-31T12:00:01Z"),
             Begin::Existing(job.clone())
         );
         assert_eq!(
-            jobs.begin("b2", "2025-01-31T12:00:01Z"),
+            jobs.begin("b2", BackupMethod::BaseBackup, "2025-01-31T12:00:01Z"),
             Begin::Busy {
                 running: "b1".into()
             }
@@ -230,11 +265,11 @@ mod tests {
         assert_eq!(done.stopped_at.as_deref(), Some("2025-01-31T12:00:10Z"));
         // Finished: the same name still answers the same job, a new name may start.
         assert_eq!(
-            jobs.begin("b1", "2025-01-31T12:00:11Z"),
+            jobs.begin("b1", BackupMethod::BaseBackup, "2025-01-31T12:00:11Z"),
             Begin::Existing(done)
         );
         assert!(matches!(
-            jobs.begin("b2", "2025-01-31T12:00:11Z"),
+            jobs.begin("b2", BackupMethod::BaseBackup, "2025-01-31T12:00:11Z"),
             Begin::Started(_)
         ));
         jobs.finish("b2", Err("pg_basebackup failed: boom".into()), "now");
@@ -247,13 +282,19 @@ mod tests {
     #[test]
     fn a_verified_job_stays_running_until_the_check_is_done() {
         let mut jobs = Jobs::default();
-        assert!(matches!(jobs.begin("v1", "t0"), Begin::Started(_)));
+        assert!(matches!(
+            jobs.begin("v1", BackupMethod::BaseBackup, "t0"),
+            Begin::Started(_)
+        ));
         jobs.taken("v1", &manifest());
         let taken = jobs.get("v1").expect("v1");
         assert_eq!(taken.phase, BackupJobPhase::Running);
         assert_eq!(taken.backup_id.as_deref(), Some("20250131T120304Z"));
         assert_eq!((taken.verified, taken.stopped_at), (None, None));
-        assert!(matches!(jobs.begin("v2", "t1"), Begin::Busy { .. }));
+        assert!(matches!(
+            jobs.begin("v2", BackupMethod::BaseBackup, "t1"),
+            Begin::Busy { .. }
+        ));
         jobs.verified("v1", Ok("checked 3 blocks".into()), "t2");
         let done = jobs.get("v1").expect("v1");
         assert_eq!(done.phase, BackupJobPhase::Completed);
@@ -261,7 +302,10 @@ mod tests {
         assert_eq!(done.verification.as_deref(), Some("checked 3 blocks"));
         assert_eq!(done.stopped_at.as_deref(), Some("t2"));
 
-        assert!(matches!(jobs.begin("v2", "t3"), Begin::Started(_)));
+        assert!(matches!(
+            jobs.begin("v2", BackupMethod::BaseBackup, "t3"),
+            Begin::Started(_)
+        ));
         jobs.taken("v2", &manifest());
         jobs.verified("v2", Err("corrupt".into()), "t4");
         let bad = jobs.get("v2").expect("v2");
@@ -272,11 +316,65 @@ mod tests {
     }
 
     #[test]
+    fn a_logical_job_records_its_databases_and_sizes() {
+        use pgop_backup::logical::{LogicalDatabase, LogicalObject};
+        let object = |name: &str, size: u64, stored: u64| LogicalObject {
+            object: format!("logical/20250131T120304Z/{name}"),
+            size_bytes: size,
+            stored_bytes: stored,
+            sha256: String::new(),
+        };
+        let manifest = LogicalManifest {
+            format: 1,
+            backup_id: "20250131T120304Z".into(),
+            cluster: "demo".into(),
+            system_identifier: "1".into(),
+            server_version_num: 150000,
+            begin_time: "2025-01-31T12:03:04Z".into(),
+            end_time: "2025-01-31T12:03:09Z".into(),
+            globals: object("globals.sql", 100, 50),
+            databases: vec![
+                LogicalDatabase {
+                    name: "app".into(),
+                    dump: object("db/app.dump", 1000, 400),
+                },
+                LogicalDatabase {
+                    name: "postgres".into(),
+                    dump: object("db/postgres.dump", 10, 10),
+                },
+            ],
+        };
+        let mut jobs = Jobs::default();
+        let Begin::Started(job) = jobs.begin("l1", BackupMethod::Logical, "t0") else {
+            panic!("a new job")
+        };
+        assert_eq!(job.method, BackupMethod::Logical);
+        jobs.finish_logical("l1", Ok(&manifest), "t1");
+        let done = jobs.get("l1").expect("l1");
+        assert_eq!(done.phase, BackupJobPhase::Completed);
+        assert_eq!(done.databases, ["app", "postgres"]);
+        assert_eq!(done.size_bytes, Some(manifest.size_bytes() as i64));
+        assert_eq!(done.stored_bytes, Some(manifest.stored_bytes() as i64));
+        assert_eq!((done.begin_lsn, done.timeline), (None, None));
+        assert!(matches!(
+            jobs.begin("l2", BackupMethod::Logical, "t2"),
+            Begin::Started(_)
+        ));
+        jobs.finish_logical("l2", Err("pg_dump of app failed: boom".into()), "t3");
+        let failed = jobs.get("l2").expect("l2");
+        assert_eq!(failed.phase, BackupJobPhase::Failed);
+        assert_eq!(failed.error.as_deref(), Some("pg_dump of app failed: boom"));
+    }
+
+    #[test]
     fn only_the_last_jobs_are_kept() {
         let mut jobs = Jobs::default();
         for i in 0..KEEP_JOBS + 5 {
             let name = format!("b{i}");
-            assert!(matches!(jobs.begin(&name, "t"), Begin::Started(_)));
+            assert!(matches!(
+                jobs.begin(&name, BackupMethod::BaseBackup, "t"),
+                Begin::Started(_)
+            ));
             jobs.finish(&name, Err("x".into()), "t");
         }
         assert!(jobs.get("b0").is_none());

@@ -1,6 +1,7 @@
 //! The manager's HTTP endpoints (axum): `/healthz`, `/readyz`, `/pg/status`, `/metrics`,
-//! and `/pg/backups` (base backups on request, the only thing HTTP may start). It must never
-//! change the instance's role or configuration (those come from the cluster status).
+//! `/pg/backups` (backups on request) and `/pg/retention` (retention of the store), the
+//! only things HTTP may start. It must never change the instance's role or configuration
+//! (those come from the cluster status).
 
 use crate::backups::Begin;
 use crate::instance::{BackupRefused, Instance};
@@ -9,8 +10,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pgop_api::constants::{PATH_BACKUPS, PATH_HEALTHZ, PATH_METRICS, PATH_PG_STATUS, PATH_READYZ};
-use pgop_api::instance_status::BackupRequest;
+use pgop_api::constants::{
+    PATH_BACKUPS, PATH_HEALTHZ, PATH_METRICS, PATH_PG_STATUS, PATH_READYZ, PATH_RETENTION,
+};
+use pgop_api::instance_status::{BackupRequest, RetentionRequest};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +35,7 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route(PATH_METRICS, get(metrics))
         .route(PATH_BACKUPS, post(start_backup))
         .route(&format!("{PATH_BACKUPS}/{{name}}"), get(backup_job))
+        .route(PATH_RETENTION, post(retention))
         .with_state(instance)
 }
 
@@ -113,7 +117,7 @@ async fn start_backup(
         )
             .into_response();
     }
-    match instance.start_backup(&request.name, request.verify) {
+    match instance.start_backup(&request.name, request.method, request.verify) {
         Ok(Begin::Started(job)) => (StatusCode::ACCEPTED, Json(job)).into_response(),
         Ok(Begin::Existing(job)) => (StatusCode::OK, Json(job)).into_response(),
         Ok(Begin::Busy { running }) => (
@@ -127,6 +131,32 @@ async fn start_backup(
         Err(refused @ BackupRefused::NotRunning) => {
             (StatusCode::SERVICE_UNAVAILABLE, format!("{refused}\n")).into_response()
         }
+    }
+}
+
+/// `POST /pg/retention`: 200 and what was removed; 400 without a store or with
+/// `retentionDays` 0; 500 when the store fails (nothing more is removed then).
+async fn retention(
+    State(instance): State<Arc<Instance>>,
+    Json(request): Json<RetentionRequest>,
+) -> Response {
+    if request.retention_days == 0 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "retentionDays must be at least 1\n",
+        )
+            .into_response();
+    }
+    match instance.retention(request.retention_days).await {
+        Ok(done) => Json(done).into_response(),
+        Err(e @ crate::instance::Error::NoStore) => {
+            (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
+        }
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{}\n", crate::error_chain(&e)),
+        )
+            .into_response(),
     }
 }
 

@@ -10,6 +10,8 @@ use crate::role;
 use crate::status::{self, PgRole, PgStatus};
 use crate::supervisor::{self, Supervisor};
 use crate::sync::{self, SyncSpec};
+use pgop_api::backup::BackupMethod;
+use pgop_api::instance_status::RetentionDone;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +63,8 @@ pub enum Error {
     NoStore,
     #[error("the restore check failed")]
     Verify(#[source] pgop_backup::verify::Error),
+    #[error("failed to apply retention to the backup store: {0}")]
+    Retention(String),
 }
 
 /// Why a base backup was not started (`POST /pg/backups`).
@@ -616,7 +620,13 @@ impl Instance {
     /// runs. Works on a primary or a standby (a standby's end WAL segment reaches the store
     /// through the primary's archiver; the backup waits for it). With `verify`, the same
     /// job then runs the restore check ([`Instance::verify_backup`]) before it completes.
-    pub fn start_backup(&self, name: &str, verify: bool) -> Result<Begin, BackupRefused> {
+    /// A logical backup (`pg_dump` of every database) ignores `verify`.
+    pub fn start_backup(
+        &self,
+        name: &str,
+        method: BackupMethod,
+        verify: bool,
+    ) -> Result<Begin, BackupRefused> {
         let jobs = self.backups.clone();
         let mut locked = jobs
             .lock()
@@ -630,7 +640,7 @@ impl Instance {
         if self.pid().is_none() {
             return Err(BackupRefused::NotRunning);
         }
-        let begin = locked.begin(name, &backups::now());
+        let begin = locked.begin(name, method, &backups::now());
         drop(locked);
         if let Begin::Started(_) = &begin {
             let tools = self.tools();
@@ -638,6 +648,37 @@ impl Instance {
                 socket_dir: self.options.layout.socket_dir.clone(),
                 port: self.options.layout.port,
             };
+            if method == BackupMethod::Logical {
+                let config = archiving.store;
+                let name = name.to_string();
+                tokio::spawn(async move {
+                    tracing::info!(backup = %name, "taking a logical backup on request");
+                    let taken = async {
+                        let store = pgop_backup::Store::open(&config)
+                            .map_err(|e| crate::error_chain(&e))?;
+                        pgop_backup::logical::take(&store, &tools, &source, &config.cluster)
+                            .await
+                            .map_err(|e| crate::error_chain(&e))
+                    }
+                    .await;
+                    match &taken {
+                        Ok(m) => {
+                            tracing::info!(backup = %name, backup_id = %m.backup_id, databases = m.databases.len(), "logical backup completed")
+                        }
+                        Err(e) => {
+                            tracing::error!(backup = %name, error = %e, "logical backup failed")
+                        }
+                    }
+                    jobs.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .finish_logical(
+                            &name,
+                            taken.as_ref().map_err(Clone::clone),
+                            &backups::now(),
+                        );
+                });
+                return Ok(begin);
+            }
             let check = verify.then(|| backups::Check {
                 pgdata: self.options.layout.pgdata.clone(),
                 socket_dir: self.options.layout.socket_dir.clone(),
@@ -714,6 +755,30 @@ impl Instance {
             .run(&archiving.store, &self.tools(), backup_id)
             .await
             .map_err(Error::Verify)
+    }
+
+    /// `POST /pg/retention`: the cluster's retention applied to its store from here (this
+    /// manager mounts the store whatever its kind): base backups older than
+    /// `retention_days` with the WAL only they need, and logical backups older than that;
+    /// never the newest completed backup of either method.
+    pub async fn retention(&self, retention_days: u32) -> Result<RetentionDone, Error> {
+        let Some(archiving) = self.archiving() else {
+            return Err(Error::NoStore);
+        };
+        let store = pgop_backup::Store::open(&archiving.store)
+            .map_err(|e| Error::Retention(crate::error_chain(&e)))?;
+        let now = jiff::Timestamp::now();
+        let plan = pgop_backup::retention::apply(&store, now, retention_days)
+            .await
+            .map_err(|e| Error::Retention(crate::error_chain(&e)))?;
+        let logical = pgop_backup::logical::apply_retention(&store, now, retention_days, false)
+            .await
+            .map_err(|e| Error::Retention(crate::error_chain(&e)))?;
+        Ok(RetentionDone {
+            base_backups: plan.delete_backups,
+            logical_backups: logical.deleted,
+            wal_files: plan.delete_wal.len(),
+        })
     }
 
     /// `GET /pg/backups/<name>`: a job this manager knows (the last few).

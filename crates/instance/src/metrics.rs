@@ -352,6 +352,8 @@ mod tests {
             stored_bytes: None,
             verified: None,
             verification: None,
+            method: Default::default(),
+            databases: Vec::new(),
             error: None,
         }
     }

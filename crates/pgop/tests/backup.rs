@@ -606,7 +606,7 @@ async fn finished_job(port: u16, name: &str) -> pgop_api::instance_status::Backu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn base_backups_on_request_through_the_managers_http_endpoint() {
+async fn backups_and_retention_on_request_through_the_managers_http_endpoint() {
     use pgop_api::instance_status::BackupJobPhase;
     let dir = TempDir::new("http");
     let s3 = S3Server::start(&dir.0);
@@ -688,6 +688,58 @@ async fn base_backups_on_request_through_the_managers_http_endpoint() {
         "idempotent once done"
     );
 
+    // A logical backup through the same endpoint: pg_dump of every database.
+    let (code, body) = http(
+        port,
+        "POST",
+        "/pg/backups",
+        Some(r#"{"name":"l1","method":"logical"}"#),
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let dumped = finished_job(port, "l1").await;
+    assert_eq!(dumped.phase, BackupJobPhase::Completed, "{dumped:?}");
+    assert_eq!(dumped.method, pgop_api::backup::BackupMethod::Logical);
+    assert!(
+        dumped.databases.iter().any(|d| d == "postgres"),
+        "{dumped:?}"
+    );
+    assert!(dumped.size_bytes.unwrap_or(0) > 0, "{dumped:?}");
+    let logical_id = dumped.backup_id.clone().expect("backupId");
+    let logical = pgop_backup::logical::list(&store).await.expect("list");
+    assert!(
+        logical.iter().any(|m| m.backup_id == logical_id),
+        "{logical:?}"
+    );
+
+    // Retention through the manager: both backups are new, nothing goes; 0 days is refused.
+    let (code, body) = http(
+        port,
+        "POST",
+        "/pg/retention",
+        Some(r#"{"retentionDays":1}"#),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let removed: pgop_api::instance_status::RetentionDone =
+        serde_json::from_str(&body).expect("a RetentionDone");
+    // Only WAL from before the oldest backup's begin may go (the segments written while
+    // the table was filled, before b1).
+    assert!(
+        removed.base_backups.is_empty() && removed.logical_backups.is_empty(),
+        "{body}"
+    );
+    let (completed, _) = pgop_backup::base::list(&store).await.expect("list");
+    assert!(completed.iter().any(|m| m.backup_id == id));
+    let (code, body) = http(
+        port,
+        "POST",
+        "/pg/retention",
+        Some(r#"{"retentionDays":0}"#),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+
     // A backup that fails: the error chain on the job.
     node.instance.set_archiving(Some(Archiving {
         store: StoreConfig::local("/proc/pgop-no-store-here", "src"),
@@ -710,6 +762,15 @@ async fn base_backups_on_request_through_the_managers_http_endpoint() {
     assert!(body.contains("spec.backup.store"), "{body}");
     let (code, _) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b1"}"#)).await;
     assert_eq!(code, 200);
+    let (code, body) = http(
+        port,
+        "POST",
+        "/pg/retention",
+        Some(r#"{"retentionDays":1}"#),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("spec.backup.store"), "{body}");
 
     // PostgreSQL not running: 503.
     node.instance.set_archiving(Some(archiving));

@@ -1,14 +1,17 @@
 //! Backups end to end: a real API server, the operator, the local node, real PostgreSQL and
-//! a real S3 server (`s3s-fs`). A cluster with a schedule every minute produces
-//! PostgresBackups (taken on a standby) and `lastBackupTime`; a second cluster bootstraps
-//! from the first one's backup to a point in time between two transactions.
+//! a real S3 server (`s3s-fs`). A cluster with base and logical schedules every minute
+//! produces PostgresBackups (base ones taken on a standby, logical ones on the primary),
+//! `lastBackupTime` and `lastLogicalBackupTime`; a second cluster bootstraps from the first
+//! one's backup to a point in time between two transactions; the store going down shows as
+//! ContinuousArchiving=False, and once it is back the archive catches up without a gap.
 
 mod common;
 
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use pgop_api::backup::{BackupPhase, PostgresBackup};
+use pgop_api::backup::{BackupMethod, BackupPhase, PostgresBackup};
 use pgop_api::conditions;
 use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 use serde_json::json;
@@ -22,6 +25,14 @@ fn store(endpoint: &str) -> serde_json::Value {
 }
 
 async fn completed_backups(env: &Env, cluster: &str) -> Result<Vec<PostgresBackup>> {
+    Ok(completed(env, cluster)
+        .await?
+        .into_iter()
+        .filter(|b| b.spec.method.unwrap_or_default() == BackupMethod::BaseBackup)
+        .collect())
+}
+
+async fn completed(env: &Env, cluster: &str) -> Result<Vec<PostgresBackup>> {
     let api: Api<PostgresBackup> = Api::namespaced(env.client.clone(), env.n());
     Ok(api
         .list(&ListParams::default())
@@ -52,7 +63,8 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
         // archive_timeout 5s: a WAL file reaches the store at most 5 s after a commit.
         json!({"replicas": 2, "storage": {"size": "1Gi"},
                "postgresql": {"parameters": {"archive_timeout": "5s"}},
-               "backup": {"schedule": "* * * * *", "retentionDays": 7, "store": store(&s3.endpoint())}}),
+               "backup": {"schedule": "* * * * *", "logicalSchedule": "* * * * *",
+                          "retentionDays": 7, "store": store(&s3.endpoint())}}),
     )
     .await?;
     env.wait_ready("src", 2).await?;
@@ -77,6 +89,7 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
             Duration::from_secs(240),
             |s| {
                 s.last_backup_time.is_some()
+                    && s.last_logical_backup_time.is_some()
                     && conditions::is_true(&s.conditions, conditions::BACKUP_SUCCEEDED)
             },
         )
@@ -99,6 +112,26 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(pgop_api::constants::ANNOTATION_SCHEDULED))
+    );
+    // The logical backup: pg_dump on the primary, every database listed.
+    let logical = completed(&env, "src")
+        .await?
+        .into_iter()
+        .find(|b| b.spec.method == Some(BackupMethod::Logical))
+        .ok_or("no completed logical backup")?;
+    let ls = logical.status.clone().unwrap_or_default();
+    assert!(
+        logical.name_any().starts_with("src-logical-"),
+        "{}",
+        logical.name_any()
+    );
+    assert!(
+        ls.databases.iter().any(|d| d == "app") && ls.databases.iter().any(|d| d == "postgres"),
+        "{ls:?}"
+    );
+    assert!(
+        ls.backup_id.is_some() && ls.size_bytes.unwrap_or(0) > 0,
+        "{ls:?}"
     );
 
     // Two transactions with a point in time between them, both archived.
@@ -163,6 +196,109 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
         "insert into t(id) values (1000)",
     )
     .await?;
+
+    // The store goes down: PostgreSQL goes on, the status says so.
+    let mut s3 = s3;
+    s3.stop();
+    db.batch_execute("insert into t(id) select generate_series(151, 160)")
+        .await?;
+    let failing = env
+        .wait_cluster("src", "ContinuousArchiving False", TIMEOUT, |s| {
+            conditions::find_condition(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
+                .is_some_and(|c| c.status == "False" && c.reason == "ArchivingFailing")
+        })
+        .await?;
+    let message = failing
+        .status
+        .and_then(|s| {
+            conditions::find_condition(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
+                .map(|c| c.message.clone())
+        })
+        .unwrap_or_default();
+    assert!(message.contains("failed"), "{message}");
+    db.batch_execute("insert into t(id) select generate_series(161, 170)")
+        .await?;
+    let during: String = db
+        .query_one("select pg_walfile_name(pg_current_wal_lsn())", &[])
+        .await?
+        .get(0);
+    // Back: archiving catches up, and the archive has every segment, none twice or torn.
+    s3.resume()?;
+    env.wait_cluster("src", "ContinuousArchiving True again", TIMEOUT, |s| {
+        conditions::is_true(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
+    })
+    .await?;
+    pgop_testenv::wait::until(&format!("{during} archived"), TIMEOUT, || async {
+        let row = db
+            .query_one(
+                "select coalesce(last_archived_wal, '') from pg_stat_archiver",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let last: String = row.get(0);
+        if last.as_str() >= during.as_str() {
+            Ok(())
+        } else {
+            Err(last)
+        }
+    })
+    .await?;
+    let archived = archived_segments(&s3, "e2e/src/pgop-v1/wal")?;
+    let timeline = &during[..8];
+    let mine: Vec<u64> = archived
+        .iter()
+        .filter(|n| n.starts_with(timeline))
+        .filter_map(|n| segment_number(n))
+        .collect();
+    let (Some(first), Some(last)) = (mine.first(), mine.last()) else {
+        return Err(format!("no segment of timeline {timeline} archived: {archived:?}").into());
+    };
+    assert_eq!(
+        mine.len() as u64,
+        last - first + 1,
+        "a gap in the archive of timeline {timeline}: {mine:?}"
+    );
+    assert!(
+        *last >= segment_number(&during).ok_or("segment number")?,
+        "{during} is in the archive: {mine:?}"
+    );
     drop(s3);
     env.stop().await
+}
+
+/// The WAL segment names (24 hex digits) the S3 server holds under `prefix`, sorted.
+fn archived_segments(s3: &S3Server, prefix: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut dirs = vec![s3.object_file(prefix)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
+            let stem = name.split('.').next().unwrap_or_default();
+            if stem.len() == 24
+                && stem.chars().all(|c| c.is_ascii_hexdigit())
+                && !name.contains(".backup")
+            {
+                out.push(stem.to_string());
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// A segment's number within its timeline (16 MB segments: log * 256 + segment).
+fn segment_number(name: &str) -> Option<u64> {
+    let log = u64::from_str_radix(name.get(8..16)?, 16).ok()?;
+    let seg = u64::from_str_radix(name.get(16..24)?, 16).ok()?;
+    Some(log * 256 + seg)
 }

@@ -1,12 +1,15 @@
 //! What backups add to a PostgresCluster's reconcile: the recovery source of a restored
-//! cluster, the schedule, and the backup facts of its status (`lastBackupTime`,
-//! `firstRecoverabilityPoint`, conditions BackupSucceeded and ContinuousArchiving).
+//! cluster, the schedules (base and logical), and the backup facts of its status
+//! (`lastBackupTime`, `firstRecoverabilityPoint`, `lastLogicalBackupTime`, conditions
+//! BackupSucceeded and ContinuousArchiving).
 
 use super::schedule::Schedule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Resource, ResourceExt};
-use pgop_api::backup::{BackupPhase, ClusterReference, PostgresBackup, PostgresBackupSpec};
+use pgop_api::backup::{
+    BackupMethod, BackupPhase, ClusterReference, PostgresBackup, PostgresBackupSpec,
+};
 use pgop_api::cluster::RecoverySource;
 use pgop_api::conditions::{self, new_condition, set_condition};
 use pgop_api::constants::ANNOTATION_SCHEDULED;
@@ -20,25 +23,49 @@ pub fn of_cluster<'a>(all: &'a [PostgresBackup], cluster: &str) -> Vec<&'a Postg
         .collect()
 }
 
-/// `lastBackupTime`, `firstRecoverabilityPoint` and BackupSucceeded from the cluster's
-/// backups (pure).
+/// `lastBackupTime`, `firstRecoverabilityPoint` (base backups), `lastLogicalBackupTime`
+/// and BackupSucceeded (false while the latest backup of either method failed) from the
+/// cluster's backups (pure).
 pub fn backup_status(
     backups: &[&PostgresBackup],
     status: &mut PostgresClusterStatus,
     generation: Option<i64>,
     now: Time,
 ) {
-    let finished = |phase| {
+    let finished = |method, phase| {
         backups
             .iter()
+            .filter(move |b| b.spec.method.unwrap_or_default() == method)
             .filter(move |b| b.status.as_ref().and_then(|s| s.phase) == Some(phase))
             .filter_map(|b| Some((b, b.status.as_ref()?.stopped_at.clone()?)))
     };
-    status.last_backup_time = finished(BackupPhase::Completed).map(|(_, t)| t).max();
-    status.first_recoverability_point = finished(BackupPhase::Completed).map(|(_, t)| t).min();
-    let latest = finished(BackupPhase::Completed)
-        .chain(finished(BackupPhase::Failed))
-        .max_by_key(|(_, t)| t.clone());
+    let base = BackupMethod::BaseBackup;
+    let logical = BackupMethod::Logical;
+    status.last_backup_time = finished(base, BackupPhase::Completed).map(|(_, t)| t).max();
+    status.first_recoverability_point =
+        finished(base, BackupPhase::Completed).map(|(_, t)| t).min();
+    status.last_logical_backup_time = finished(logical, BackupPhase::Completed)
+        .map(|(_, t)| t)
+        .max();
+    let latest = |method| {
+        finished(method, BackupPhase::Completed)
+            .chain(finished(method, BackupPhase::Failed))
+            .max_by_key(|(_, t)| t.clone())
+    };
+    // A failed latest backup of one method is not hidden by a success of the other.
+    let latest = match (latest(base), latest(logical)) {
+        (Some(a), Some(b)) => {
+            let failed = |x: &(&&PostgresBackup, Time)| {
+                x.0.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Failed)
+            };
+            match (failed(&a), failed(&b)) {
+                (true, false) => Some(a),
+                (false, true) => Some(b),
+                _ => Some(if a.1 >= b.1 { a } else { b }),
+            }
+        }
+        (a, b) => a.or(b),
+    };
     if let Some((b, _)) = latest {
         let s = b.status.clone().unwrap_or_default();
         let condition = if s.phase == Some(BackupPhase::Completed) {
@@ -184,18 +211,30 @@ pub async fn resolve_recovery_source(
     }))
 }
 
-/// The scheduled backup due now, if any: its name and firing time. The schedule counts
-/// from the newest scheduled backup (or the cluster's creation), so an operator that was
-/// down catches up with one backup, not one per missed firing.
+/// The schedule of `method` in the cluster's spec: `schedule` or `logicalSchedule`.
+pub fn schedule_of(cluster: &PostgresCluster, method: BackupMethod) -> Option<&str> {
+    let spec = cluster.spec.backup.as_ref()?;
+    match method {
+        BackupMethod::BaseBackup => spec.schedule.as_deref(),
+        BackupMethod::Logical => spec.logical_schedule.as_deref(),
+    }
+}
+
+/// The scheduled backup of `method` due now, if any: its name
+/// (`<cluster>-<YYYYMMDDhhmm>`, `<cluster>-logical-<YYYYMMDDhhmm>` for a logical one) and
+/// firing time. The schedule counts from the newest scheduled backup of the same method
+/// (or the cluster's creation), so an operator that was down catches up with one backup,
+/// not one per missed firing.
 pub fn due_backup(
     cluster: &PostgresCluster,
     backups: &[&PostgresBackup],
+    method: BackupMethod,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Result<Option<(String, k8s_openapi::jiff::Timestamp)>, super::schedule::Error> {
     let Some(spec) = cluster.spec.backup.as_ref() else {
         return Ok(None);
     };
-    let (Some(schedule), Some(_)) = (&spec.schedule, &spec.store) else {
+    let (Some(schedule), Some(_)) = (schedule_of(cluster, method), &spec.store) else {
         return Ok(None);
     };
     let schedule = Schedule::parse(schedule, spec.timezone.as_deref())?;
@@ -203,6 +242,7 @@ pub fn due_backup(
     let since = backups
         .iter()
         .filter(|b| b.annotations().contains_key(ANNOTATION_SCHEDULED))
+        .filter(|b| b.spec.method.unwrap_or_default() == method)
         .filter_map(|b| created(&b.metadata))
         .max()
         .or_else(|| created(&cluster.metadata));
@@ -212,26 +252,26 @@ pub fn due_backup(
     match schedule.next_after(since) {
         Some(at) if at <= now => {
             let stamp = at.strftime("%Y%m%d%H%M").to_string();
-            Ok(Some((format!("{}-{stamp}", cluster.name_any()), at)))
+            let name = match method {
+                BackupMethod::BaseBackup => format!("{}-{stamp}", cluster.name_any()),
+                BackupMethod::Logical => format!("{}-logical-{stamp}", cluster.name_any()),
+            };
+            Ok(Some((name, at)))
         }
         _ => Ok(None),
     }
 }
 
-/// Creates the scheduled PostgresBackup `name` (owned by the cluster, so that the objects go
-/// with it; the data in the store stays). An existing one is fine.
+/// Creates the scheduled PostgresBackup `name` of `method` (owned by the cluster, so that
+/// the objects go with it; the data in the store stays). An existing one is fine.
 pub async fn create_scheduled(
     client: &kube::Client,
     namespace: &str,
     cluster: &PostgresCluster,
     name: &str,
+    method: BackupMethod,
 ) -> Result<bool, kube::Error> {
-    let schedule = cluster
-        .spec
-        .backup
-        .as_ref()
-        .and_then(|b| b.schedule.clone())
-        .unwrap_or_default();
+    let schedule = schedule_of(cluster, method).unwrap_or_default().to_string();
     let owner = cluster
         .controller_owner_ref(&())
         .map(|mut o: OwnerReference| {
@@ -251,7 +291,7 @@ pub async fn create_scheduled(
             cluster: ClusterReference {
                 name: cluster.name_any(),
             },
-            method: None,
+            method: (method != BackupMethod::BaseBackup).then_some(method),
         },
         status: None,
     };
@@ -328,6 +368,51 @@ mod tests {
     }
 
     #[test]
+    fn logical_backups_have_their_own_time_and_a_failure_of_either_method_shows() {
+        let base = backup(
+            "base",
+            "{phase: Completed, stoppedAt: '2026-11-02T02:00:00Z'}",
+            None,
+        );
+        let mut dump = backup(
+            "dump",
+            "{phase: Completed, stoppedAt: '2026-11-01T03:00:00Z', databases: [app]}",
+            None,
+        );
+        dump.spec.method = Some(BackupMethod::Logical);
+        let mut s = PostgresClusterStatus::default();
+        backup_status(&[&base, &dump], &mut s, None, at("2026-11-02T04:00:00Z"));
+        assert_eq!(s.last_backup_time, Some(at("2026-11-02T02:00:00Z")));
+        assert_eq!(
+            s.first_recoverability_point,
+            Some(at("2026-11-02T02:00:00Z")),
+            "a logical backup is no recoverability point"
+        );
+        assert_eq!(s.last_logical_backup_time, Some(at("2026-11-01T03:00:00Z")));
+        assert!(conditions::is_true(
+            &s.conditions,
+            conditions::BACKUP_SUCCEEDED
+        ));
+        // An older failed logical backup still shows, though a base backup succeeded since.
+        let mut failed = backup(
+            "dump2",
+            "{phase: Failed, stoppedAt: '2026-11-01T04:00:00Z', error: pg_dump exited with 1}",
+            None,
+        );
+        failed.spec.method = Some(BackupMethod::Logical);
+        backup_status(
+            &[&base, &dump, &failed],
+            &mut s,
+            None,
+            at("2026-11-02T05:00:00Z"),
+        );
+        let c = conditions::find_condition(&s.conditions, conditions::BACKUP_SUCCEEDED)
+            .expect("condition");
+        assert_eq!(c.status, "False");
+        assert!(c.message.contains("dump2"), "{}", c.message);
+    }
+
+    #[test]
     fn continuous_archiving_follows_the_primarys_archiver() {
         use pgop_api::instance_status::{ArchiveStatus, PgStatus};
         let mut pg = PgStatus::stopped("db-1", false);
@@ -382,26 +467,95 @@ mod tests {
         let c = cluster("0 * * * *");
         let now = |s: &str| s.parse::<Timestamp>().expect("time");
         assert_eq!(
-            due_backup(&c, &[], now("2026-11-29T10:59:00Z")).expect("ok"),
+            due_backup(
+                &c,
+                &[],
+                BackupMethod::BaseBackup,
+                now("2026-11-29T10:59:00Z")
+            )
+            .expect("ok"),
             None
         );
-        let (name, when) = due_backup(&c, &[], now("2026-11-29T11:00:01Z"))
-            .expect("ok")
-            .expect("due");
+        let (name, when) = due_backup(
+            &c,
+            &[],
+            BackupMethod::BaseBackup,
+            now("2026-11-29T11:00:01Z"),
+        )
+        .expect("ok")
+        .expect("due");
         assert_eq!(name, "db-202611291100");
         assert_eq!(when.to_string(), "2026-11-29T11:00:00Z");
         // Made at 11:00:02: the next is at 12:00.
         let made = backup("db-202611291100", "{}", Some("2026-11-29T11:00:02Z"));
         assert_eq!(
-            due_backup(&c, &[&made], now("2026-11-29T11:30:00Z")).expect("ok"),
+            due_backup(
+                &c,
+                &[&made],
+                BackupMethod::BaseBackup,
+                now("2026-11-29T11:30:00Z")
+            )
+            .expect("ok"),
             None
         );
         // Down from 11:30 to 15:10: one backup, for 12:00, then the schedule goes on from it.
-        let (name, _) = due_backup(&c, &[&made], now("2026-11-29T15:10:00Z"))
+        let (name, _) = due_backup(
+            &c,
+            &[&made],
+            BackupMethod::BaseBackup,
+            now("2026-11-29T15:10:00Z"),
+        )
+        .expect("ok")
+        .expect("due");
+        assert_eq!(name, "db-202611291200");
+        // The logical schedule counts its own backups only.
+        let mut both = cluster("0 * * *");
+        if let Some(b) = both.spec.backup.as_mut() {
+            b.schedule = Some("0 * * * *".into());
+            b.logical_schedule = Some("30 * * * *".into());
+        }
+        let logical = BackupMethod::Logical;
+        let (name, _) = due_backup(&both, &[&made], logical, now("2026-11-29T11:31:00Z"))
             .expect("ok")
             .expect("due");
-        assert_eq!(name, "db-202611291200");
+        assert_eq!(name, "db-logical-202611291030");
+        let mut dumped = backup(
+            "db-logical-202611291130",
+            "{}",
+            Some("2026-11-29T11:30:01Z"),
+        );
+        dumped.spec.method = Some(logical);
+        assert_eq!(
+            due_backup(
+                &both,
+                &[&made, &dumped],
+                logical,
+                now("2026-11-29T12:10:00Z")
+            )
+            .expect("ok"),
+            None
+        );
+        assert_eq!(
+            due_backup(
+                &both,
+                &[&made, &dumped],
+                BackupMethod::BaseBackup,
+                now("2026-11-29T12:10:00Z")
+            )
+            .expect("ok")
+            .map(|(n, _)| n),
+            Some("db-202611291200".to_string()),
+            "a logical backup does not move the base schedule"
+        );
         let bad = cluster("0 * * *");
-        assert!(due_backup(&bad, &[], now("2026-11-29T15:10:00Z")).is_err());
+        assert!(
+            due_backup(
+                &bad,
+                &[],
+                BackupMethod::BaseBackup,
+                now("2026-11-29T15:10:00Z")
+            )
+            .is_err()
+        );
     }
 }

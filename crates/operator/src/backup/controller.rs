@@ -1,24 +1,28 @@
-//! The PostgresBackup controller: one base backup, taken by an instance manager
+//! The PostgresBackup controller: one backup, taken by an instance manager
 //! (`POST /pg/backups` on the chosen instance), followed until it completes or fails.
 //!
-//! Pending -> Running (instance chosen: the most caught-up ready standby, else the
-//! primary) -> Completed (backup id, LSNs, times, sizes) or Failed (`error`). A finished
-//! backup is never looked at again. After a completed backup the cluster's retention runs
-//! (S3 stores): backups older than `retentionDays` and the WAL only they need are deleted
-//! from the store, and so are the PostgresBackup objects of the backups deleted.
+//! Pending -> Running (instance chosen: for a base backup the most caught-up ready
+//! standby, else the primary; for a logical backup the primary) -> Completed (backup id,
+//! LSNs, times, sizes, databases) or Failed (`error`). A finished backup is never looked
+//! at again. After a completed backup the cluster's retention runs on the instance that
+//! took it (`POST /pg/retention`: the manager mounts the store, whatever its kind): backups
+//! older than `retentionDays` and the WAL only they need are deleted from the store, and
+//! so are the PostgresBackup objects of the backups deleted.
 
 use crate::Context;
 use crate::cluster::probe;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use pgop_api::backup::{BackupPhase, PostgresBackup, PostgresBackupStatus};
-use pgop_api::cluster::{BackupStore, InstanceRole};
-use pgop_api::constants::{FIELD_MANAGER, MANAGER_PORT, PATH_BACKUPS};
-use pgop_api::instance_status::{BackupJob, BackupJobPhase, BackupRequest, parse_lsn};
+use pgop_api::backup::{BackupMethod, BackupPhase, PostgresBackup, PostgresBackupStatus};
+use pgop_api::cluster::InstanceRole;
+use pgop_api::constants::{FIELD_MANAGER, MANAGER_PORT, PATH_BACKUPS, PATH_RETENTION};
+use pgop_api::instance_status::{
+    BackupJob, BackupJobPhase, BackupRequest, RetentionDone, RetentionRequest, parse_lsn,
+};
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,12 +62,15 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// The instance to take a backup from: the ready standby that replayed the most WAL (ties:
-/// the lower serial), else the current primary; `None` when neither is there.
-pub fn choose_instance(status: &PostgresClusterStatus) -> Option<String> {
+/// The instance to take a backup from: for a base backup the ready standby that replayed
+/// the most WAL (ties: the lower serial), else the current primary; for a logical backup
+/// the primary (a long `pg_dump` on a hot standby can be cancelled by recovery conflicts).
+/// `None` when none is there, or during a change of primary.
+pub fn choose_instance(status: &PostgresClusterStatus, method: BackupMethod) -> Option<String> {
     let standby = status
         .instances
         .iter()
+        .filter(|_| method == BackupMethod::BaseBackup)
         .filter(|i| i.ready && i.role == Some(InstanceRole::Replica))
         .max_by_key(|i| {
             (
@@ -128,11 +135,16 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
     }
 
     // Pending -> Running: choose the instance once and keep it.
+    let method = backup.spec.method.unwrap_or_default();
+    let what = match method {
+        BackupMethod::BaseBackup => "base backup",
+        BackupMethod::Logical => "logical backup",
+    };
     let (instance, status) = match (&status.phase, &status.instance) {
         (Some(BackupPhase::Running), Some(instance)) => (instance.clone(), status),
         _ => {
             let cluster_status = cluster.status.clone().unwrap_or_default();
-            let Some(instance) = choose_instance(&cluster_status) else {
+            let Some(instance) = choose_instance(&cluster_status, method) else {
                 let mut pending = status.clone();
                 pending.phase = Some(BackupPhase::Pending);
                 pending.error = Some(format!(
@@ -152,7 +164,7 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
                 &backup,
                 EventType::Normal,
                 "Started",
-                &format!("taking a base backup of {cluster_name} on {instance}"),
+                &format!("taking a {what} of {cluster_name} on {instance}"),
             )
             .await;
             (instance, running)
@@ -180,7 +192,8 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
     let verify = cluster.spec.backup.as_ref().is_some_and(|b| b.verify);
     let body = serde_json::to_vec(&BackupRequest {
         name: name.clone(),
-        verify,
+        verify: verify && method == BackupMethod::BaseBackup,
+        method,
     })
     .unwrap_or_default();
     // The request is idempotent: the same name returns the same job.
@@ -232,22 +245,25 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
             done.stored_bytes = job.stored_bytes;
             done.verified = job.verified;
             done.verification = job.verification.clone();
+            done.databases = job.databases.clone();
             done.error = None;
             patch_status(&ctx, &backup, &done).await?;
-            publish(
-                &ctx,
-                &backup,
-                EventType::Normal,
-                "Completed",
-                &format!(
+            let note = match method {
+                BackupMethod::BaseBackup => format!(
                     "base backup {} of {cluster_name} completed on {instance}: {} bytes, WAL {} to {}",
                     job.backup_id.as_deref().unwrap_or("?"),
                     job.size_bytes.unwrap_or(0),
                     job.begin_lsn.as_deref().unwrap_or("?"),
                     job.end_lsn.as_deref().unwrap_or("?"),
                 ),
-            )
-            .await;
+                BackupMethod::Logical => format!(
+                    "logical backup {} of {cluster_name} completed on {instance}: {} bytes, databases {}",
+                    job.backup_id.as_deref().unwrap_or("?"),
+                    job.size_bytes.unwrap_or(0),
+                    job.databases.join(", "),
+                ),
+            };
+            publish(&ctx, &backup, EventType::Normal, "Completed", &note).await;
             if job.verified == Some(false) {
                 let note = format!(
                     "backup {name} cannot be restored: {}",
@@ -262,7 +278,7 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
                 )
                 .await;
             }
-            retention(&ctx, &cluster, &namespace).await;
+            retention(&ctx, &cluster, &namespace, &host).await;
             Ok(Action::await_change())
         }
     }
@@ -340,86 +356,66 @@ async fn publish(
     }
 }
 
-/// The S3 keys of `store`, from the Secret it names.
-pub async fn s3_keys(
-    client: &kube::Client,
-    namespace: &str,
-    store: &BackupStore,
-) -> Result<Option<pgop_backup::S3Keys>, String> {
-    let Some(s3) = &store.s3 else {
-        return Ok(None);
-    };
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let name = &s3.credentials_secret.name;
-    let secret = secrets
-        .get(name)
-        .await
-        .map_err(|e| format!("failed to read Secret {name}: {e}"))?;
-    let (access_key_id, secret_access_key) = s3
-        .credentials_secret
-        .keys_in(&secret)
-        .map_err(|key| format!("Secret {name} has no key {key}"))?;
-    Ok(Some(pgop_backup::S3Keys {
-        access_key_id,
-        secret_access_key,
-    }))
-}
-
-/// Retention of an S3 store after a completed backup; failures are logged and retried
-/// after the next backup (the data stays, which is the safe side).
-async fn retention(ctx: &Context, cluster: &PostgresCluster, namespace: &str) {
+/// Retention after a completed backup, run by the instance manager at `host` (it mounts
+/// the store, whatever its kind); failures are logged and retried after the next backup
+/// (the data stays, which is the safe side).
+async fn retention(ctx: &Context, cluster: &PostgresCluster, namespace: &str, host: &str) {
     let Some(spec) = cluster.spec.backup.as_ref() else {
         return;
     };
-    let Some(store) = spec.store.as_ref().filter(|s| s.s3.is_some()) else {
-        return; // a volume store is not mounted in the operator: see docs/backup.md
-    };
     let cluster_name = cluster.name_any();
-    let result = async {
-        let keys = s3_keys(&ctx.client, namespace, store).await?;
-        let config = pgop_backup::StoreConfig::from_api(
-            store,
-            &cluster_name,
-            keys.as_ref(),
-            std::path::Path::new("/nonexistent"),
-        )
-        .map_err(|e| crate::error_chain(&e))?;
-        let store = pgop_backup::Store::open(&config).map_err(|e| crate::error_chain(&e))?;
-        let days = u32::try_from(spec.retention_days).unwrap_or(1).max(1);
-        pgop_backup::retention::apply(&store, k8s_openapi::jiff::Timestamp::now(), days)
-            .await
-            .map_err(|e| crate::error_chain(&e))
-    }
-    .await;
-    let plan = match result {
-        Ok(plan) => plan,
+    let request = RetentionRequest {
+        retention_days: u32::try_from(spec.retention_days).unwrap_or(1).max(1),
+    };
+    let body = serde_json::to_vec(&request).unwrap_or_default();
+    let done: RetentionDone = match probe::request(host, "POST", PATH_RETENTION, Some(&body)).await
+    {
+        Ok((200, body)) => match serde_json::from_slice(&body) {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(cluster = %cluster_name, error = %e, "unreadable retention answer");
+                return;
+            }
+        },
+        Ok((code, body)) => {
+            tracing::warn!(cluster = %cluster_name, code, answer = %String::from_utf8_lossy(&body).trim(), "retention failed; the data is kept");
+            return;
+        }
         Err(e) => {
             tracing::warn!(cluster = %cluster_name, error = %e, "retention failed; the data is kept");
             return;
         }
     };
-    if plan.delete_backups.is_empty() {
+    if done.base_backups.is_empty() && done.logical_backups.is_empty() {
         return;
     }
-    tracing::info!(cluster = %cluster_name, deleted = ?plan.delete_backups, wal = plan.delete_wal.len(), "retention removed old backups");
+    tracing::info!(cluster = %cluster_name, base = ?done.base_backups, logical = ?done.logical_backups, wal = done.wal_files, "retention removed old backups");
     // The objects of backups that are gone from the store go too.
     let backups: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), namespace);
     let Ok(list) = backups.list(&ListParams::default()).await else {
         return;
     };
     for b in list.items {
-        let gone = b.spec.cluster.name == cluster_name
-            && b.status
-                .as_ref()
-                .and_then(|s| s.backup_id.as_ref())
-                .is_some_and(|id| plan.delete_backups.contains(id));
-        if gone
+        if b.spec.cluster.name == cluster_name
+            && removed_by(&done, &b)
             && let Err(e) = backups
                 .delete(&b.name_any(), &DeleteParams::default())
                 .await
         {
             tracing::warn!(backup = %b.name_any(), error = %e, "failed to delete the object of a removed backup");
         }
+    }
+}
+
+/// Whether retention removed `backup`'s data (ids are per method: a base and a logical
+/// backup taken in the same second share one).
+fn removed_by(done: &RetentionDone, backup: &PostgresBackup) -> bool {
+    let Some(id) = backup.status.as_ref().and_then(|s| s.backup_id.as_ref()) else {
+        return false;
+    };
+    match backup.spec.method.unwrap_or_default() {
+        BackupMethod::BaseBackup => done.base_backups.contains(id),
+        BackupMethod::Logical => done.logical_backups.contains(id),
     }
 }
 
@@ -432,6 +428,32 @@ mod tests {
     }
 
     #[test]
+    fn retention_removes_the_objects_of_its_own_method_only() {
+        let backup = |method: &str, id: &str| -> PostgresBackup {
+            serde_yaml::from_str(&format!(
+                "apiVersion: database.example.com/v1alpha1\nkind: PostgresBackup\nmetadata: {{name: x}}\nspec: {{cluster: {{name: db}}{method}}}\nstatus: {{phase: Completed, backupId: '{id}'}}\n"
+            ))
+            .expect("backup")
+        };
+        let done = RetentionDone {
+            base_backups: vec!["20261101T020000Z".into()],
+            logical_backups: vec!["20261102T030000Z".into()],
+            wal_files: 3,
+        };
+        assert!(removed_by(&done, &backup("", "20261101T020000Z")));
+        assert!(!removed_by(
+            &done,
+            &backup(", method: logical", "20261101T020000Z")
+        ));
+        assert!(removed_by(
+            &done,
+            &backup(", method: logical", "20261102T030000Z")
+        ));
+        assert!(!removed_by(&done, &backup("", "20261102T030000Z")));
+        assert!(!removed_by(&done, &backup("", "20261201T020000Z")));
+    }
+
+    #[test]
     fn the_most_caught_up_ready_standby_else_the_primary() {
         let s = status(
             "{currentPrimary: db-1, targetPrimary: db-1, instances: [
@@ -440,18 +462,29 @@ mod tests {
               {name: db-3, serial: 3, role: replica, ready: true, replayedLsn: 0/6000000},
               {name: db-4, serial: 4, role: replica, ready: false, replayedLsn: 0/7000000}]}",
         );
-        assert_eq!(choose_instance(&s).as_deref(), Some("db-3"));
+        assert_eq!(
+            choose_instance(&s, BackupMethod::BaseBackup).as_deref(),
+            Some("db-3")
+        );
+        assert_eq!(
+            choose_instance(&s, BackupMethod::Logical).as_deref(),
+            Some("db-1"),
+            "pg_dump runs on the primary"
+        );
         let s = status(
             "{currentPrimary: db-1, targetPrimary: db-1, instances: [
               {name: db-1, serial: 1, role: primary, ready: true},
               {name: db-2, serial: 2, ready: false}]}",
         );
-        assert_eq!(choose_instance(&s).as_deref(), Some("db-1"));
+        assert_eq!(
+            choose_instance(&s, BackupMethod::BaseBackup).as_deref(),
+            Some("db-1")
+        );
         let s = status(
             "{currentPrimary: db-1, targetPrimary: db-2, instances: [{name: db-1, serial: 1, ready: true}]}",
         );
         assert_eq!(
-            choose_instance(&s),
+            choose_instance(&s, BackupMethod::BaseBackup),
             None,
             "no backup during a change of primary"
         );

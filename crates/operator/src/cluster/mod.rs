@@ -38,6 +38,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
+use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
@@ -282,7 +283,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     };
     let mut status = status::compute(cluster, &plan, &seen, now());
     status.restart_instance = restart_instance.clone();
-    let due_backup =
+    let due_backups =
         backup_facts(ctx, &defaulted, &namespace, &probes, &roles, &mut status).await?;
     patch_status(ctx, cluster, &namespace, status).await?;
     for note in &roles.notes {
@@ -298,10 +299,17 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
     }
-    if let Some(name) = due_backup {
-        match backup::cluster::create_scheduled(&ctx.client, &namespace, &defaulted, &name).await {
+    for (name, method) in due_backups {
+        let created =
+            backup::cluster::create_scheduled(&ctx.client, &namespace, &defaulted, &name, method)
+                .await;
+        match created {
             Ok(true) => {
-                let note = format!("scheduled base backup {name} created");
+                let what = match method {
+                    BackupMethod::BaseBackup => "base",
+                    BackupMethod::Logical => "logical",
+                };
+                let note = format!("scheduled {what} backup {name} created");
                 publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
             }
             Ok(false) => {}
@@ -410,7 +418,7 @@ async fn backup_facts(
     probes: &std::collections::BTreeMap<String, probe::Probe>,
     roles: &roles::Roles,
     status: &mut PostgresClusterStatus,
-) -> Result<Option<String>, Error> {
+) -> Result<Vec<(String, BackupMethod)>, Error> {
     let generation = cluster.metadata.generation;
     let spec = &cluster.spec;
     let recovering = spec
@@ -456,7 +464,7 @@ async fn backup_facts(
         );
     }
     if spec.backup.is_none() {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let api: Api<pgop_api::backup::PostgresBackup> = Api::namespaced(ctx.client.clone(), namespace);
     let all = api
@@ -475,16 +483,21 @@ async fn backup_facts(
         Some(ClusterPhase::Ready | ClusterPhase::Degraded)
     );
     if !serving {
-        return Ok(None);
+        return Ok(Vec::new());
     }
-    match backup::cluster::due_backup(cluster, &mine, k8s_openapi::jiff::Timestamp::now()) {
-        Ok(due) => Ok(due.map(|(name, _)| name)),
-        Err(e) => {
-            // Validation rejects bad schedules; a time zone unknown here is reported.
-            tracing::warn!(cluster = %key(cluster), error = %e, "no scheduled backups");
-            Ok(None)
+    let mut due = Vec::new();
+    for method in [BackupMethod::BaseBackup, BackupMethod::Logical] {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        match backup::cluster::due_backup(cluster, &mine, method, now) {
+            Ok(Some((name, _))) => due.push((name, method)),
+            Ok(None) => {}
+            Err(e) => {
+                // Validation rejects bad schedules; a time zone unknown here is reported.
+                tracing::warn!(cluster = %key(cluster), ?method, error = %e, "no scheduled backups");
+            }
         }
     }
+    Ok(due)
 }
 
 /// Removes the switchover annotation once it has been acted on or refused, so that an old

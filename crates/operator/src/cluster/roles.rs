@@ -12,6 +12,12 @@
 //!
 //! Everything is read back from the status, so an operator restarted in the middle of a
 //! failover carries on where the last one stopped.
+//!
+//! A switchover whose target is gone, or that has not completed within
+//! `spec.switchoverTimeout` (counted from `status.targetPrimarySince`), is given up: the old
+//! primary stays when it still runs as the primary (it holds the Lease, so the target
+//! cannot have promoted); when it has already stepped down, the switchover turns into a
+//! failover, which chooses again if the target is gone.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -135,11 +141,29 @@ pub fn decide(input: &Input) -> Roles {
             roles.primary = availability(input, &roles.current);
         } else {
             roles.phase = Some(kind);
-            // A failover target whose Pod is gone never promotes: choose again among the
-            // others (it may hold the Lease; the next target then waits for it to expire).
+            // A failover target whose Pod is gone never promotes, nor does one whose manager
+            // has not answered for switchoverTimeout: choose again among the others (it may
+            // hold the Lease; the next target then waits for it to be released or expire).
             let target_gone = pod_of(input, &roles.target)
                 .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
-            if kind == ClusterPhase::FailingOver && target_gone {
+            let timed_out = waited_for_target(input, &old) > switchover_timeout(input);
+            let silent = timed_out
+                && matches!(
+                    input.probes.get(&roles.target),
+                    None | Some(Probe::Unreachable(_))
+                );
+            let kind = if kind == ClusterPhase::SwitchingOver {
+                give_up_switchover(input, &mut roles, target_gone, timed_out)
+            } else {
+                kind
+            };
+            if roles.in_transition() && kind == ClusterPhase::FailingOver && (target_gone || silent)
+            {
+                let what = if target_gone {
+                    "is gone"
+                } else {
+                    "has not answered within switchoverTimeout"
+                };
                 let exclude = [roles.current.as_str(), roles.target.as_str()];
                 match candidate(input, &exclude) {
                     Ok((name, why)) => {
@@ -147,7 +171,7 @@ pub fn decide(input: &Input) -> Roles {
                             warning: true,
                             reason: "FailoverStarted",
                             message: format!(
-                                "failover target {} is gone; promoting {name} instead ({why})",
+                                "failover target {} {what}; promoting {name} instead ({why})",
                                 roles.target
                             ),
                             instance: Some(name.clone()),
@@ -156,7 +180,7 @@ pub fn decide(input: &Input) -> Roles {
                     }
                     Err(why) => {
                         let message = format!(
-                            "failover target {} is gone and no other standby may replace the primary: {why}",
+                            "failover target {} {what} and no other standby may replace the primary: {why}",
                             roles.target
                         );
                         let instance = Some(roles.target.clone());
@@ -233,6 +257,68 @@ pub fn decide(input: &Input) -> Roles {
         }
     }
     roles
+}
+
+/// A switchover that cannot finish (its target is gone, or `switchoverTimeout` has passed
+/// since `targetPrimarySince`) is given up: back to the old primary while it still runs as
+/// the primary, else on as a failover. Returns the kind of change still in progress.
+fn give_up_switchover(
+    input: &Input,
+    roles: &mut Roles,
+    target_gone: bool,
+    timed_out: bool,
+) -> ClusterPhase {
+    let why = if target_gone {
+        format!("its target {} is gone", roles.target)
+    } else if timed_out {
+        format!(
+            "{} has not become the primary within switchoverTimeout ({}s)",
+            roles.target,
+            switchover_timeout(input)
+        )
+    } else {
+        return ClusterPhase::SwitchingOver;
+    };
+    let old_primary_runs =
+        status_of(input, &roles.current).is_some_and(|s| s.role == PgRole::Primary);
+    if old_primary_runs {
+        roles.notes.push(Note {
+            warning: true,
+            reason: "SwitchoverFailed",
+            message: format!(
+                "switchover from {} to {} given up: {why}; {} stays the primary",
+                roles.current, roles.target, roles.current
+            ),
+            instance: Some(roles.target.clone()),
+        });
+        roles.target = roles.current.clone();
+        roles.phase = None;
+        roles.primary = availability(input, &roles.current);
+        return ClusterPhase::SwitchingOver;
+    }
+    roles.notes.push(Note {
+        warning: true,
+        reason: "SwitchoverFailed",
+        message: format!(
+            "switchover from {} to {} given up: {why}; {} has stepped down, so this is now a failover",
+            roles.current, roles.target, roles.current
+        ),
+        instance: Some(roles.target.clone()),
+    });
+    roles.phase = Some(ClusterPhase::FailingOver);
+    ClusterPhase::FailingOver
+}
+
+/// `spec.switchoverTimeout` in seconds.
+fn switchover_timeout(input: &Input) -> f64 {
+    f64::from(input.cluster.spec.switchover_timeout.max(1))
+}
+
+/// Seconds since `targetPrimary` last changed (0 when not recorded).
+fn waited_for_target(input: &Input, old: &pgop_api::PostgresClusterStatus) -> f64 {
+    old.target_primary_since.as_ref().map_or(0.0, |since| {
+        input.now.0.duration_since(since.0).as_secs_f64()
+    })
 }
 
 /// A failover that cannot happen: the reason goes into the PrimaryAvailable condition, and
@@ -675,5 +761,84 @@ mod tests {
         let r = w.decide(None, 100);
         assert_eq!(r.current, "db-2");
         assert_eq!(r.notes[0].reason, "SwitchoverCompleted");
+    }
+
+    #[test]
+    fn a_switchover_past_its_timeout_or_without_its_target_is_given_up() {
+        const SWITCHING: &str = "{phase: SwitchingOver, currentPrimary: db-1, targetPrimary: db-2, targetPrimarySince: '1970-01-01T00:01:40Z'}";
+        let spec = "{replicas: 3, storage: {size: 1Gi}, switchoverTimeout: 30}";
+        // Within the timeout: still switching over.
+        let w = World::new(spec, SWITCHING);
+        let r = w.decide(None, 129);
+        assert_eq!(
+            (r.target.as_str(), r.phase),
+            ("db-2", Some(ClusterPhase::SwitchingOver))
+        );
+        assert!(r.notes.is_empty());
+        // Past it, with the old primary still running as the primary: it stays.
+        let r = w.decide(None, 131);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-1"));
+        assert_eq!(r.phase, None);
+        assert_eq!(r.notes[0].reason, "SwitchoverFailed");
+        assert!(
+            r.notes[0].message.contains("switchoverTimeout"),
+            "{}",
+            r.notes[0].message
+        );
+        assert!(r.notes[0].message.contains("db-1 stays the primary"));
+        // Past it, the old primary already stepped down: a failover to the same target.
+        let mut w = World::new(spec, SWITCHING);
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/5000000"));
+        let r = w.decide(None, 131);
+        assert_eq!(
+            (r.target.as_str(), r.phase),
+            ("db-2", Some(ClusterPhase::FailingOver))
+        );
+        assert!(
+            r.notes[0].message.contains("now a failover"),
+            "{}",
+            r.notes[0].message
+        );
+        // The target's Pod gone, the old primary stopped: at once, to another standby.
+        w.pods[1] = pod("db-2", false, true);
+        let r = w.decide(None, 101);
+        assert_eq!(
+            (r.target.as_str(), r.phase),
+            ("db-3", Some(ClusterPhase::FailingOver))
+        );
+        assert_eq!(
+            r.notes.iter().map(|n| n.reason).collect::<Vec<_>>(),
+            ["SwitchoverFailed", "FailoverStarted"]
+        );
+        // The failover's target does not answer either: another standby, once past the
+        // timeout (the Lease keeps the two from both promoting).
+        let mut silent = World::new(
+            spec,
+            "{phase: FailingOver, currentPrimary: db-1, targetPrimary: db-2, targetPrimarySince: '1970-01-01T00:01:40Z'}",
+        );
+        silent
+            .probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/5000000"));
+        silent
+            .probes
+            .insert("db-2".into(), Probe::Unreachable("timed out".into()));
+        assert_eq!(
+            silent.decide(None, 120).target,
+            "db-2",
+            "within the timeout"
+        );
+        let r = silent.decide(None, 131);
+        assert_eq!(r.target, "db-3");
+        assert!(
+            r.notes[0].message.contains("has not answered"),
+            "{}",
+            r.notes[0].message
+        );
+        // The target's Pod gone, the old primary running: it stays, without waiting.
+        let mut w = World::new(spec, SWITCHING);
+        w.pods[1] = pod("db-2", false, true);
+        let r = w.decide(None, 101);
+        assert_eq!((r.target.as_str(), r.phase), ("db-1", None));
     }
 }

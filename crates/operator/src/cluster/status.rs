@@ -97,6 +97,13 @@ pub fn compute(
     status.observed_generation = generation;
     status.current_primary = Some(roles.current.clone());
     status.target_primary = Some(roles.target.clone());
+    status.target_primary_since = if old.target_primary.as_deref() == Some(roles.target.as_str()) {
+        old.target_primary_since
+            .clone()
+            .or_else(|| Some(now.clone()))
+    } else {
+        Some(now.clone())
+    };
 
     let was_ready = matches!(
         old.phase,
@@ -321,6 +328,11 @@ mod tests {
             at(200),
         );
         assert_eq!(ready, again, "nothing changed, so nothing to write");
+        assert_eq!(
+            again.target_primary_since,
+            Some(at(100)),
+            "the target has not changed since it was first set"
+        );
         let degraded = compute_with(
             &cluster(Some(ready)),
             &p,
