@@ -740,4 +740,50 @@ mod tests {
         );
         parse(&text);
     }
+
+    async fn status(router: &Router, path: &str) -> (u16, String) {
+        use tower::ServiceExt;
+        let request = http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .expect("a request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        let code = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        (code, content_type)
+    }
+
+    #[tokio::test]
+    async fn ready_once_both_stores_have_their_first_list() {
+        use kube::runtime::reflector;
+        use kube::runtime::watcher::Event;
+        let (clusters, mut cluster_writer) = reflector::store::<PostgresCluster>();
+        let (backups, mut backup_writer) = reflector::store::<PostgresBackup>();
+        let router = router(Sources {
+            metrics: Arc::new(Metrics::default()),
+            clusters,
+            backups,
+        });
+        assert_eq!(status(&router, "/healthz").await.0, 200);
+        assert_eq!(status(&router, "/readyz").await.0, 503);
+        cluster_writer.apply_watcher_event(&Event::Init);
+        cluster_writer.apply_watcher_event(&Event::InitApply((*ready_cluster()).clone()));
+        cluster_writer.apply_watcher_event(&Event::InitDone);
+        assert_eq!(
+            status(&router, "/readyz").await.0,
+            503,
+            "backups not listed yet"
+        );
+        backup_writer.apply_watcher_event(&Event::Init);
+        backup_writer.apply_watcher_event(&Event::InitDone);
+        assert_eq!(status(&router, "/readyz").await.0, 200);
+        assert_eq!(
+            status(&router, "/metrics").await,
+            (200, CONTENT_TYPE.to_string())
+        );
+    }
 }
