@@ -61,3 +61,9 @@ pub const PRIMARY_LEASE_RENEW_SECONDS: u64 = 2;
 /// A primary that has not renewed its Lease for this long stops PostgreSQL (self-fencing),
 /// well before anyone else may take the Lease over.
 pub const PRIMARY_LEASE_FENCE_AFTER_SECONDS: u64 = 7;
+
+/// The operator's HTTP port (`/metrics`, `/healthz`, `/readyz`) when `pgop operator` is
+/// given no `--metrics-bind-address`.
+pub const OPERATOR_METRICS_PORT: u16 = 8080;
+/// Name of the operator's HTTP port in its Deployment (for a PodMonitor).
+pub const OPERATOR_METRICS_PORT_NAME: &str = "metrics";

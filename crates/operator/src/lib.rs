@@ -7,18 +7,20 @@
 pub mod backoff;
 pub mod backup;
 pub mod cluster;
+pub mod metrics;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::runtime::controller::{self, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use pgop_api::PostgresCluster;
 use pgop_api::backup::PostgresBackup;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use cluster::build::{DEFAULT_IMAGE, Settings};
@@ -54,6 +56,10 @@ pub struct Options {
     /// Most clusters reconciled at the same time.
     pub concurrency: u16,
     pub settings: Settings,
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` (port 0: any free port, see
+    /// [`Operator::metrics_address`]); nowhere when `None`, the default here (`pgop
+    /// operator` defaults to `0.0.0.0:8080`).
+    pub metrics_bind_address: Option<SocketAddr>,
 }
 
 impl Default for Options {
@@ -62,6 +68,7 @@ impl Default for Options {
             namespace: None,
             concurrency: 4,
             settings: Settings::default(),
+            metrics_bind_address: None,
         }
     }
 }
@@ -77,85 +84,219 @@ where
     }
 }
 
-/// Runs the controllers until `shutdown` resolves; reconciles in flight then finish.
+/// Why the operator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to listen for metrics on {0}")]
+    MetricsListen(SocketAddr, #[source] std::io::Error),
+}
+
+/// Runs the controllers (and the metrics endpoint, when [`Options::metrics_bind_address`]
+/// is set) until `shutdown` resolves; reconciles in flight then finish. Fails only when the
+/// metrics address cannot be bound, before any controller starts.
 pub async fn run(
     client: Client,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    let ns = options.namespace.as_deref();
-    // Children are watched through the managed-by label only, so the caches hold pgop's
-    // objects and not every Pod and Secret of the cluster.
-    let children = watcher::Config::default().labels(&format!(
-        "{}={}",
-        pgop_api::labels::MANAGED_BY,
-        pgop_api::labels::MANAGED_BY_VALUE
-    ));
-    let ctx = Arc::new(Context::new(client.clone(), options.settings.clone()));
-    // Both controllers stop on the same signal.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
-    let clusters = Controller::new(
-        api::<PostgresCluster>(&client, ns),
-        watcher::Config::default(),
-    )
-    .owns(api::<Pod>(&client, ns), children.clone())
-    .owns(api::<PersistentVolumeClaim>(&client, ns), children.clone())
-    .owns(api::<Service>(&client, ns), children.clone())
-    .owns(api::<Secret>(&client, ns), children.clone())
-    .owns(api::<PodDisruptionBudget>(&client, ns), children.clone())
-    .owns(api::<ServiceAccount>(&client, ns), children.clone())
-    .owns(api::<Role>(&client, ns), children.clone())
-    .owns(api::<RoleBinding>(&client, ns), children)
-    .with_config(controller::Config::default().concurrency(options.concurrency))
-    .graceful_shutdown_on(stopped())
-    .run(cluster::reconcile, cluster::error_policy, ctx.clone())
-    .for_each(|result| async move {
-        match result {
-            Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
-            Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
-            Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
-        }
-    });
-    let backups = Controller::new(
-        api::<PostgresBackup>(&client, ns),
-        watcher::Config::default(),
-    )
-    .with_config(controller::Config::default().concurrency(options.concurrency))
-    .graceful_shutdown_on(stopped())
-    .run(
-        backup::controller::reconcile,
-        backup::controller::error_policy,
-        ctx,
-    )
-    .for_each(|result| async move {
-        match result {
-            Ok((obj, _)) => tracing::debug!(backup = %obj, "reconciled"),
-            Err(controller::Error::ReconcilerFailed(..)) => {}
-            Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
-        }
-    });
-    let controllers = async {
-        tokio::join!(clusters, backups);
-    };
-    tokio::pin!(controllers);
-    tokio::select! {
-        () = &mut controllers => {}
-        () = shutdown => {
-            let _ = stop_tx.send(true);
-            // Reconciles in flight finish within the grace period. A controller that
-            // never started (its CRD is not installed: it keeps waiting for its first
-            // list) must not hold the exit up for ever.
-            if tokio::time::timeout(SHUTDOWN_GRACE, controllers).await.is_err() {
-                tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+) -> Result<(), Error> {
+    Operator::bind(client, options).await?.run(shutdown).await;
+    Ok(())
+}
+
+/// An operator whose metrics address is bound but whose controllers do not run yet: for
+/// callers that need the address (port 0 picks a free one) before [`Operator::run`].
+pub struct Operator {
+    client: Client,
+    options: Options,
+    listener: Option<(tokio::net::TcpListener, SocketAddr)>,
+}
+
+impl Operator {
+    /// Binds the metrics address, if any: a port in use is an error here, naming it.
+    pub async fn bind(client: Client, options: Options) -> Result<Self, Error> {
+        let listener = match options.metrics_bind_address {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| Error::MetricsListen(addr, e))?;
+                let local = listener
+                    .local_addr()
+                    .map_err(|e| Error::MetricsListen(addr, e))?;
+                Some((listener, local))
             }
-        }
+            None => None,
+        };
+        Ok(Self {
+            client,
+            options,
+            listener,
+        })
     }
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` when disabled.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.listener.as_ref().map(|(_, addr)| *addr)
+    }
+
+    /// Runs the controllers and the HTTP endpoints until `shutdown` resolves; reconciles
+    /// in flight then finish, and the endpoints stop with the controllers.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+        let Self {
+            client,
+            options,
+            listener,
+        } = self;
+        let ns = options.namespace.as_deref();
+        // Children are watched through the managed-by label only, so the caches hold pgop's
+        // objects and not every Pod and Secret of the cluster.
+        let children = watcher::Config::default().labels(&format!(
+            "{}={}",
+            pgop_api::labels::MANAGED_BY,
+            pgop_api::labels::MANAGED_BY_VALUE
+        ));
+        let ctx = Arc::new(Context::new(client.clone(), options.settings.clone()));
+        let recorded = Arc::new(metrics::Metrics::default());
+        // The controllers and the HTTP server stop on the same signal.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let clusters = Controller::new(
+            api::<PostgresCluster>(&client, ns),
+            watcher::Config::default(),
+        )
+        .owns(api::<Pod>(&client, ns), children.clone())
+        .owns(api::<PersistentVolumeClaim>(&client, ns), children.clone())
+        .owns(api::<Service>(&client, ns), children.clone())
+        .owns(api::<Secret>(&client, ns), children.clone())
+        .owns(api::<PodDisruptionBudget>(&client, ns), children.clone())
+        .owns(api::<ServiceAccount>(&client, ns), children.clone())
+        .owns(api::<Role>(&client, ns), children.clone())
+        .owns(api::<RoleBinding>(&client, ns), children)
+        .with_config(controller::Config::default().concurrency(options.concurrency))
+        .graceful_shutdown_on(stopped());
+        let cluster_store = clusters.store();
+        let m = recorded.clone();
+        let clusters = clusters
+            .run(
+                move |obj, ctx| {
+                    timed(
+                        m.clone(),
+                        metrics::Controller::Cluster,
+                        cluster::reconcile(obj, ctx),
+                        cluster::Error::metric_label,
+                    )
+                },
+                cluster::error_policy,
+                ctx.clone(),
+            )
+            .for_each(|result| async move {
+                match result {
+                    Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
+                    Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
+                    Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
+                }
+            });
+        let backups = Controller::new(
+            api::<PostgresBackup>(&client, ns),
+            watcher::Config::default(),
+        )
+        .with_config(controller::Config::default().concurrency(options.concurrency))
+        .graceful_shutdown_on(stopped());
+        let backup_store = backups.store();
+        let m = recorded.clone();
+        let backups = backups
+            .run(
+                move |obj, ctx| {
+                    timed(
+                        m.clone(),
+                        metrics::Controller::Backup,
+                        backup::controller::reconcile(obj, ctx),
+                        backup::controller::Error::metric_label,
+                    )
+                },
+                backup::controller::error_policy,
+                ctx,
+            )
+            .for_each(|result| async move {
+                match result {
+                    Ok((obj, _)) => tracing::debug!(backup = %obj, "reconciled"),
+                    Err(controller::Error::ReconcilerFailed(..)) => {}
+                    Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
+                }
+            });
+
+        let server = listener.map(|(listener, addr)| {
+            tracing::info!(address = %addr, "serving /metrics, /healthz and /readyz");
+            let router = metrics::router(metrics::Sources {
+                metrics: recorded,
+                clusters: cluster_store,
+                backups: backup_store,
+            });
+            let serve = axum::serve(listener, router).with_graceful_shutdown(stopped());
+            let stopped = stopped();
+            async move {
+                // A scrape still in flight gets the grace period, not more.
+                let overdue = async {
+                    stopped.await;
+                    tokio::time::sleep(SHUTDOWN_GRACE).await;
+                };
+                tokio::select! {
+                    result = serve => if let Err(e) = result {
+                        tracing::error!(address = %addr, error = %e, "the metrics server failed");
+                    },
+                    () = overdue => {}
+                }
+            }
+        });
+        let server = async move {
+            if let Some(server) = server {
+                server.await;
+            }
+        };
+
+        let controllers = async move {
+            let both = async {
+                tokio::join!(clusters, backups);
+            };
+            tokio::pin!(both);
+            tokio::select! {
+                () = &mut both => {}
+                () = shutdown => {
+                    let _ = stop_tx.send(true);
+                    // Reconciles in flight finish within the grace period. A controller that
+                    // never started (its CRD is not installed: it keeps waiting for its first
+                    // list) must not hold the exit up for ever.
+                    if tokio::time::timeout(SHUTDOWN_GRACE, both).await.is_err() {
+                        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+                    }
+                }
+            }
+            // Controllers that ended on their own take the server down with them.
+            let _ = stop_tx.send(true);
+        };
+        tokio::join!(controllers, server);
+    }
+}
+
+/// Runs one reconcile and records its duration and outcome.
+async fn timed<E>(
+    recorded: Arc<metrics::Metrics>,
+    controller: metrics::Controller,
+    reconcile: impl Future<Output = Result<Action, E>>,
+    label: fn(&E) -> &'static str,
+) -> Result<Action, E> {
+    let started = std::time::Instant::now();
+    let result = reconcile.await;
+    recorded.record(
+        controller,
+        started.elapsed(),
+        result.as_ref().err().map(label),
+    );
+    result
 }
 
 /// How long reconciles in flight may take to finish after a shutdown request.

@@ -3,11 +3,13 @@
 //! instance pods as processes (this very binary as `pgop instance run`, real PostgreSQL),
 //! and a sample cluster a person can psql into.
 
+use crate::operator::BindAddress;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use pgop_api::PostgresCluster;
 use pgop_testenv::node::{LocalNode, NodeOptions};
 use pgop_testenv::{ControlPlane, Options};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -89,13 +91,24 @@ pub async fn run(args: Args) -> Result<(), Error> {
             operator_args.instance_uid = Some(uid);
             operator_args.instance_gid.get_or_insert(gid);
         }
+        // Metrics on a free loopback port unless asked otherwise: several `pgop dev` may run
+        // on one machine.
+        operator_args
+            .metrics_bind_address
+            .get_or_insert(BindAddress::At(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))));
         let options = operator_args.options();
-        let op_client = client.clone();
+        let bound = pgop_operator::Operator::bind(client.clone(), options)
+            .await
+            .map_err(|e| pgop_operator::error_chain(&e))?;
+        if let Some(addr) = bound.metrics_address() {
+            println!("operator metrics: http://{addr}/metrics (and /healthz, /readyz)");
+        }
         operator = Some(tokio::spawn(async move {
-            pgop_operator::run(op_client, options, async move {
-                let _ = stop_rx.await;
-            })
-            .await;
+            bound
+                .run(async move {
+                    let _ = stop_rx.await;
+                })
+                .await;
         }));
         let manifest = match &args.cluster {
             Some(path) => std::fs::read_to_string(path)

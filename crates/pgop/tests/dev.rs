@@ -131,6 +131,20 @@ fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `GET path` on `host`: the whole response, head and body.
+fn http_get(host: &str, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(host)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
 #[test]
 fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
     let mut dev = start_dev()?;
@@ -155,6 +169,20 @@ fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
         ],
     )?;
     assert_eq!(pgc, "example-1");
+    // The in-process operator serves its metrics on a free loopback port, and says where.
+    let url = dev
+        .printed
+        .lines()
+        .find_map(|l| l.strip_prefix("operator metrics: http://"))
+        .ok_or_else(|| format!("no metrics address in\n{}", dev.printed))?;
+    let host = url.split('/').next().ok_or("no host")?;
+    assert!(host.starts_with("127.0.0.1:"), "{host}");
+    let metrics = http_get(host, "/metrics")?;
+    assert!(
+        metrics.contains(r#"pgop_cluster_instances{namespace="default",cluster="example"} 3"#),
+        "{metrics}"
+    );
+    assert!(http_get(host, "/readyz")?.starts_with("HTTP/1.1 200"));
     let pid = dev.child.id();
     let mut children = children_of(pid);
     let names: Vec<String> = children.iter().map(|p| comm(*p)).collect();

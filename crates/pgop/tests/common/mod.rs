@@ -95,10 +95,16 @@ impl Env {
         let client = self.client.clone();
         let options = self.options.clone();
         let task = tokio::spawn(async move {
-            pgop_operator::run(client, options, async move {
+            let run = pgop_operator::run(client, options, async move {
                 let _ = rx.await;
-            })
-            .await;
+            });
+            // Without a metrics address (the default), starting cannot fail.
+            if let Err(e) = run.await {
+                panic!(
+                    "the operator did not start: {}",
+                    pgop_operator::error_chain(&e)
+                );
+            }
         });
         self.operator = Some((stop, task));
     }

@@ -1,0 +1,789 @@
+//! The operator's `/metrics`, `/healthz` and `/readyz` (axum, on `--metrics-bind-address`).
+//!
+//! Two kinds of metrics, in the OpenMetrics text format:
+//! - recorded as reconciles happen ([`Metrics`]): how long they take, how many succeeded or
+//!   failed, and why they failed (`Error::metric_label`);
+//! - read at scrape time from the controllers' reflector stores: every PostgresCluster's
+//!   phase, instances, conditions and backup times, and the PostgresBackups per phase.
+//!
+//! [`encode`] is a pure function of both, so the whole exposition is unit-tested without an
+//! API server. Nothing about an object outlives it: a deleted cluster's series vanish with
+//! it from the next scrape.
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::FutureExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use pgop_api::PostgresCluster;
+use pgop_api::backup::{BackupPhase, PostgresBackup};
+use pgop_api::cluster::{ClusterPhase, InstanceRole};
+use pgop_api::constants::{PATH_HEALTHZ, PATH_METRICS, PATH_READYZ};
+use prometheus_client::encoding::text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::time::Duration;
+
+/// The content type of [`encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds of the reconcile duration buckets, in seconds: 1 ms to 30 s.
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+type Labels = Vec<(&'static str, String)>;
+type IntGauge = Family<Labels, Gauge<i64, AtomicI64>>;
+type FloatGauge = Family<Labels, Gauge<f64, AtomicU64>>;
+type IntCounter = Family<Labels, Counter<u64, AtomicU64>>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Which controller a reconcile belongs to: the `controller` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Controller {
+    Cluster,
+    Backup,
+}
+
+impl Controller {
+    pub const ALL: [Controller; 2] = [Controller::Cluster, Controller::Backup];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Controller::Cluster => "cluster",
+            Controller::Backup => "backup",
+        }
+    }
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// What the reconciles recorded since the operator started. Cheap to share (`Arc`); the
+/// families are themselves shared handles, so a scrape registers them as they are.
+#[derive(Debug)]
+pub struct Metrics {
+    durations: Histograms,
+    reconciles: IntCounter,
+    errors: IntCounter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let metrics = Self {
+            durations: Histograms::new_with_constructor(duration_histogram),
+            reconciles: IntCounter::default(),
+            errors: IntCounter::default(),
+        };
+        // Every controller and result has a series from the start, so a rate over them
+        // has a first sample at 0 instead of appearing with the first failure.
+        for controller in Controller::ALL {
+            drop(
+                metrics
+                    .durations
+                    .get_or_create(&vec![("controller", controller.label().to_string())]),
+            );
+            for result in ["ok", "error"] {
+                drop(
+                    metrics
+                        .reconciles
+                        .get_or_create(&result_labels(controller, result)),
+                );
+            }
+        }
+        metrics
+    }
+}
+
+fn result_labels(controller: Controller, result: &str) -> Labels {
+    vec![
+        ("controller", controller.label().to_string()),
+        ("result", result.to_string()),
+    ]
+}
+
+impl Metrics {
+    /// Records one reconcile: how long it took and, when it failed, why (the error's
+    /// `metric_label`).
+    pub fn record(&self, controller: Controller, elapsed: Duration, error: Option<&'static str>) {
+        self.durations
+            .get_or_create(&vec![("controller", controller.label().to_string())])
+            .observe(elapsed.as_secs_f64());
+        let result = if error.is_some() { "error" } else { "ok" };
+        self.reconciles
+            .get_or_create(&result_labels(controller, result))
+            .inc();
+        if let Some(reason) = error {
+            self.errors
+                .get_or_create(&vec![
+                    ("controller", controller.label().to_string()),
+                    ("reason", reason.to_string()),
+                ])
+                .inc();
+        }
+    }
+}
+
+/// Registers families on a registry with the `pgop` prefix.
+struct Builder {
+    registry: Registry,
+}
+
+impl Builder {
+    fn int(&mut self, name: &str, help: &str) -> IntGauge {
+        let family = IntGauge::default();
+        self.registry.register(name, help, family.clone());
+        family
+    }
+
+    fn float_with_unit(&mut self, name: &str, help: &str, unit: Unit) -> FloatGauge {
+        let family = FloatGauge::default();
+        self.registry
+            .register_with_unit(name, help, unit, family.clone());
+        family
+    }
+}
+
+fn set(family: &IntGauge, labels: Labels, value: i64) {
+    family.get_or_create(&labels).set(value);
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A Kubernetes time as seconds since the Unix epoch (with its fraction).
+fn epoch_seconds(time: &Time) -> f64 {
+    // Exact for any plausible date: microseconds since 1970 fit in f64's 53 bits.
+    time.0.as_microsecond() as f64 / 1e6
+}
+
+const CLUSTER_PHASES: [ClusterPhase; 8] = [
+    ClusterPhase::Pending,
+    ClusterPhase::Creating,
+    ClusterPhase::Ready,
+    ClusterPhase::Degraded,
+    ClusterPhase::FailingOver,
+    ClusterPhase::SwitchingOver,
+    ClusterPhase::Invalid,
+    ClusterPhase::Deleting,
+];
+
+fn cluster_phase_name(phase: ClusterPhase) -> &'static str {
+    match phase {
+        ClusterPhase::Pending => "Pending",
+        ClusterPhase::Creating => "Creating",
+        ClusterPhase::Ready => "Ready",
+        ClusterPhase::Degraded => "Degraded",
+        ClusterPhase::FailingOver => "FailingOver",
+        ClusterPhase::SwitchingOver => "SwitchingOver",
+        ClusterPhase::Invalid => "Invalid",
+        ClusterPhase::Deleting => "Deleting",
+    }
+}
+
+const BACKUP_PHASES: [BackupPhase; 4] = [
+    BackupPhase::Pending,
+    BackupPhase::Running,
+    BackupPhase::Completed,
+    BackupPhase::Failed,
+];
+
+fn backup_phase_name(phase: BackupPhase) -> &'static str {
+    match phase {
+        BackupPhase::Pending => "Pending",
+        BackupPhase::Running => "Running",
+        BackupPhase::Completed => "Completed",
+        BackupPhase::Failed => "Failed",
+    }
+}
+
+/// The `role` label of an instance in `status.instances`; `unknown` before its first probe.
+fn role_name(role: Option<InstanceRole>) -> &'static str {
+    match role {
+        Some(InstanceRole::Primary) => "primary",
+        Some(InstanceRole::Replica) => "replica",
+        None => "unknown",
+    }
+}
+
+/// The metrics of one scrape, in the OpenMetrics text format (ending with `# EOF`): the
+/// recorded reconcile metrics, then the clusters' and backups' state as the stores hold it.
+pub fn encode(
+    clusters: &[Arc<PostgresCluster>],
+    backups: &[Arc<PostgresBackup>],
+    metrics: &Metrics,
+) -> Result<String, std::fmt::Error> {
+    let mut b = Builder {
+        registry: Registry::with_prefix("pgop"),
+    };
+
+    // Reconciles, as recorded.
+    b.registry.register_with_unit(
+        "operator_reconcile_duration",
+        "How long reconciles take, by controller (cluster or backup)",
+        Unit::Seconds,
+        metrics.durations.clone(),
+    );
+    b.registry.register(
+        "operator_reconciles",
+        "Reconciles finished, by controller and result (ok or error)",
+        metrics.reconciles.clone(),
+    );
+    b.registry.register(
+        "operator_reconcile_errors",
+        "Failed reconciles, by controller and reason (the error variant, as in the operator's logs)",
+        metrics.errors.clone(),
+    );
+
+    // Clusters, from the store.
+    let phase = b.int(
+        "cluster_phase",
+        "The cluster's phase: 1 for the current one, 0 for the others (all 0 before the operator set one)",
+    );
+    let instances = b.int(
+        "cluster_instances",
+        "Instances the cluster asks for (spec.replicas)",
+    );
+    let ready = b.int(
+        "cluster_ready_instances",
+        "Instances whose Pod is ready (status.readyReplicas)",
+    );
+    let by_role = b.int(
+        "cluster_instances_by_role",
+        "Instances in status.instances by role: primary, replica, or unknown before the first probe",
+    );
+    let condition = b.int(
+        "cluster_condition",
+        "1 for each condition of the cluster, with its type and status (True, False or Unknown)",
+    );
+    let last_backup = b.float_with_unit(
+        "cluster_last_backup_timestamp",
+        "When the cluster's last base backup completed, seconds since the Unix epoch",
+        Unit::Seconds,
+    );
+    let recoverability = b.float_with_unit(
+        "cluster_first_recoverability_point_timestamp",
+        "The earliest time the cluster can be restored to from its backups, seconds since the Unix epoch",
+        Unit::Seconds,
+    );
+    for cluster in clusters {
+        let base = vec![
+            ("namespace", cluster.namespace().unwrap_or_default()),
+            ("cluster", cluster.name_any()),
+        ];
+        let with = |key: &'static str, value: &str| {
+            let mut labels = base.clone();
+            labels.push((key, value.to_string()));
+            labels
+        };
+        let status = cluster.status.as_ref();
+        let current = status.and_then(|s| s.phase);
+        for p in CLUSTER_PHASES {
+            set(
+                &phase,
+                with("phase", cluster_phase_name(p)),
+                i64::from(current == Some(p)),
+            );
+        }
+        set(&instances, base.clone(), i64::from(cluster.spec.replicas));
+        set(
+            &ready,
+            base.clone(),
+            status.map_or(0, |s| i64::from(s.ready_replicas)),
+        );
+        let listed = status.map(|s| s.instances.as_slice()).unwrap_or_default();
+        for role in [
+            Some(InstanceRole::Primary),
+            Some(InstanceRole::Replica),
+            None,
+        ] {
+            let n = listed.iter().filter(|i| i.role == role).count();
+            set(&by_role, with("role", role_name(role)), count(n));
+        }
+        let Some(status) = status else {
+            continue;
+        };
+        for c in &status.conditions {
+            let mut labels = with("type", &c.type_);
+            labels.push(("status", c.status.clone()));
+            set(&condition, labels, 1);
+        }
+        if let Some(at) = &status.last_backup_time {
+            last_backup.get_or_create(&base).set(epoch_seconds(at));
+        }
+        if let Some(at) = &status.first_recoverability_point {
+            recoverability.get_or_create(&base).set(epoch_seconds(at));
+        }
+    }
+
+    // Backups, from the store: every phase of each (namespace, cluster) that has any.
+    let by_phase = b.int(
+        "backups",
+        "PostgresBackups by namespace, cluster and phase (a backup without a status yet counts as Pending)",
+    );
+    let mut counts: BTreeMap<(String, String), [usize; BACKUP_PHASES.len()]> = BTreeMap::new();
+    for backup in backups {
+        let key = (
+            backup.namespace().unwrap_or_default(),
+            backup.spec.cluster.name.clone(),
+        );
+        let phase = backup
+            .status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .unwrap_or(BackupPhase::Pending);
+        let slot = BACKUP_PHASES.iter().position(|p| *p == phase).unwrap_or(0);
+        counts.entry(key).or_default()[slot] += 1;
+    }
+    for ((namespace, cluster), n) in counts {
+        for (p, n) in BACKUP_PHASES.iter().zip(n) {
+            set(
+                &by_phase,
+                vec![
+                    ("namespace", namespace.clone()),
+                    ("cluster", cluster.clone()),
+                    ("phase", backup_phase_name(*p).to_string()),
+                ],
+                count(n),
+            );
+        }
+    }
+
+    let mut out = String::new();
+    text::encode(&mut out, &b.registry)?;
+    Ok(out)
+}
+
+/// What the HTTP endpoints read: the recorded metrics and the controllers' stores.
+#[derive(Clone)]
+pub struct Sources {
+    pub metrics: Arc<Metrics>,
+    pub clusters: Store<PostgresCluster>,
+    pub backups: Store<PostgresBackup>,
+}
+
+impl Sources {
+    /// Whether both stores have received their first list from the API server.
+    pub fn ready(&self) -> bool {
+        listed(&self.clusters) && listed(&self.backups)
+    }
+}
+
+fn listed<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    // Resolves at once when the store is ready; never waits here.
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// The routes: `GET /metrics`, `/healthz` (200 while the process runs) and `/readyz` (200
+/// once both controllers' stores have their first list, 503 before).
+pub fn router(sources: Sources) -> Router {
+    Router::new()
+        .route(PATH_HEALTHZ, get(healthz))
+        .route(PATH_READYZ, get(readyz))
+        .route(PATH_METRICS, get(serve_metrics))
+        .with_state(Arc::new(sources))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(sources): State<Arc<Sources>>) -> (StatusCode, &'static str) {
+    if sources.ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for the first list of PostgresClusters and PostgresBackups\n",
+        )
+    }
+}
+
+async fn serve_metrics(State(sources): State<Arc<Sources>>) -> Response {
+    let clusters = sources.clusters.state();
+    let backups = sources.backups.state();
+    match encode(&clusters, &backups, &sources.metrics) {
+        Ok(body) => ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
+        Err(std::fmt::Error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "failed to encode the metrics\n",
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(
+        namespace: &str,
+        name: &str,
+        replicas: i32,
+        status: serde_json::Value,
+    ) -> Arc<PostgresCluster> {
+        let mut object = serde_json::json!({
+            "apiVersion": "database.example.com/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas, "storage": {"size": "1Gi"}}
+        });
+        if !status.is_null() {
+            object["status"] = status;
+        }
+        Arc::new(serde_json::from_value(object).expect("a valid cluster"))
+    }
+
+    fn ready_cluster() -> Arc<PostgresCluster> {
+        let at = "2025-01-31T12:00:00Z";
+        cluster(
+            "prod",
+            "main",
+            3,
+            serde_json::json!({
+                "phase": "Ready",
+                "replicas": 3,
+                "readyReplicas": 3,
+                "currentPrimary": "main-1",
+                "instances": [
+                    {"name": "main-1", "serial": 1, "role": "primary", "ready": true},
+                    {"name": "main-2", "serial": 2, "role": "replica", "ready": true},
+                    {"name": "main-3", "serial": 3, "role": "replica", "ready": true}
+                ],
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": "AllReady", "message": "", "lastTransitionTime": at},
+                    {"type": "Degraded", "status": "False", "reason": "AllReady", "message": "", "lastTransitionTime": at},
+                    {"type": "BackupSucceeded", "status": "True", "reason": "Completed", "message": "", "lastTransitionTime": at}
+                ],
+                "lastBackupTime": "2025-01-31T12:00:00Z",
+                "firstRecoverabilityPoint": "2025-01-30T00:00:00Z"
+            }),
+        )
+    }
+
+    fn backup(
+        namespace: &str,
+        name: &str,
+        cluster: &str,
+        phase: Option<&str>,
+    ) -> Arc<PostgresBackup> {
+        let mut object = serde_json::json!({
+            "apiVersion": "database.example.com/v1alpha1",
+            "kind": "PostgresBackup",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"cluster": {"name": cluster}}
+        });
+        if let Some(phase) = phase {
+            object["status"] = serde_json::json!({"phase": phase});
+        }
+        Arc::new(serde_json::from_value(object).expect("a valid backup"))
+    }
+
+    /// Checks the exposition's shape: every sample is `name{labels} value` of a family whose
+    /// TYPE came before it, comments are HELP/TYPE/UNIT, and it ends with `# EOF`. Returns
+    /// the samples.
+    fn parse(text: &str) -> Vec<(String, String, f64)> {
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        let mut families: Vec<(String, String)> = Vec::new();
+        let mut samples = Vec::new();
+        for line in text.lines() {
+            if let Some(comment) = line.strip_prefix("# ") {
+                let mut words = comment.splitn(3, ' ');
+                match words.next() {
+                    Some("EOF") => continue,
+                    Some("TYPE") => {
+                        let name = words.next().expect("TYPE name");
+                        let kind = words.next().expect("TYPE kind");
+                        assert!(["gauge", "counter", "histogram"].contains(&kind), "{line}");
+                        families.push((name.to_string(), kind.to_string()));
+                    }
+                    Some("HELP" | "UNIT") => {
+                        assert!(words.next().is_some_and(|n| n.starts_with("pgop_")));
+                        assert!(words.next().is_some_and(|h| !h.is_empty()), "{line}");
+                    }
+                    _ => panic!("unexpected comment: {line}"),
+                }
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').expect("`series value`");
+            let value: f64 = value.parse().unwrap_or_else(|_| panic!("a number: {line}"));
+            let (name, labels) = series.split_once('{').expect("labels");
+            let labels = labels.strip_suffix('}').expect("closing brace");
+            assert!(
+                name.starts_with("pgop_")
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                "{line}"
+            );
+            assert!(
+                families.iter().any(|(family, kind)| match kind.as_str() {
+                    "counter" => name.strip_suffix("_total") == Some(family),
+                    "histogram" => ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|s| name.strip_suffix(s) == Some(family)),
+                    _ => name == family,
+                }),
+                "{name} has no TYPE before it"
+            );
+            samples.push((name.to_string(), labels.to_string(), value));
+        }
+        samples
+    }
+
+    /// The value of the one sample `name` with exactly these labels, if any.
+    fn value(samples: &[(String, String, f64)], name: &str, labels: &str) -> Option<f64> {
+        let found: Vec<f64> = samples
+            .iter()
+            .filter(|(n, l, _)| n == name && l == labels)
+            .map(|(_, _, v)| *v)
+            .collect();
+        assert!(found.len() <= 1, "{name}{{{labels}}} twice");
+        found.first().copied()
+    }
+
+    fn has_line(text: &str, line: &str) {
+        assert!(text.lines().any(|l| l == line), "no `{line}` in\n{text}");
+    }
+
+    #[test]
+    fn a_ready_cluster_with_three_instances_conditions_and_backups() {
+        let text = encode(&[ready_cluster()], &[], &Metrics::default()).expect("encode");
+        for line in [
+            r#"pgop_cluster_phase{namespace="prod",cluster="main",phase="Ready"} 1"#,
+            r#"pgop_cluster_phase{namespace="prod",cluster="main",phase="Degraded"} 0"#,
+            r#"pgop_cluster_phase{namespace="prod",cluster="main",phase="Pending"} 0"#,
+            r#"pgop_cluster_instances{namespace="prod",cluster="main"} 3"#,
+            r#"pgop_cluster_ready_instances{namespace="prod",cluster="main"} 3"#,
+            r#"pgop_cluster_instances_by_role{namespace="prod",cluster="main",role="primary"} 1"#,
+            r#"pgop_cluster_instances_by_role{namespace="prod",cluster="main",role="replica"} 2"#,
+            r#"pgop_cluster_instances_by_role{namespace="prod",cluster="main",role="unknown"} 0"#,
+            r#"pgop_cluster_condition{namespace="prod",cluster="main",type="Ready",status="True"} 1"#,
+            r#"pgop_cluster_condition{namespace="prod",cluster="main",type="Degraded",status="False"} 1"#,
+            r#"pgop_cluster_condition{namespace="prod",cluster="main",type="BackupSucceeded",status="True"} 1"#,
+            r#"pgop_cluster_last_backup_timestamp_seconds{namespace="prod",cluster="main"} 1738324800.0"#,
+            r#"pgop_cluster_first_recoverability_point_timestamp_seconds{namespace="prod",cluster="main"} 1738195200.0"#,
+            "# TYPE pgop_cluster_phase gauge",
+            "# TYPE pgop_cluster_last_backup_timestamp_seconds gauge",
+            "# UNIT pgop_cluster_last_backup_timestamp_seconds seconds",
+            "# TYPE pgop_operator_reconcile_duration_seconds histogram",
+            "# UNIT pgop_operator_reconcile_duration_seconds seconds",
+            "# TYPE pgop_operator_reconciles counter",
+            r#"pgop_operator_reconciles_total{controller="cluster",result="ok"} 0"#,
+            r#"pgop_operator_reconciles_total{controller="backup",result="error"} 0"#,
+        ] {
+            has_line(&text, line);
+        }
+        let samples = parse(&text);
+        // Eight phases, one of them current.
+        let phases: Vec<_> = samples
+            .iter()
+            .filter(|(n, _, _)| n == "pgop_cluster_phase")
+            .collect();
+        assert_eq!(phases.len(), 8, "{text}");
+        assert_eq!(phases.iter().map(|(_, _, v)| v).sum::<f64>(), 1.0);
+        // Exactly the three conditions.
+        let conditions = samples
+            .iter()
+            .filter(|(n, _, _)| n == "pgop_cluster_condition")
+            .count();
+        assert_eq!(conditions, 3, "{text}");
+        // No backups, no errors: those families are left out.
+        assert!(!text.contains("pgop_backups"), "{text}");
+        assert!(
+            !text.contains("pgop_operator_reconcile_errors_total{"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_cluster_without_status_has_its_spec_and_zeros_only() {
+        let text = encode(
+            &[cluster("dev", "fresh", 2, serde_json::Value::Null)],
+            &[],
+            &Metrics::default(),
+        )
+        .expect("encode");
+        let samples = parse(&text);
+        let base = r#"namespace="dev",cluster="fresh""#;
+        let v = |name: &str, extra: &str| value(&samples, name, &format!("{base}{extra}"));
+        assert_eq!(v("pgop_cluster_instances", ""), Some(2.0));
+        assert_eq!(v("pgop_cluster_ready_instances", ""), Some(0.0));
+        for phase in CLUSTER_PHASES {
+            let labels = format!(r#",phase="{}""#, cluster_phase_name(phase));
+            assert_eq!(v("pgop_cluster_phase", &labels), Some(0.0), "{labels}");
+        }
+        assert_eq!(
+            v("pgop_cluster_instances_by_role", r#",role="primary""#),
+            Some(0.0)
+        );
+        assert_eq!(
+            v("pgop_cluster_instances_by_role", r#",role="replica""#),
+            Some(0.0)
+        );
+        for absent in [
+            "pgop_cluster_condition",
+            "pgop_cluster_last_backup_timestamp_seconds",
+            "pgop_cluster_first_recoverability_point_timestamp_seconds",
+        ] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn backups_are_counted_per_cluster_and_phase() {
+        let backups = [
+            backup("prod", "main-1", "main", Some("Completed")),
+            backup("prod", "main-2", "main", Some("Failed")),
+            backup("prod", "main-3", "main", Some("Completed")),
+            backup("prod", "other-1", "other", None),
+        ];
+        let text = encode(&[], &backups, &Metrics::default()).expect("encode");
+        for line in [
+            r#"pgop_backups{namespace="prod",cluster="main",phase="Completed"} 2"#,
+            r#"pgop_backups{namespace="prod",cluster="main",phase="Failed"} 1"#,
+            r#"pgop_backups{namespace="prod",cluster="main",phase="Running"} 0"#,
+            r#"pgop_backups{namespace="prod",cluster="main",phase="Pending"} 0"#,
+            r#"pgop_backups{namespace="prod",cluster="other",phase="Pending"} 1"#,
+            r#"pgop_backups{namespace="prod",cluster="other",phase="Completed"} 0"#,
+            "# TYPE pgop_backups gauge",
+        ] {
+            has_line(&text, line);
+        }
+        let samples = parse(&text);
+        assert_eq!(
+            samples
+                .iter()
+                .filter(|(n, _, _)| n == "pgop_backups")
+                .count(),
+            8
+        );
+        assert!(!text.contains("pgop_cluster_"), "no clusters:\n{text}");
+    }
+
+    #[test]
+    fn reconciles_are_counted_timed_and_their_errors_named() {
+        let metrics = Metrics::default();
+        metrics.record(Controller::Cluster, Duration::from_millis(3), None);
+        metrics.record(Controller::Cluster, Duration::from_millis(40), None);
+        metrics.record(Controller::Cluster, Duration::from_secs(2), Some("Apply"));
+        metrics.record(
+            Controller::Backup,
+            Duration::from_secs(60),
+            Some("NoNamespace"),
+        );
+        let text = encode(&[], &[], &metrics).expect("encode");
+        for line in [
+            r#"pgop_operator_reconciles_total{controller="cluster",result="ok"} 2"#,
+            r#"pgop_operator_reconciles_total{controller="cluster",result="error"} 1"#,
+            r#"pgop_operator_reconciles_total{controller="backup",result="ok"} 0"#,
+            r#"pgop_operator_reconciles_total{controller="backup",result="error"} 1"#,
+            r#"pgop_operator_reconcile_errors_total{controller="cluster",reason="Apply"} 1"#,
+            r#"pgop_operator_reconcile_errors_total{controller="backup",reason="NoNamespace"} 1"#,
+            r#"pgop_operator_reconcile_duration_seconds_count{controller="cluster"} 3"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="0.001",controller="cluster"} 0"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="0.005",controller="cluster"} 1"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="0.05",controller="cluster"} 2"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="2.5",controller="cluster"} 3"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="30.0",controller="cluster"} 3"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="30.0",controller="backup"} 0"#,
+            r#"pgop_operator_reconcile_duration_seconds_bucket{le="+Inf",controller="backup"} 1"#,
+            r#"pgop_operator_reconcile_duration_seconds_count{controller="backup"} 1"#,
+            "# TYPE pgop_operator_reconcile_errors counter",
+        ] {
+            has_line(&text, line);
+        }
+        let samples = parse(&text);
+        let sum = value(
+            &samples,
+            "pgop_operator_reconcile_duration_seconds_sum",
+            r#"controller="cluster""#,
+        )
+        .expect("a sum");
+        assert!((sum - 2.043).abs() < 1e-9, "{sum}");
+        // The buckets are 1 ms .. 30 s, and +Inf.
+        let buckets = samples
+            .iter()
+            .filter(|(n, l, _)| {
+                n == "pgop_operator_reconcile_duration_seconds_bucket"
+                    && l.ends_with(r#"controller="cluster""#)
+            })
+            .count();
+        assert_eq!(buckets, DURATION_BUCKETS.len() + 1);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut c = (*ready_cluster()).clone();
+        if let Some(status) = c.status.as_mut() {
+            status.conditions[0].type_ = "we\"ird\\type\nx".into();
+        }
+        let text = encode(&[Arc::new(c)], &[], &Metrics::default()).expect("encode");
+        has_line(
+            &text,
+            r#"pgop_cluster_condition{namespace="prod",cluster="main",type="we\"ird\\type\nx",status="True"} 1"#,
+        );
+        parse(&text);
+    }
+
+    async fn status(router: &Router, path: &str) -> (u16, String) {
+        use tower::ServiceExt;
+        let request = http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .expect("a request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        let code = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        (code, content_type)
+    }
+
+    #[tokio::test]
+    async fn ready_once_both_stores_have_their_first_list() {
+        use kube::runtime::reflector;
+        use kube::runtime::watcher::Event;
+        let (clusters, mut cluster_writer) = reflector::store::<PostgresCluster>();
+        let (backups, mut backup_writer) = reflector::store::<PostgresBackup>();
+        let router = router(Sources {
+            metrics: Arc::new(Metrics::default()),
+            clusters,
+            backups,
+        });
+        assert_eq!(status(&router, "/healthz").await.0, 200);
+        assert_eq!(status(&router, "/readyz").await.0, 503);
+        cluster_writer.apply_watcher_event(&Event::Init);
+        cluster_writer.apply_watcher_event(&Event::InitApply((*ready_cluster()).clone()));
+        cluster_writer.apply_watcher_event(&Event::InitDone);
+        assert_eq!(
+            status(&router, "/readyz").await.0,
+            503,
+            "backups not listed yet"
+        );
+        backup_writer.apply_watcher_event(&Event::Init);
+        backup_writer.apply_watcher_event(&Event::InitDone);
+        assert_eq!(status(&router, "/readyz").await.0, 200);
+        assert_eq!(
+            status(&router, "/metrics").await,
+            (200, CONTENT_TYPE.to_string())
+        );
+    }
+}
