@@ -273,6 +273,11 @@ pub fn encode(
         "When the cluster's last base backup completed, seconds since the Unix epoch",
         Unit::Seconds,
     );
+    let last_logical = b.float_with_unit(
+        "cluster_last_logical_backup_timestamp",
+        "When the cluster's last logical backup (pg_dump) completed, seconds since the Unix epoch",
+        Unit::Seconds,
+    );
     let recoverability = b.float_with_unit(
         "cluster_first_recoverability_point_timestamp",
         "The earliest time the cluster can be restored to from its backups, seconds since the Unix epoch",
@@ -322,6 +327,9 @@ pub fn encode(
         }
         if let Some(at) = &status.last_backup_time {
             last_backup.get_or_create(&base).set(epoch_seconds(at));
+        }
+        if let Some(at) = &status.last_logical_backup_time {
+            last_logical.get_or_create(&base).set(epoch_seconds(at));
         }
         if let Some(at) = &status.first_recoverability_point {
             recoverability.get_or_create(&base).set(epoch_seconds(at));
@@ -472,6 +480,7 @@ mod tests {
                     {"type": "BackupSucceeded", "status": "True", "reason": "Completed", "message": "", "lastTransitionTime": at}
                 ],
                 "lastBackupTime": "2025-01-31T12:00:00Z",
+                "lastLogicalBackupTime": "2025-01-31T13:00:00Z",
                 "firstRecoverabilityPoint": "2025-01-30T00:00:00Z"
             }),
         )
@@ -577,6 +586,7 @@ mod tests {
             r#"pgop_cluster_condition{namespace="prod",cluster="main",type="Degraded",status="False"} 1"#,
             r#"pgop_cluster_condition{namespace="prod",cluster="main",type="BackupSucceeded",status="True"} 1"#,
             r#"pgop_cluster_last_backup_timestamp_seconds{namespace="prod",cluster="main"} 1738324800.0"#,
+            r#"pgop_cluster_last_logical_backup_timestamp_seconds{namespace="prod",cluster="main"} 1738328400.0"#,
             r#"pgop_cluster_first_recoverability_point_timestamp_seconds{namespace="prod",cluster="main"} 1738195200.0"#,
             "# TYPE pgop_cluster_phase gauge",
             "# TYPE pgop_cluster_last_backup_timestamp_seconds gauge",
