@@ -65,6 +65,8 @@ pub enum Error {
     Verify(#[source] pgop_backup::verify::Error),
     #[error("failed to apply retention to the backup store: {0}")]
     Retention(String),
+    #[error("PostgreSQL exited while starting (see its log)")]
+    ExitedAtStart,
 }
 
 /// Why a base backup was not started (`POST /pg/backups`).
@@ -217,6 +219,9 @@ struct Desired {
     bootstrap_error: Option<String>,
     /// The cluster generation whose configuration was last applied, for `/pg/status`.
     applied_generation: Option<i64>,
+    /// `parameters` were checked by a running server ([`Instance::apply_config`]); until
+    /// then they are the spec's, seeded for the first start ([`Instance::seed_parameters`]).
+    validated: bool,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -264,6 +269,7 @@ impl Instance {
                 applied: None,
                 bootstrap_error: None,
                 applied_generation: None,
+                validated: false,
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -401,17 +407,79 @@ impl Instance {
         if state != DataState::Ready {
             return Err(Error::DataNotReady(state));
         }
+        self.start_postmaster().await?;
+        Ok(())
+    }
+
+    /// The spec's parameters for PostgreSQL's first start under this manager, written as
+    /// they are: checking them needs a running server, and parameters that take effect only
+    /// at start must be there from the first one (a standby of a primary that runs with a
+    /// raised `max_connections` cannot even start without it). No effect once a
+    /// configuration has been checked ([`Instance::apply_config`]) or while PostgreSQL runs.
+    pub fn seed_parameters(&self, parameters: &BTreeMap<String, String>) {
+        if self.supervisor.pid().is_some() {
+            return;
+        }
+        let mut d = self.desired();
+        if !d.validated {
+            d.parameters = parameters.clone();
+        }
+    }
+
+    /// Writes the configuration, starts the postmaster and waits until it accepts
+    /// connections. When the parameters are still the spec's unchecked ones and PostgreSQL
+    /// does not come up with them, it starts again without them; the next
+    /// [`Instance::apply_config`] then reports what it refuses.
+    async fn start_postmaster(&self) -> Result<tokio_postgres::Client, Error> {
         self.write_config()?;
+        let unchecked = {
+            let d = self.desired();
+            !d.validated && !d.parameters.is_empty()
+        };
+        let client = match self.start_and_wait(unchecked).await {
+            Ok(client) => client,
+            Err(err) if unchecked => {
+                tracing::warn!(error = %crate::error_chain(&err), "PostgreSQL did not start with the spec's parameters; starting it without them (they are checked once it runs)");
+                self.supervisor
+                    .stop_with(supervisor::Stop::Immediate)
+                    .await
+                    .map_err(Error::StopPostgres)?;
+                self.desired().parameters.clear();
+                self.write_config()?;
+                self.start_and_wait(false).await?
+            }
+            Err(err) => return Err(err),
+        };
+        self.desired().fenced = false;
+        Ok(client)
+    }
+
+    /// Starts the postmaster and waits until it accepts connections; with `watch_exit`, a
+    /// postmaster that exits meanwhile fails the start at once rather than after the start
+    /// timeout.
+    async fn start_and_wait(&self, watch_exit: bool) -> Result<tokio_postgres::Client, Error> {
+        let restarts = self.supervisor.restarts();
         self.supervisor
             .start()
             .await
             .map_err(Error::StartPostgres)?;
-        self.desired().fenced = false;
-        self.endpoint()
-            .wait_ready(self.options.start_timeout)
-            .await
-            .map_err(Error::WaitReady)?;
-        Ok(())
+        let endpoint = self.endpoint();
+        let ready = endpoint.wait_ready(self.options.start_timeout);
+        if !watch_exit {
+            return ready.await.map_err(Error::WaitReady);
+        }
+        let exited = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if self.supervisor.pid().is_none() || self.supervisor.restarts() > restarts {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            ready = ready => ready.map_err(Error::WaitReady),
+            () = exited => Err(Error::ExitedAtStart),
+        }
     }
 
     /// Starts PostgreSQL on a complete data directory in the desired mode.
@@ -512,16 +580,7 @@ impl Instance {
         bootstrap::initdb::initdb(&o.binaries, o.run_as, &o.layout.pgdata)
             .await
             .map_err(Error::Bootstrap)?;
-        self.write_config()?;
-        self.supervisor
-            .start()
-            .await
-            .map_err(Error::StartPostgres)?;
-        let client = self
-            .endpoint()
-            .wait_ready(o.start_timeout)
-            .await
-            .map_err(Error::WaitReady)?;
+        let client = self.start_postmaster().await?;
         bootstrap::initdb::create_roles(&client, &o.credentials)
             .await
             .map_err(Error::Bootstrap)?;
@@ -572,16 +631,7 @@ impl Instance {
         self.desired().bootstrap_error = None;
         let started = async {
             mark_history_for_archiving(pgdata, o.run_as).map_err(Error::MarkHistory)?;
-            self.write_config()?;
-            self.supervisor
-                .start()
-                .await
-                .map_err(Error::StartPostgres)?;
-            let client = self
-                .endpoint()
-                .wait_ready(o.start_timeout)
-                .await
-                .map_err(Error::WaitReady)?;
+            let client = self.start_postmaster().await?;
             // The restored data has the source's roles: this cluster's Secrets must work.
             bootstrap::initdb::create_roles(&client, &o.credentials)
                 .await
@@ -888,6 +938,7 @@ impl Instance {
         let mut d = self.desired();
         d.invalid = report.invalid.clone();
         d.applied = Some((parameters.clone(), pg_hba.to_vec(), report.clone()));
+        d.validated = true;
         Ok(report)
     }
 

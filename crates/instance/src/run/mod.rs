@@ -428,6 +428,9 @@ async fn reconcile(
     } else {
         Next::Idle
     };
+    // A first start (bootstrap, clone, a manager started on existing data) already runs
+    // with the spec's parameters, those that take effect only at start included.
+    instance.seed_parameters(&cluster.spec.postgresql.parameters);
     match &plan.action {
         Action::Wait => return Ok(next),
         Action::Keep => {}

@@ -103,3 +103,57 @@ async fn invalid_parameters_are_reported_and_the_last_good_config_kept() -> Test
     assert_eq!(show(&node, "work_mem").await, "8MB");
     Ok(())
 }
+
+/// The spec's parameters are in effect from an instance's first start, those that take
+/// effect only at start included: no restart right after a bootstrap, and a standby of a
+/// primary with a raised `max_connections` starts at all (a hot standby refuses to run
+/// with fewer connections than its primary).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_start_carries_the_specs_parameters() -> TestResult {
+    let wanted = params(&[("max_connections", "142"), ("shared_buffers", "48MB")]);
+    let primary = Node::new("seed-1");
+    let standby = Node::new("seed-2");
+    primary.instance.seed_parameters(&wanted);
+    primary.instance.bootstrap_primary().await?;
+    assert_eq!(show(&primary, "max_connections").await, "142");
+    assert_eq!(show(&primary, "shared_buffers").await, "48MB");
+    let report = primary.instance.apply_config(&wanted, &[]).await?;
+    assert!(
+        report.invalid.is_empty() && report.pending_restart.is_empty(),
+        "nothing to restart for: {report:?}"
+    );
+
+    primary
+        .instance
+        .ensure_slots(&["seed-2".to_string()])
+        .await?;
+    standby.instance.seed_parameters(&wanted);
+    standby
+        .instance
+        .bootstrap_standby(&primary.upstream())
+        .await?;
+    assert_eq!(show(&standby, "max_connections").await, "142");
+    let report = standby.instance.apply_config(&wanted, &[]).await?;
+    assert!(report.pending_restart.is_empty(), "{report:?}");
+    Ok(())
+}
+
+/// Seeded parameters PostgreSQL refuses at start do not keep it down: it starts without
+/// them, and the check that follows names the bad one and leaves the good one pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_with_a_bad_parameter_falls_back_to_none() -> TestResult {
+    let wanted = params(&[("max_connections", "142"), ("shared_buffers", "lots")]);
+    let node = Node::new("seed-3");
+    node.instance.seed_parameters(&wanted);
+    node.instance.bootstrap_primary().await?;
+    assert_ne!(show(&node, "max_connections").await, "142");
+    let report = node.instance.apply_config(&wanted, &[]).await?;
+    let refused: Vec<&str> = report.invalid.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(refused, ["shared_buffers"], "{report:?}");
+    assert_eq!(report.pending_restart, ["max_connections"]);
+    // Checked once: a later start no longer takes the spec's values unchecked.
+    node.instance.seed_parameters(&wanted);
+    node.instance.restart().await?;
+    assert_eq!(show(&node, "max_connections").await, "142");
+    Ok(())
+}
