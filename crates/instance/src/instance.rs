@@ -450,7 +450,6 @@ impl Instance {
             }
             Err(err) => return Err(err),
         };
-        self.desired().fenced = false;
         Ok(client)
     }
 
@@ -463,6 +462,7 @@ impl Instance {
             .start()
             .await
             .map_err(Error::StartPostgres)?;
+        self.desired().fenced = false;
         let endpoint = self.endpoint();
         let ready = endpoint.wait_ready(self.options.start_timeout);
         if !watch_exit {

@@ -17,7 +17,9 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
     let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
         "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
         "metadata": {"name": "shop"},
-        "spec": {"replicas": 3, "storage": {"size": "1Gi"}, "bootstrap": {"initdb": {"database": "app", "owner": "app"}}}
+        "spec": {"replicas": 3, "storage": {"size": "1Gi"}, "bootstrap": {"initdb": {"database": "app", "owner": "app"}},
+                 // Restart-only parameters, in effect from each instance's first start.
+                 "postgresql": {"parameters": {"max_connections": "150", "shared_buffers": "48MB"}}}
     }))?;
     let api: Api<PostgresCluster> = Api::namespaced(env.client.clone(), &n);
     api.create(&PostParams::default(), &cluster).await?;
@@ -44,6 +46,7 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
         let in_recovery: bool = c.query_one("select pg_is_in_recovery()", &[]).await?.get(0);
         assert_eq!(in_recovery, *name != primary, "{name}");
         wait_rows(name, ip, &password, "items", 1000).await?;
+        started_with_the_spec(name, &c).await?;
     }
 
     // Scale 3 -> 5 -> 2: new standbys clone and stream; the highest serials go.
@@ -56,6 +59,8 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
     env.wait_ready("shop", 5).await?;
     for (name, ip) in env.pod_ips("shop").await? {
         wait_rows(&name, &ip, &password, "items", 1000).await?;
+        // A hot standby of a primary with max_connections 150 cannot start with less.
+        started_with_the_spec(&name, &connect(&ip, &password).await?).await?;
     }
     api.patch(
         "shop",
@@ -100,4 +105,23 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
     })
     .await?;
     env.stop().await
+}
+
+/// The instance runs with the spec's restart-only parameters and has none pending: it
+/// started with them, no restart was needed.
+async fn started_with_the_spec(name: &str, c: &tokio_postgres::Client) -> Result {
+    let row = c
+        .query_one(
+            "select current_setting('max_connections'), current_setting('shared_buffers'),
+                    (select count(*) from pg_settings where pending_restart)",
+            &[],
+        )
+        .await?;
+    let (max, buffers, pending): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (max.as_str(), buffers.as_str(), pending),
+        ("150", "48MB", 0),
+        "{name}"
+    );
+    Ok(())
 }
