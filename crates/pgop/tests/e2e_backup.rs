@@ -155,22 +155,7 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
         .query_one("select pg_walfile_name(pg_current_wal_lsn())", &[])
         .await?
         .get(0);
-    pgop_testenv::wait::until(&format!("{segment} archived"), TIMEOUT, || async {
-        let row = db
-            .query_one(
-                "select coalesce(last_archived_wal, '') from pg_stat_archiver",
-                &[],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        let last: String = row.get(0);
-        if last.as_str() >= segment.as_str() {
-            Ok(())
-        } else {
-            Err(last)
-        }
-    })
-    .await?;
+    wait_archived(&db, &segment).await?;
 
     // A new cluster from that backup, to the point in time: exactly the first 100 rows.
     env.create(
@@ -228,22 +213,7 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
         conditions::is_true(&s.conditions, conditions::CONTINUOUS_ARCHIVING)
     })
     .await?;
-    pgop_testenv::wait::until(&format!("{during} archived"), TIMEOUT, || async {
-        let row = db
-            .query_one(
-                "select coalesce(last_archived_wal, '') from pg_stat_archiver",
-                &[],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        let last: String = row.get(0);
-        if last.as_str() >= during.as_str() {
-            Ok(())
-        } else {
-            Err(last)
-        }
-    })
-    .await?;
+    wait_archived(&db, &during).await?;
     let archived = archived_segments(&s3, "e2e/src/pgop-v1/wal")?;
     let timeline = &during[..8];
     let mine: Vec<u64> = archived
@@ -265,6 +235,27 @@ async fn e2e_scheduled_backups_and_a_point_in_time_restore_into_a_new_cluster() 
     );
     drop(s3);
     env.stop().await
+}
+
+/// Waits until the primary `db` has archived `segment` (or a later one).
+async fn wait_archived(db: &tokio_postgres::Client, segment: &str) -> Result {
+    pgop_testenv::wait::until(&format!("{segment} archived"), TIMEOUT, || async {
+        let row = db
+            .query_one(
+                "select coalesce(last_archived_wal, '') from pg_stat_archiver",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let last: String = row.get(0);
+        if last.as_str() >= segment {
+            Ok(())
+        } else {
+            Err(last)
+        }
+    })
+    .await?;
+    Ok(())
 }
 
 /// The WAL segment names (24 hex digits) the S3 server holds under `prefix`, sorted.
