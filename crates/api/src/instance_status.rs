@@ -61,6 +61,13 @@ pub struct PgStatus {
     pub pending_restart: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_restart_parameters: Vec<String>,
+    /// Of those, the parameters a hot standby needs at least at its primary's value
+    /// (`max_connections`, `max_worker_processes`, `max_wal_senders`,
+    /// `max_prepared_transactions`, `max_locks_per_transaction`) whose new value is lower
+    /// than the running one: a standby restarted with it before the primary would refuse to
+    /// start, so the primary restarts first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_restart_decreases: Vec<String>,
     /// The cluster's `metadata.generation` whose parameters this instance last applied
     /// (reloaded): until every instance has, `pendingRestart` may not yet tell the whole
     /// story, so a rolling restart waits. Unset before the first apply (and from managers
@@ -152,6 +159,7 @@ impl PgStatus {
             replication: Vec::new(),
             pending_restart: false,
             pending_restart_parameters: Vec::new(),
+            pending_restart_decreases: Vec::new(),
             applied_generation: None,
             invalid_parameters: Vec::new(),
             postgres_version: None,

@@ -516,10 +516,15 @@ impl Instance {
         self.supervisor.stop().await.map_err(Error::StopPostgres)
     }
 
-    /// Stops and starts PostgreSQL (to apply parameters that need a restart).
+    /// Stops and starts PostgreSQL (to apply parameters that need a restart). The stop is
+    /// fast (sessions end at once, a shutdown checkpoint is written): a smart one would
+    /// wait for idle pooled connections until the stop timeout.
     pub async fn restart(&self) -> Result<(), Error> {
         let _op = self.ops.lock().await;
-        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+        self.supervisor
+            .stop_with(supervisor::Stop::Fast)
+            .await
+            .map_err(Error::StopPostgres)?;
         self.start_locked().await
     }
 

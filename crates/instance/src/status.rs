@@ -31,13 +31,24 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
                          ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
                     END,
                     COALESCE((SELECT status = 'streaming' FROM pg_stat_wal_receiver), false),
-                    ARRAY(SELECT name FROM pg_settings WHERE pending_restart ORDER BY name)",
+                    ARRAY(SELECT name FROM pg_settings WHERE pending_restart ORDER BY name),
+                    ARRAY(SELECT s.name FROM pg_settings s
+                          JOIN LATERAL (SELECT f.setting FROM pg_file_settings f
+                                        WHERE f.name = s.name ORDER BY f.seqno DESC LIMIT 1) f ON true
+                          WHERE s.pending_restart
+                            AND s.name IN ('max_connections', 'max_worker_processes',
+                                           'max_wal_senders', 'max_prepared_transactions',
+                                           'max_locks_per_transaction')
+                            AND f.setting ~ '^[0-9]+$'
+                            AND f.setting::bigint < s.setting::bigint
+                          ORDER BY s.name)",
             &[],
         )
         .await
         .map_err(e)?;
     let in_recovery: bool = row.try_get(0).map_err(e)?;
     let pending: Vec<String> = row.try_get(9).map_err(e)?;
+    let decreases: Vec<String> = row.try_get(10).map_err(e)?;
     let mut status = PgStatus {
         instance: instance.to_string(),
         role: if in_recovery {
@@ -59,6 +70,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         replication: Vec::new(),
         pending_restart: !pending.is_empty(),
         pending_restart_parameters: pending,
+        pending_restart_decreases: decreases,
         applied_generation: None,
         invalid_parameters: Vec::new(),
         archiving: Some(archiving(client).await?),

@@ -432,6 +432,61 @@ async fn e2e_rolling_updates_go_standbys_first_with_one_switchover() -> Result {
     );
     write_through_rw(&env, "roll", &password, "insert into t values (3)").await?;
     rows_everywhere(&env, "roll", &password, "t", 3).await?;
+
+    // 3. Lowering max_connections: a standby restarted first would refuse to start below
+    // its primary's value, so the primary restarts first, in place, without a failover.
+    env.patch(
+        "roll",
+        json!({"spec": {"postgresql": {"parameters": {"max_connections": "80"}}}}),
+    )
+    .await?;
+    pgop_testenv::wait::until("max_connections 80 everywhere", TIMEOUT, || async {
+        match shown_everywhere(&env, "roll", &password, "max_connections").await {
+            Ok(v) if v.len() == 3 && v.iter().all(|s| s == "80") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    let fourth = env.wait_ready("roll", 3).await?;
+    assert_eq!(
+        fourth.status.and_then(|s| s.current_primary).as_deref(),
+        Some(third.as_str()),
+        "the primary stays"
+    );
+    // The primary's postmaster started before either standby's (Events of one reason about
+    // one instance fold into one series, so they cannot tell the order here).
+    let mut started: Vec<(f64, String)> = Vec::new();
+    for (name, ip) in env.pod_ips("roll").await? {
+        let c = connect(&ip, &password).await?;
+        let at: f64 = c
+            .query_one(
+                "select extract(epoch from pg_postmaster_start_time())::float8",
+                &[],
+            )
+            .await?
+            .get(0);
+        started.push((at, name));
+    }
+    started.sort_by(|a, b| a.0.total_cmp(&b.0));
+    assert_eq!(
+        started.first().map(|(_, n)| n.as_str()),
+        Some(third.as_str()),
+        "the primary restarted first: {started:?}"
+    );
+    let events = events_in_order(&env, "roll").await?;
+    for reason in ["FailoverStarted", "SwitchoverFailed"] {
+        assert!(!events.iter().any(|(r, _)| r == reason), "{events:?}");
+    }
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(r, _)| r == "SwitchoverStarted")
+            .count(),
+        2,
+        "{events:?}"
+    );
+    write_through_rw(&env, "roll", &password, "insert into t values (4)").await?;
+    rows_everywhere(&env, "roll", &password, "t", 4).await?;
     env.stop().await
 }
 

@@ -135,6 +135,19 @@ async fn the_first_start_carries_the_specs_parameters() -> TestResult {
     assert_eq!(show(&standby, "max_connections").await, "142");
     let report = standby.instance.apply_config(&wanted, &[]).await?;
     assert!(report.pending_restart.is_empty(), "{report:?}");
+
+    // Lowering a value a hot standby needs at least at the primary's is reported apart
+    // (the primary must restart first); raising it is not.
+    let lower = params(&[("max_connections", "120"), ("shared_buffers", "48MB")]);
+    primary.instance.apply_config(&lower, &[]).await?;
+    let status = primary.instance.status().await;
+    assert_eq!(status.pending_restart_parameters, ["max_connections"]);
+    assert_eq!(status.pending_restart_decreases, ["max_connections"]);
+    let higher = params(&[("max_connections", "160"), ("shared_buffers", "48MB")]);
+    primary.instance.apply_config(&higher, &[]).await?;
+    let status = primary.instance.status().await;
+    assert_eq!(status.pending_restart_parameters, ["max_connections"]);
+    assert!(status.pending_restart_decreases.is_empty(), "{status:?}");
     Ok(())
 }
 

@@ -252,6 +252,10 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         roles: &roles,
         desired_hashes: &desired_hashes,
         generation: cluster.metadata.generation,
+        restarting: cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.restart_instance.as_deref()),
     });
     let mut replace = None;
     let mut restart_instance = None;

@@ -205,7 +205,14 @@ pub fn decide(input: &Input) -> Roles {
             .map(|c| c.last_transition_time.0)
             .unwrap_or(input.now.0);
         let waited = input.now.0.duration_since(since).as_secs_f64();
-        let delay = f64::from(input.cluster.spec.failover_delay.max(0));
+        let mut delay = f64::from(input.cluster.spec.failover_delay.max(0));
+        // A primary restarted in place on purpose (`restartInstance`, see rollout.rs), whose
+        // manager answers, gets switchoverTimeout to come back before a failover.
+        let restarting = old.restart_instance.as_deref() == Some(roles.current.as_str())
+            && matches!(input.probes.get(&roles.current), Some(Probe::Status(_)));
+        if restarting {
+            delay = delay.max(switchover_timeout(input));
+        }
         if waited < delay {
             return roles;
         }
@@ -761,6 +768,32 @@ mod tests {
         let r = w.decide(None, 100);
         assert_eq!(r.current, "db-2");
         assert_eq!(r.notes[0].reason, "SwitchoverCompleted");
+    }
+
+    #[test]
+    fn a_primary_restarted_in_place_on_purpose_gets_switchover_timeout_before_a_failover() {
+        let spec = "{replicas: 3, storage: {size: 1Gi}, switchoverTimeout: 30}";
+        let status = |restart: &str| {
+            format!(
+                "{{phase: Ready, currentPrimary: db-1, targetPrimary: db-1, restartInstance: {restart}, conditions: [{{type: PrimaryAvailable, status: 'False', reason: PrimaryNotRunning, message: '', lastTransitionTime: '1970-01-01T00:01:40Z'}}]}}"
+            )
+        };
+        let mut w = World::new(spec, &status("db-1"));
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/5000000"));
+        let r = w.decide(None, 120);
+        assert_eq!((r.target.as_str(), r.phase), ("db-1", None), "restarting");
+        let r = w.decide(None, 131);
+        assert_eq!(r.phase, Some(ClusterPhase::FailingOver), "past the timeout");
+        // Its manager silent: no reason to wait.
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        assert_eq!(w.decide(None, 101).phase, Some(ClusterPhase::FailingOver));
+        // Another instance restarting: the primary's failure is a failure.
+        let mut w = World::new(spec, &status("db-2"));
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/5000000"));
+        assert_eq!(w.decide(None, 101).phase, Some(ClusterPhase::FailingOver));
     }
 
     #[test]

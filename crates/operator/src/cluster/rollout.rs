@@ -16,6 +16,14 @@
 //!   the cluster's current generation applied: managers see a spec change at different
 //!   moments, and a primary that reports its restart pending before the standbys do must
 //!   not be switched over to a standby that is about to need one too.
+//! - Lowering a parameter a hot standby needs at least at its primary's value
+//!   (`max_connections`, ...: the primary reports it in `pendingRestartDecreases`) restarts
+//!   the primary first, in place: a standby started with the lower value while the primary
+//!   still runs with the higher one refuses to start. No Pod is replaced meanwhile (a new
+//!   Pod would start with the lower value too).
+//! - The instance being restarted stays named in `status.restartInstance` until it is back
+//!   (ready and running), so that the failover decision knows the primary is down on
+//!   purpose ([`super::roles`] then waits `switchoverTimeout` before failing over).
 
 use super::probe::Probe;
 use super::roles::Roles;
@@ -49,11 +57,32 @@ pub struct Input<'a> {
     pub desired_hashes: &'a BTreeMap<String, String>,
     /// The cluster's `metadata.generation`.
     pub generation: Option<i64>,
+    /// `status.restartInstance` as last written: a restart that may still be under way.
+    pub restarting: Option<&'a str>,
 }
 
 pub fn next(input: &Input) -> Step {
     let roles = input.roles;
-    if roles.in_transition() || !roles.primary.available {
+    if roles.in_transition() {
+        return Step::Idle;
+    }
+    if let Some(name) = input.restarting
+        && input.instances.iter().any(|(n, _)| n == name)
+    {
+        let pod = input.pods.iter().find(|p| p.name_any() == name);
+        let back = pod.is_some_and(pod_ready)
+            && input
+                .probes
+                .get(name)
+                .and_then(Probe::status)
+                .is_some_and(|s| s.running && s.role != PgRole::Stopped);
+        if pod.is_some() && !back {
+            return Step::Restart {
+                instance: name.to_string(),
+            };
+        }
+    }
+    if !roles.primary.available {
         return Step::Idle;
     }
     let mut live: Vec<(&str, &Pod, &PgStatus)> = Vec::new();
@@ -84,19 +113,26 @@ pub fn next(input: &Input) -> Step {
     };
     let (primary, standbys): (Vec<_>, Vec<_>) =
         live.iter().partition(|(n, _, _)| *n == roles.current);
-    if let Some((n, _, _)) = standbys.iter().find(|(n, p, _)| outdated(n, p)) {
-        return Step::Replace {
-            instance: n.to_string(),
-        };
-    }
     let behind = |s: &PgStatus| match (s.applied_generation, input.generation) {
         (Some(applied), Some(current)) => applied < current,
         _ => false,
     };
     if live.iter().any(|(_, _, s)| behind(s)) {
         // Some manager has not applied the current parameters yet: what is pending a
-        // restart is not known everywhere.
+        // restart (and whether a value goes down) is not known everywhere.
         return Step::Idle;
+    }
+    if let Some((name, _, pg)) = primary.first()
+        && !pg.pending_restart_decreases.is_empty()
+    {
+        return Step::Restart {
+            instance: name.to_string(),
+        };
+    }
+    if let Some((n, _, _)) = standbys.iter().find(|(n, p, _)| outdated(n, p)) {
+        return Step::Replace {
+            instance: n.to_string(),
+        };
     }
     if let Some((n, _, _)) = standbys.iter().find(|(_, _, s)| s.pending_restart) {
         return Step::Restart {
@@ -184,6 +220,7 @@ mod tests {
         probes: BTreeMap<String, Probe>,
         hashes: BTreeMap<String, String>,
         generation: Option<i64>,
+        restarting: Option<String>,
     }
 
     impl World {
@@ -206,6 +243,7 @@ mod tests {
                     .map(|n| (n.to_string(), "old".into()))
                     .collect(),
                 generation: Some(1),
+                restarting: None,
             }
         }
 
@@ -217,6 +255,7 @@ mod tests {
                 roles,
                 desired_hashes: &self.hashes,
                 generation: self.generation,
+                restarting: self.restarting.as_deref(),
             })
         }
     }
@@ -332,6 +371,55 @@ mod tests {
             s.applied_generation = None;
         }
         assert_eq!(old.next(&r), Step::Switchover { to: "db-3".into() });
+    }
+
+    #[test]
+    fn a_lowered_hot_standby_parameter_restarts_the_primary_first_and_waits_for_it() {
+        let mut w = World::new();
+        for n in ["db-1", "db-2", "db-3"] {
+            applied(&mut w, n, 1, true);
+        }
+        if let Some(Probe::Status(s)) = w.probes.get_mut("db-1") {
+            s.pending_restart_decreases = vec!["max_connections".into()];
+        }
+        // Even a Pod change waits: a new standby Pod would start with the lower value.
+        w.hashes.insert("db-2".into(), "new".into());
+        let r = roles("db-1", "db-1");
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-1".into()
+            }
+        );
+        // While it restarts (Pod not ready, primary unavailable), it stays named.
+        w.restarting = Some("db-1".into());
+        w.pods[0] = pod("db-1", "old", false);
+        let mut down = roles("db-1", "db-1");
+        down.primary.available = false;
+        assert_eq!(
+            w.next(&down),
+            Step::Restart {
+                instance: "db-1".into()
+            }
+        );
+        // Back with the lower value: the standbys follow, the replacement first.
+        w.pods[0] = pod("db-1", "old", true);
+        applied(&mut w, "db-1", 1, false);
+        if let Some(Probe::Status(s)) = w.probes.get_mut("db-1") {
+            s.pending_restart_decreases.clear();
+        }
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-2".into()
+            }
+        );
+        // A restart named once, of an instance already back, is not repeated.
+        w.hashes.insert("db-2".into(), "old".into());
+        for n in ["db-2", "db-3"] {
+            applied(&mut w, n, 1, false);
+        }
+        assert_eq!(w.next(&r), Step::Idle);
     }
 
     #[test]
