@@ -162,10 +162,10 @@ impl Args {
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
+    let options = args.options(&Env::current())?;
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
-    let options = args.options(&Env::current())?;
     tracing::info!(namespace = ?options.namespace, concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
     pgop_operator::run(client, options, shutdown_signal())
         .await
