@@ -2,7 +2,7 @@
 //!
 //! Two kinds of metrics, in the OpenMetrics text format:
 //! - recorded as reconciles happen ([`Metrics`]): how long they take, how many succeeded or
-//!   failed, and why they failed (`Error::metric_label`);
+//!   failed, and why they failed (`Error::metric_label`); and whether this replica leads;
 //! - read at scrape time from the controllers' reflector stores: every PostgresCluster's
 //!   phase, instances, conditions and backup times, and the PostgresBackups per phase.
 //!
