@@ -314,10 +314,9 @@ impl Operator {
                 }
             }
             recorded.set_leader(true);
-            let both = async {
+            let mut both = Box::pin(async {
                 tokio::join!(clusters, backups);
-            };
-            tokio::pin!(both);
+            });
             let (lost, leading) = match leading {
                 Some((lease, contender, keeper, lost)) => (
                     futures::future::Either::Left(lost),
@@ -325,26 +324,38 @@ impl Operator {
                 ),
                 None => (futures::future::Either::Right(std::future::pending()), None),
             };
+            tokio::pin!(lost);
+            let lost_leadership = |reason: pgop_lease::Fence| {
+                // Another replica may lead already: not one more write.
+                let lease = leading
+                    .as_ref()
+                    .map(|(lease, ..)| lease.clone())
+                    .unwrap_or_default();
+                tracing::error!(%lease, %reason, "lost leadership: stopping the controllers at once");
+                Err(Error::LostLeadership { lease, reason })
+            };
             let result = tokio::select! {
                 () = &mut both => Ok(()),
                 () = &mut shutdown => {
                     let _ = stop_tx.send(true);
-                    // Reconciles in flight finish within the grace period. A controller that
-                    // never started (its CRD is not installed: it keeps waiting for its first
-                    // list) must not hold the exit up for ever.
-                    if tokio::time::timeout(SHUTDOWN_GRACE, both).await.is_err() {
-                        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+                    // Reconciles in flight finish within the grace period, unless leadership
+                    // is lost meanwhile. A controller that never started (its CRD is not
+                    // installed: it keeps waiting for its first list) must not hold the exit
+                    // up for ever.
+                    tokio::select! {
+                        finished = tokio::time::timeout(SHUTDOWN_GRACE, &mut both) => {
+                            if finished.is_err() {
+                                tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+                            }
+                            Ok(())
+                        }
+                        reason = &mut lost => lost_leadership(reason),
                     }
-                    Ok(())
                 }
-                reason = lost => {
-                    // Another replica may lead already: not one more write. Dropping the
-                    // controllers drops the reconciles in flight.
-                    let lease = leading.as_ref().map(|(lease, ..)| lease.clone()).unwrap_or_default();
-                    tracing::error!(%lease, %reason, "lost leadership: stopping the controllers at once");
-                    Err(Error::LostLeadership { lease, reason })
-                }
+                reason = &mut lost => lost_leadership(reason),
             };
+            // The controllers stop here: whatever they were doing is dropped.
+            drop(both);
             recorded.set_leader(false);
             if let Some((lease, contender, keeper)) = leading {
                 keeper.stop().await;
