@@ -3,10 +3,14 @@
 //! One controller per kind, built on `kube::runtime::Controller`; see [`cluster`] for the
 //! reconcile pipeline. The operator is the single source of truth for roles: it decides,
 //! the instance managers act.
+//!
+//! Several replicas may run with [`Options::leader_election`]: only the holder of the
+//! leader Lease runs the controllers ([`leader`]).
 
 pub mod backoff;
 pub mod backup;
 pub mod cluster;
+pub mod leader;
 pub mod metrics;
 
 use futures::StreamExt;
@@ -24,6 +28,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use cluster::build::{DEFAULT_IMAGE, Settings};
+pub use leader::LeaderElection;
 
 /// What every reconcile shares.
 pub struct Context {
@@ -60,6 +65,10 @@ pub struct Options {
     /// [`Operator::metrics_address`]); nowhere when `None`, the default here (`pgop
     /// operator` defaults to `0.0.0.0:8080`).
     pub metrics_bind_address: Option<SocketAddr>,
+    /// Run the controllers only while holding this Lease, so that several replicas may run
+    /// ([`leader`]); always run them when `None`, the default here (`pgop operator` turns
+    /// it on in a cluster).
+    pub leader_election: Option<LeaderElection>,
 }
 
 impl Default for Options {
@@ -69,6 +78,7 @@ impl Default for Options {
             concurrency: 4,
             settings: Settings::default(),
             metrics_bind_address: None,
+            leader_election: None,
         }
     }
 }
@@ -84,23 +94,33 @@ where
     }
 }
 
-/// Why the operator could not start.
+/// Why the operator could not start, or stopped before it was told to.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to listen for metrics on {0}")]
     MetricsListen(SocketAddr, #[source] std::io::Error),
+    /// The leader lost its Lease (see [`leader`]): its controllers were stopped at once.
+    /// The process should exit (nonzero) and be restarted, to re-enter the election with
+    /// empty caches.
+    #[error("lost leadership (Lease {lease}): {reason}")]
+    LostLeadership {
+        /// `namespace/name` of the Lease.
+        lease: String,
+        /// Why: who holds the Lease now, or how long it went without renewal.
+        reason: pgop_lease::Fence,
+    },
 }
 
 /// Runs the controllers (and the metrics endpoint, when [`Options::metrics_bind_address`]
-/// is set) until `shutdown` resolves; reconciles in flight then finish. Fails only when the
-/// metrics address cannot be bound, before any controller starts.
+/// is set) until `shutdown` resolves; reconciles in flight then finish. Fails when the
+/// metrics address cannot be bound, before any controller starts, and when leadership is
+/// lost ([`Error::LostLeadership`]).
 pub async fn run(
     client: Client,
     options: Options,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), Error> {
-    Operator::bind(client, options).await?.run(shutdown).await;
-    Ok(())
+    Operator::bind(client, options).await?.run(shutdown).await
 }
 
 /// An operator whose metrics address is bound but whose controllers do not run yet: for
@@ -140,7 +160,17 @@ impl Operator {
 
     /// Runs the controllers and the HTTP endpoints until `shutdown` resolves; reconciles
     /// in flight then finish, and the endpoints stop with the controllers.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+    ///
+    /// With [`Options::leader_election`], the endpoints start at once but the controllers
+    /// only once this replica holds the Lease (a shutdown while waiting just returns). The
+    /// Lease is renewed in the background; when it is lost the controllers stop at once
+    /// (reconciles in flight are dropped) and this returns [`Error::LostLeadership`]. On a
+    /// shutdown the Lease is released after the controllers stopped, so that a standby
+    /// takes over at once rather than after the Lease duration.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    ) -> Result<(), Error> {
         let Self {
             client,
             options,
@@ -156,6 +186,10 @@ impl Operator {
         ));
         let ctx = Arc::new(Context::new(client.clone(), options.settings.clone()));
         let recorded = Arc::new(metrics::Metrics::default());
+        let election = options
+            .leader_election
+            .as_ref()
+            .map(|election| (election.lease(), election.contender(client.clone())));
         // The controllers and the HTTP server stop on the same signal.
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = move || {
@@ -232,7 +266,7 @@ impl Operator {
         let server = listener.map(|(listener, addr)| {
             tracing::info!(address = %addr, "serving /metrics, /healthz and /readyz");
             let router = metrics::router(metrics::Sources {
-                metrics: recorded,
+                metrics: recorded.clone(),
                 clusters: cluster_store,
                 backups: backup_store,
             });
@@ -258,27 +292,91 @@ impl Operator {
             }
         };
 
+        // The controllers are built above but do nothing until polled: their stores serve
+        // /metrics and /readyz from the start, empty while waiting for leadership.
         let controllers = async move {
-            let both = async {
-                tokio::join!(clusters, backups);
-            };
-            tokio::pin!(both);
-            tokio::select! {
-                () = &mut both => {}
-                () = shutdown => {
-                    let _ = stop_tx.send(true);
-                    // Reconciles in flight finish within the grace period. A controller that
-                    // never started (its CRD is not installed: it keeps waiting for its first
-                    // list) must not hold the exit up for ever.
-                    if tokio::time::timeout(SHUTDOWN_GRACE, both).await.is_err() {
-                        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+            tokio::pin!(shutdown);
+            let mut leading = None;
+            if let Some((lease, contender)) = election {
+                tracing::info!(%lease, identity = %contender.identity(), "leader election: waiting for the Lease");
+                tokio::select! {
+                    acquired = leader::acquire(&contender) => {
+                        tracing::info!(%lease, "leading: starting the controllers");
+                        let (keeper, lost) = leader::keep(contender.clone(), acquired);
+                        leading = Some((lease, contender, keeper, lost));
                     }
+                    () = &mut shutdown => {
+                        // An acquisition cut short may have succeeded all the same.
+                        release(&lease, &contender).await;
+                        let _ = stop_tx.send(true);
+                        return Ok(());
+                    }
+                }
+            }
+            recorded.set_leader(true);
+            let mut both = Box::pin(async {
+                tokio::join!(clusters, backups);
+            });
+            let (lost, leading) = match leading {
+                Some((lease, contender, keeper, lost)) => (
+                    futures::future::Either::Left(lost),
+                    Some((lease, contender, keeper)),
+                ),
+                None => (futures::future::Either::Right(std::future::pending()), None),
+            };
+            tokio::pin!(lost);
+            let lost_leadership = |reason: pgop_lease::Fence| {
+                // Another replica may lead already: not one more write.
+                let lease = leading
+                    .as_ref()
+                    .map(|(lease, ..)| lease.clone())
+                    .unwrap_or_default();
+                tracing::error!(%lease, %reason, "lost leadership: stopping the controllers at once");
+                Err(Error::LostLeadership { lease, reason })
+            };
+            let result = tokio::select! {
+                () = &mut both => Ok(()),
+                () = &mut shutdown => {
+                    let _ = stop_tx.send(true);
+                    // Reconciles in flight finish within the grace period, unless leadership
+                    // is lost meanwhile. A controller that never started (its CRD is not
+                    // installed: it keeps waiting for its first list) must not hold the exit
+                    // up for ever.
+                    tokio::select! {
+                        finished = tokio::time::timeout(SHUTDOWN_GRACE, &mut both) => {
+                            if finished.is_err() {
+                                tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; exiting anyway");
+                            }
+                            Ok(())
+                        }
+                        reason = &mut lost => lost_leadership(reason),
+                    }
+                }
+                reason = &mut lost => lost_leadership(reason),
+            };
+            // The controllers stop here: whatever they were doing is dropped.
+            drop(both);
+            recorded.set_leader(false);
+            if let Some((lease, contender, keeper)) = leading {
+                keeper.stop().await;
+                if result.is_ok() {
+                    release(&lease, &contender).await;
                 }
             }
             // Controllers that ended on their own take the server down with them.
             let _ = stop_tx.send(true);
+            result
         };
-        tokio::join!(controllers, server);
+        let (result, ()) = tokio::join!(controllers, server);
+        result
+    }
+}
+
+/// Releases the leader Lease if this replica holds it, so that a standby takes over at
+/// once; a failure only delays the takeover until the Lease expires.
+async fn release(lease: &str, contender: &pgop_lease::Contender) {
+    if let Err(err) = contender.release().await {
+        tracing::warn!(%lease, error = %error_chain(&err), "failed to release the leader Lease; a standby takes over once it expires");
     }
 }
 

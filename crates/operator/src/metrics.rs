@@ -2,7 +2,7 @@
 //!
 //! Two kinds of metrics, in the OpenMetrics text format:
 //! - recorded as reconciles happen ([`Metrics`]): how long they take, how many succeeded or
-//!   failed, and why they failed (`Error::metric_label`);
+//!   failed, and why they failed (`Error::metric_label`); and whether this replica leads;
 //! - read at scrape time from the controllers' reflector stores: every PostgresCluster's
 //!   phase, instances, conditions and backup times, and the PostgresBackups per phase.
 //!
@@ -77,6 +77,8 @@ pub struct Metrics {
     durations: Histograms,
     reconciles: IntCounter,
     errors: IntCounter,
+    /// 1 while this replica leads (runs the controllers), 0 while it waits for leadership.
+    leader: Gauge<i64, AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -85,6 +87,7 @@ impl Default for Metrics {
             durations: Histograms::new_with_constructor(duration_histogram),
             reconciles: IntCounter::default(),
             errors: IntCounter::default(),
+            leader: Gauge::default(),
         };
         // Every controller and result has a series from the start, so a rate over them
         // has a first sample at 0 instead of appearing with the first failure.
@@ -114,6 +117,17 @@ fn result_labels(controller: Controller, result: &str) -> Labels {
 }
 
 impl Metrics {
+    /// Whether this replica leads: set when it starts its controllers (at once without
+    /// leader election), cleared when it stops them. Not leading at first.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Whether this replica leads (runs the controllers).
+    pub fn leader(&self) -> bool {
+        self.leader.get() == 1
+    }
+
     /// Records one reconcile: how long it took and, when it failed, why (the error's
     /// `metric_label`).
     pub fn record(&self, controller: Controller, elapsed: Duration, error: Option<&'static str>) {
@@ -240,6 +254,11 @@ pub fn encode(
         "operator_reconciles",
         "Reconciles finished, by controller and result (ok or error)",
         metrics.reconciles.clone(),
+    );
+    b.registry.register(
+        "operator_leader",
+        "1 while this operator replica is the leader and runs the controllers, 0 while it waits for leadership",
+        metrics.leader.clone(),
     );
     b.registry.register(
         "operator_reconcile_errors",
@@ -383,9 +402,12 @@ pub struct Sources {
 }
 
 impl Sources {
-    /// Whether both stores have received their first list from the API server.
+    /// Whether this replica is ready: the leader once both stores have received their
+    /// first list from the API server; a standby (waiting for leadership, its controllers
+    /// not started) always. A standby is healthy, and a Deployment's rolling update must
+    /// not wait for it: there, the new Pod is the standby until the old leader is gone.
     pub fn ready(&self) -> bool {
-        listed(&self.clusters) && listed(&self.backups)
+        !self.metrics.leader() || (listed(&self.clusters) && listed(&self.backups))
     }
 }
 
@@ -399,7 +421,8 @@ where
 }
 
 /// The routes: `GET /metrics`, `/healthz` (200 while the process runs) and `/readyz` (200
-/// once both controllers' stores have their first list, 503 before).
+/// once both controllers' stores have their first list, 503 before; always 200 while
+/// waiting for leadership, see [`Sources::ready`]).
 pub fn router(sources: Sources) -> Router {
     Router::new()
         .route(PATH_HEALTHZ, get(healthz))
@@ -413,7 +436,9 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(sources): State<Arc<Sources>>) -> (StatusCode, &'static str) {
-    if sources.ready() {
+    if !sources.metrics.leader() {
+        (StatusCode::OK, "ready: standby, waiting for leadership\n")
+    } else if sources.ready() {
         (StatusCode::OK, "ready\n")
     } else {
         (
@@ -533,8 +558,10 @@ mod tests {
             }
             let (series, value) = line.rsplit_once(' ').expect("`series value`");
             let value: f64 = value.parse().unwrap_or_else(|_| panic!("a number: {line}"));
-            let (name, labels) = series.split_once('{').expect("labels");
-            let labels = labels.strip_suffix('}').expect("closing brace");
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => (name, labels.strip_suffix('}').expect("closing brace")),
+                None => (series, ""),
+            };
             assert!(
                 name.starts_with("pgop_")
                     && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
@@ -767,14 +794,63 @@ mod tests {
         (code, content_type)
     }
 
+    #[test]
+    fn the_leader_gauge_is_1_while_leading_only() {
+        let metrics = Metrics::default();
+        let text = encode(&[], &[], &metrics).expect("encode");
+        has_line(&text, "# TYPE pgop_operator_leader gauge");
+        has_line(&text, "pgop_operator_leader 0");
+        assert_eq!(value(&parse(&text), "pgop_operator_leader", ""), Some(0.0));
+        metrics.set_leader(true);
+        assert!(metrics.leader());
+        let text = encode(&[], &[], &metrics).expect("encode");
+        assert_eq!(value(&parse(&text), "pgop_operator_leader", ""), Some(1.0));
+        metrics.set_leader(false);
+        assert!(!metrics.leader());
+        let text = encode(&[], &[], &metrics).expect("encode");
+        has_line(&text, "pgop_operator_leader 0");
+    }
+
+    /// A standby (not leading, its controllers not started, so its stores never list) is
+    /// healthy and ready; once it leads, it is ready only after the first lists.
+    #[tokio::test]
+    async fn a_standby_is_healthy_and_ready_the_leader_once_listed() {
+        use kube::runtime::reflector;
+        use kube::runtime::watcher::Event;
+        let (clusters, mut cluster_writer) = reflector::store::<PostgresCluster>();
+        let (backups, mut backup_writer) = reflector::store::<PostgresBackup>();
+        let metrics = Arc::new(Metrics::default());
+        let router = router(Sources {
+            metrics: metrics.clone(),
+            clusters,
+            backups,
+        });
+        assert_eq!(status(&router, "/healthz").await.0, 200);
+        assert_eq!(status(&router, "/readyz").await.0, 200, "standby");
+        metrics.set_leader(true);
+        assert_eq!(status(&router, "/healthz").await.0, 200);
+        assert_eq!(
+            status(&router, "/readyz").await.0,
+            503,
+            "leader, not listed"
+        );
+        cluster_writer.apply_watcher_event(&Event::Init);
+        cluster_writer.apply_watcher_event(&Event::InitDone);
+        backup_writer.apply_watcher_event(&Event::Init);
+        backup_writer.apply_watcher_event(&Event::InitDone);
+        assert_eq!(status(&router, "/readyz").await.0, 200, "leader, listed");
+    }
+
     #[tokio::test]
     async fn ready_once_both_stores_have_their_first_list() {
         use kube::runtime::reflector;
         use kube::runtime::watcher::Event;
         let (clusters, mut cluster_writer) = reflector::store::<PostgresCluster>();
         let (backups, mut backup_writer) = reflector::store::<PostgresBackup>();
+        let metrics = Arc::new(Metrics::default());
+        metrics.set_leader(true);
         let router = router(Sources {
-            metrics: Arc::new(Metrics::default()),
+            metrics,
             clusters,
             backups,
         });

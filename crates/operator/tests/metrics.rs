@@ -106,7 +106,7 @@ async fn the_operator_serves_metrics_health_and_readiness() -> Result {
 
     // The endpoints stop with the controllers.
     let _ = stop.send(());
-    tokio::time::timeout(pgop_operator::SHUTDOWN_GRACE * 2, task).await??;
+    tokio::time::timeout(pgop_operator::SHUTDOWN_GRACE * 2, task).await???;
     assert!(
         tokio::net::TcpStream::connect(&host).await.is_err(),
         "{host} still accepts connections after the operator stopped"

@@ -64,7 +64,16 @@ async fn the_operator_needs_no_more_than_its_published_rbac() -> Result {
             .is_err()
     );
 
-    let op = Operator::start(&operator_client, n);
+    // With leader election, as `pgop operator` runs in a cluster: the Lease is created,
+    // renewed and released with the published permissions too.
+    let op = Operator::start_with(
+        &operator_client,
+        pgop_operator::Options {
+            namespace: Some(n.to_string()),
+            leader_election: Some(pgop_operator::LeaderElection::new(n, "pgop-operator-0")),
+            ..pgop_operator::Options::default()
+        },
+    );
     create(&admin, n, &cluster("least", 2)).await?;
     wait_names::<Pod>(&admin, n, "least", &["least-1", "least-2"]).await?;
     wait_names::<Secret>(&admin, n, "least", &["least-app", "least-replication"]).await?;
@@ -75,7 +84,23 @@ async fn the_operator_needs_no_more_than_its_published_rbac() -> Result {
         phase(c) == Some(ClusterPhase::Ready)
     })
     .await?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), n);
+    let lease = leases
+        .get(pgop_operator::leader::DEFAULT_LEASE_NAME)
+        .await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("pgop-operator-0")
+    );
     op.stop().await;
+    let lease = leases
+        .get(pgop_operator::leader::DEFAULT_LEASE_NAME)
+        .await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some(""),
+        "released on stop"
+    );
     ns.delete().await?;
     Ok(())
 }

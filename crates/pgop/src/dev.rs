@@ -96,7 +96,9 @@ pub async fn run(args: Args) -> Result<(), Error> {
         operator_args
             .metrics_bind_address
             .get_or_insert(BindAddress::At(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))));
-        let options = operator_args.options();
+        // One operator, no leader election (unless asked for).
+        operator_args.leader_elect.get_or_insert(false);
+        let options = operator_args.options(&crate::operator::Env::current())?;
         let bound = pgop_operator::Operator::bind(client.clone(), options)
             .await
             .map_err(|e| pgop_operator::error_chain(&e))?;
@@ -104,11 +106,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
             println!("operator metrics: http://{addr}/metrics (and /healthz, /readyz)");
         }
         operator = Some(tokio::spawn(async move {
-            bound
-                .run(async move {
-                    let _ = stop_rx.await;
-                })
-                .await;
+            let run = bound.run(async move {
+                let _ = stop_rx.await;
+            });
+            if let Err(err) = run.await {
+                tracing::error!(error = %pgop_operator::error_chain(&err), "the operator stopped");
+            }
         }));
         let manifest = match &args.cluster {
             Some(path) => std::fs::read_to_string(path)

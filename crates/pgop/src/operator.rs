@@ -1,7 +1,8 @@
 //! `pgop operator`: runs the controllers against the cluster in the kubeconfig or the
 //! in-cluster service account.
 
-use pgop_operator::{DEFAULT_IMAGE, Options, Settings};
+use pgop_operator::leader::DEFAULT_LEASE_NAME;
+use pgop_operator::{DEFAULT_IMAGE, LeaderElection, Options, Settings};
 use std::net::{Ipv4Addr, SocketAddr};
 
 /// `pgop operator`'s metrics address when `--metrics-bind-address` is not given.
@@ -58,13 +59,89 @@ pub struct Args {
     /// 127.0.0.1:0].
     #[arg(long, env = "PGOP_METRICS_BIND_ADDRESS", value_name = "ADDR", value_parser = parse_bind_address)]
     pub metrics_bind_address: Option<BindAddress>,
+    /// Run the controllers only while holding the leader Lease, so that several replicas
+    /// may run: `--leader-elect`, `--leader-elect=true|false` [default: true when
+    /// POD_NAMESPACE is set (in a cluster), else false; `pgop dev`: false].
+    #[arg(long, env = "PGOP_LEADER_ELECT", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub leader_elect: Option<bool>,
+    /// Namespace of the leader Lease [default: POD_NAMESPACE].
+    #[arg(long, value_name = "NS")]
+    leader_election_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_LEASE_NAME)]
+    leader_election_name: String,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// What leader election defaults come from: the Pod (downward API) or the process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Env {
+    /// `POD_NAMESPACE`: the operator's namespace.
+    pub pod_namespace: Option<String>,
+    /// `POD_NAME`: this replica's identity.
+    pub pod_name: Option<String>,
+    /// The host name and process id: the identity outside a Pod.
+    pub hostname: String,
+    pub pid: u32,
+}
+
+impl Env {
+    /// This process's environment (unset and empty variables alike are `None`).
+    pub fn current() -> Self {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .or_else(|| var("HOSTNAME"))
+            .unwrap_or_else(|| "pgop".to_string());
+        Self {
+            pod_namespace: var("POD_NAMESPACE"),
+            pod_name: var("POD_NAME"),
+            hostname,
+            pid: std::process::id(),
+        }
+    }
+}
+
 impl Args {
-    pub fn options(self) -> Options {
-        Options {
+    /// Whether and how to elect a leader: on when `--leader-elect` says so, else when
+    /// `POD_NAMESPACE` is set; the Lease's namespace from `--leader-election-namespace`,
+    /// else `POD_NAMESPACE`; the identity `POD_NAME`, else `<hostname>-<pid>`.
+    pub fn leader_election(&self, env: &Env) -> Result<Option<LeaderElection>, String> {
+        let on = self.leader_elect.unwrap_or(env.pod_namespace.is_some());
+        if !on {
+            return Ok(None);
+        }
+        let namespace = self
+            .leader_election_namespace
+            .clone()
+            .filter(|ns| !ns.trim().is_empty())
+            .or_else(|| env.pod_namespace.clone())
+            .ok_or(
+                "leader election is on but its namespace is unknown: set \
+                 --leader-election-namespace (or POD_NAMESPACE), or turn it off with \
+                 --leader-elect=false",
+            )?;
+        let name = self.leader_election_name.trim();
+        if name.is_empty() {
+            return Err("--leader-election-name must not be empty".to_string());
+        }
+        let identity = env
+            .pod_name
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", env.hostname, env.pid));
+        Ok(Some(LeaderElection {
+            namespace,
+            name: name.to_string(),
+            identity,
+        }))
+    }
+
+    pub fn options(self, env: &Env) -> Result<Options, String> {
+        let leader_election = self.leader_election(env)?;
+        Ok(Options {
             namespace: self.namespace,
             concurrency: self.concurrency,
             settings: Settings {
@@ -79,16 +156,17 @@ impl Args {
                 Some(BindAddress::At(addr)) => Some(addr),
                 Some(BindAddress::Off) => None,
             },
-        }
+            leader_election,
+        })
     }
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
+    let options = args.options(&Env::current())?;
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
-    let options = args.options();
-    tracing::info!(namespace = ?options.namespace, concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, "starting pgop operator");
+    tracing::info!(namespace = ?options.namespace, concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
     pgop_operator::run(client, options, shutdown_signal())
         .await
         .map_err(|e| pgop_operator::error_chain(&e))?;
@@ -115,6 +193,116 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn args(flags: &[&str]) -> Args {
+        let argv = std::iter::once("pgop-operator").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).expect("valid flags").args
+    }
+
+    fn in_pod() -> Env {
+        Env {
+            pod_namespace: Some("pgop-system".into()),
+            pod_name: Some("pgop-operator-abc12".into()),
+            hostname: "pgop-operator-abc12".into(),
+            pid: 1,
+        }
+    }
+
+    fn outside() -> Env {
+        Env {
+            pod_namespace: None,
+            pod_name: None,
+            hostname: "laptop".into(),
+            pid: 4242,
+        }
+    }
+
+    #[test]
+    fn leader_election_is_on_in_a_pod_and_off_outside_by_default() {
+        let election = args(&[]).leader_election(&in_pod()).expect("resolved");
+        assert_eq!(
+            election,
+            Some(LeaderElection {
+                namespace: "pgop-system".into(),
+                name: "pgop-operator".into(),
+                identity: "pgop-operator-abc12".into(),
+            })
+        );
+        assert_eq!(args(&[]).leader_election(&outside()), Ok(None));
+        assert_eq!(
+            args(&["--leader-elect=false"]).leader_election(&in_pod()),
+            Ok(None)
+        );
+        assert_eq!(
+            args(&["--leader-elect=0"]).leader_election(&in_pod()),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn leader_election_flags_override_the_pod() {
+        let election = args(&[
+            "--leader-elect",
+            "--leader-election-namespace",
+            "ops",
+            "--leader-election-name",
+            "pgop-a",
+        ])
+        .leader_election(&in_pod())
+        .expect("resolved")
+        .expect("on");
+        assert_eq!(election.namespace, "ops");
+        assert_eq!(election.name, "pgop-a");
+        assert_eq!(election.identity, "pgop-operator-abc12");
+        // Outside a Pod: the namespace must be given; the identity is host and pid.
+        let election = args(&["--leader-elect=true", "--leader-election-namespace=ops"])
+            .leader_election(&outside())
+            .expect("resolved")
+            .expect("on");
+        assert_eq!(election.namespace, "ops");
+        assert_eq!(election.identity, "laptop-4242");
+    }
+
+    #[test]
+    fn leader_election_without_a_namespace_is_an_error_naming_the_flag() {
+        let err = args(&["--leader-elect"])
+            .leader_election(&outside())
+            .expect_err("no namespace");
+        assert!(err.contains("--leader-election-namespace"), "{err}");
+        let err = args(&["--leader-elect"])
+            .options(&outside())
+            .expect_err("no namespace");
+        assert!(err.contains("--leader-election-namespace"), "{err}");
+        let err = args(&["--leader-election-name="])
+            .leader_election(&in_pod())
+            .expect_err("empty name");
+        assert!(err.contains("--leader-election-name"), "{err}");
+    }
+
+    #[test]
+    fn options_carry_the_leader_election() {
+        let options = args(&["--leader-election-name=x"])
+            .options(&in_pod())
+            .expect("valid");
+        assert_eq!(
+            options.leader_election.map(|e| (e.namespace, e.name)),
+            Some(("pgop-system".to_string(), "x".to_string()))
+        );
+        assert!(
+            args(&[])
+                .options(&outside())
+                .expect("valid")
+                .leader_election
+                .is_none()
+        );
+    }
 
     #[test]
     fn bind_addresses() {

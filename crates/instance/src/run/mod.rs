@@ -18,7 +18,7 @@ pub use plan::{Action, Observed, Plan, plan};
 use crate::bootstrap::Credentials;
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
-use crate::lease::{self, Keeper, PrimaryLease, Timings};
+use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
 use crate::pg::{Binaries, RunAs, Upstream};
 use crate::sync::SyncSpec;
 use crate::{error_chain, http};
@@ -237,7 +237,7 @@ pub async fn run(
             &settings.namespace,
             &settings.cluster,
             &settings.pod_name,
-            Timings::default(),
+            PRIMARY_TIMINGS,
         )),
         keeper: None,
         release_pending: false,

@@ -31,22 +31,27 @@ pub struct Operator {
 
 impl Operator {
     pub fn start(client: &Client, namespace: &str) -> Self {
+        Self::start_with(
+            client,
+            pgop_operator::Options {
+                namespace: Some(namespace.to_string()),
+                ..pgop_operator::Options::default()
+            },
+        )
+    }
+
+    /// Starts the operator with these options; it must not fail (no metrics address).
+    pub fn start_with(client: &Client, options: pgop_operator::Options) -> Self {
         let (tx, rx) = oneshot::channel::<()>();
-        let options = pgop_operator::Options {
-            namespace: Some(namespace.to_string()),
-            ..pgop_operator::Options::default()
-        };
         let client = client.clone();
         let task = tokio::spawn(async move {
             let run = pgop_operator::run(client, options, async move {
                 let _ = rx.await;
             });
-            // Without a metrics address (the default), starting cannot fail.
+            // Without a metrics address (the default), starting cannot fail, and nobody
+            // else takes the Lease.
             if let Err(e) = run.await {
-                panic!(
-                    "the operator did not start: {}",
-                    pgop_operator::error_chain(&e)
-                );
+                panic!("the operator failed: {}", pgop_operator::error_chain(&e));
             }
         });
         Self {
