@@ -307,6 +307,31 @@ async fn e2e_an_operator_killed_during_a_failover_completes_it_after_restart() -
     env.stop().await
 }
 
+/// Sets `parameter` in the spec of the 3-instance cluster `name` and waits until every
+/// instance runs with `value`.
+async fn set_everywhere(
+    env: &Env,
+    name: &str,
+    password: &str,
+    parameter: &str,
+    value: &str,
+) -> Result {
+    env.patch(
+        name,
+        json!({"spec": {"postgresql": {"parameters": {parameter: value}}}}),
+    )
+    .await?;
+    let what = format!("{parameter} {value} everywhere");
+    pgop_testenv::wait::until(&what, TIMEOUT, || async {
+        match shown_everywhere(env, name, password, parameter).await {
+            Ok(v) if v.len() == 3 && v.iter().all(|s| s == value) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 /// `show <parameter>` on every instance.
 async fn shown_everywhere(
     env: &Env,
@@ -340,18 +365,7 @@ async fn e2e_rolling_updates_go_standbys_first_with_one_switchover() -> Result {
     let first = env.current_primary("roll").await?;
 
     // 1. A parameter PostgreSQL applies only at start.
-    env.patch(
-        "roll",
-        json!({"spec": {"postgresql": {"parameters": {"shared_buffers": "48MB"}}}}),
-    )
-    .await?;
-    pgop_testenv::wait::until("shared_buffers 48MB everywhere", TIMEOUT, || async {
-        match shown_everywhere(&env, "roll", &password, "shared_buffers").await {
-            Ok(v) if v.len() == 3 && v.iter().all(|s| s == "48MB") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
+    set_everywhere(&env, "roll", &password, "shared_buffers", "48MB").await?;
     let second = env.wait_ready("roll", 3).await?;
     let second = second
         .status
@@ -435,18 +449,7 @@ async fn e2e_rolling_updates_go_standbys_first_with_one_switchover() -> Result {
 
     // 3. Lowering max_connections: a standby restarted first would refuse to start below
     // its primary's value, so the primary restarts first, in place, without a failover.
-    env.patch(
-        "roll",
-        json!({"spec": {"postgresql": {"parameters": {"max_connections": "80"}}}}),
-    )
-    .await?;
-    pgop_testenv::wait::until("max_connections 80 everywhere", TIMEOUT, || async {
-        match shown_everywhere(&env, "roll", &password, "max_connections").await {
-            Ok(v) if v.len() == 3 && v.iter().all(|s| s == "80") => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await?;
+    set_everywhere(&env, "roll", &password, "max_connections", "80").await?;
     let fourth = env.wait_ready("roll", 3).await?;
     assert_eq!(
         fourth.status.and_then(|s| s.current_primary).as_deref(),
