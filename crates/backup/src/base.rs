@@ -199,9 +199,8 @@ pub async fn take(
     let dir = format!("base/{backup_id}");
     tracing::info!(%backup_id, store = ?store, "taking a base backup");
 
-    let mut child = tools
-        .command("pg_basebackup")
-        .arg("-h")
+    let mut cmd = tools.command("pg_basebackup");
+    cmd.arg("-h")
         .arg(&source.socket_dir)
         .arg("-p")
         .arg(source.port.to_string())
@@ -209,9 +208,8 @@ pub async fn take(
         .args(["--checkpoint=fast", "--verbose", "--no-password"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(Error::Spawn)?;
+        .stderr(Stdio::piped());
+    let (mut child, _registration) = crate::process::spawn(&mut cmd).map_err(Error::Spawn)?;
     let stdout = child
         .stdout
         .take()

@@ -7,6 +7,7 @@
 pub mod base;
 pub mod config;
 pub mod logical;
+pub mod process;
 pub mod restore;
 pub mod retention;
 pub mod store;

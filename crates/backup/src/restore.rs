@@ -268,15 +268,13 @@ async fn recover(
     )?;
     write_owned(&pgdata.join("recovery.signal"), b"", tools.run_as)?;
 
-    let mut child = tools
-        .command("postgres")
-        .arg("-D")
+    let mut cmd = tools.command("postgres");
+    cmd.arg("-D")
         .arg(pgdata)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(Error::Start)?;
+        .stderr(Stdio::piped());
+    let (mut child, _registration) = crate::process::spawn(&mut cmd).map_err(Error::Start)?;
     let log = std::sync::Arc::new(std::sync::Mutex::new(VecDeque::<String>::new()));
     if let Some(stderr) = child.stderr.take() {
         let log = log.clone();

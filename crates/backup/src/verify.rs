@@ -190,17 +190,14 @@ async fn check(
 
 /// `pg_checksums --check -D <dir>` on a cleanly stopped data directory: (files, blocks).
 async fn pg_checksums(tools: &PgTools, dir: &Path, timeout: Duration) -> Result<(u64, u64), Error> {
-    let child = tools
-        .command("pg_checksums")
-        .arg("--check")
+    let mut cmd = tools.command("pg_checksums");
+    cmd.arg("--check")
         .arg("-D")
         .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(Error::Spawn)?;
-    let out = tokio::time::timeout(timeout, child.wait_with_output())
+        .stderr(Stdio::piped());
+    let out = tokio::time::timeout(timeout, crate::process::output(&mut cmd))
         .await
         .map_err(|_| Error::ChecksumsTimeout(timeout))?
         .map_err(Error::Spawn)?;

@@ -45,6 +45,13 @@ impl Drop for Registered {
     }
 }
 
+/// Makes `pgop_backup` spawn its programs (pg_basebackup, pg_dump, a restore's postgres,
+/// pg_checksums) through [`spawn`], so that they are registered here and never reaped
+/// before tokio waits for them. Idempotent.
+pub fn register_backup_programs() {
+    pgop_backup::process::set_spawner(pgop_backup::process::Spawner { spawn, forget });
+}
+
 /// Whether this process is PID 1 (a container's init).
 pub fn is_init() -> bool {
     std::process::id() == 1

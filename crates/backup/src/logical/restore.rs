@@ -153,11 +153,10 @@ async fn run_with_input(
     program: &'static str,
     input: std::fs::File,
 ) -> Result<Result<(), (String, String)>, Error> {
-    let output = cmd
-        .stdin(Stdio::from(input))
+    cmd.stdin(Stdio::from(input))
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
+        .stderr(Stdio::piped());
+    let output = crate::process::output(&mut cmd)
         .await
         .map_err(|source| Error::Spawn { program, source })?;
     if output.status.success() {

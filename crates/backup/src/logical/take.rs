@@ -28,12 +28,10 @@ async fn dump_into(
     what: Dumped<'_>,
 ) -> Result<LogicalObject, Error> {
     let spawn = |source| Error::Spawn { program, source };
-    let mut child = cmd
-        .stdin(Stdio::null())
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(spawn)?;
+        .stderr(Stdio::piped());
+    let (mut child, _registration) = crate::process::spawn(&mut cmd).map_err(spawn)?;
     let stdout = child
         .stdout
         .take()

@@ -205,6 +205,7 @@ pub async fn run(
 ) -> Result<(), Error> {
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &settings.namespace);
     let mut shutdown = Box::pin(shutdown);
+    crate::reaper::register_backup_programs();
     if crate::reaper::is_init() {
         tokio::spawn(crate::reaper::run(Duration::from_secs(2)));
     }

@@ -151,3 +151,43 @@ async fn orphaned_backends_of_a_killed_postmaster_are_reaped() -> TestResult {
     reaper.abort();
     Ok(())
 }
+
+/// The programs pgop-backup runs (pg_basebackup, pg_dump, ...) are registered with the
+/// reaper like the manager's own: once exited and not yet waited for, such a child is a
+/// zombie the reaper leaves alone, so tokio's wait still gets its status. An unregistered
+/// child in the same state is reaped, and its wait fails: the race this closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn programs_run_by_pgop_backup_are_never_reaped_under_tokio() -> TestResult {
+    pgop_instance::reaper::register_backup_programs();
+    let zombie = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            })
+            .unwrap_or(false)
+    };
+    let (mut child, registration) =
+        pgop_backup::process::spawn(&mut tokio::process::Command::new("true"))?;
+    let pid = child.id().ok_or("no pid")?;
+    eventually("the registered child a zombie", WAIT, || async {
+        zombie(pid).then_some(())
+    })
+    .await;
+    pgop_instance::reaper::reap_orphans();
+    assert!(zombie(pid), "the reaper took a registered child");
+    assert!(child.wait().await?.success());
+    drop(registration);
+
+    let mut plain = tokio::process::Command::new("true").spawn()?;
+    let pid = plain.id().ok_or("no pid")?;
+    eventually("the unregistered child a zombie", WAIT, || async {
+        zombie(pid).then_some(())
+    })
+    .await;
+    pgop_instance::reaper::reap_orphans();
+    assert!(!zombie(pid), "an unregistered zombie is reaped");
+    assert!(plain.wait().await.is_err(), "and tokio's wait fails");
+    Ok(())
+}
