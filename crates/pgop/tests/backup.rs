@@ -42,21 +42,13 @@ async fn insert(node: &Node, from: i32, to: i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_base_backup_and_archived_wal_restore_identical_data_and_pitr_stops_at_the_target() {
-    let dir = TempDir::new("restore");
-    let s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
-    let node = Node::primary(
-        &dir.0,
-        "src-1",
-        Archiving {
-            store: config.clone(),
-            pgop_binary: pgop.clone(),
-        },
-    )
-    .await;
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
+    let Primary {
+        dir,
+        s3: _s3,
+        pgop,
+        config,
+        node,
+    } = Primary::start("restore").await;
     insert(&node, 1, 50_000).await;
     let store = Store::open(&config).expect("open the store");
 
@@ -176,21 +168,13 @@ async fn a_base_backup_and_archived_wal_restore_identical_data_and_pitr_stops_at
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn archiving_survives_the_store_going_away_and_catches_up_without_losing_a_segment() {
-    let dir = TempDir::new("outage");
-    let mut s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
-    let node = Node::primary(
-        &dir.0,
-        "src-1",
-        Archiving {
-            store: config.clone(),
-            pgop_binary: pgop.clone(),
-        },
-    )
-    .await;
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
+    let Primary {
+        dir,
+        mut s3,
+        pgop,
+        config,
+        node,
+    } = Primary::start("outage").await;
     insert(&node, 1, 1000).await;
     let store = Store::open(&config).expect("open the store");
     pgop_backup::base::take(
@@ -252,21 +236,13 @@ async fn archiving_survives_the_store_going_away_and_catches_up_without_losing_a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn corrupt_objects_are_detected_at_restore_naming_the_object() {
-    let dir = TempDir::new("corrupt");
-    let s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
-    let node = Node::primary(
-        &dir.0,
-        "src-1",
-        Archiving {
-            store: config.clone(),
-            pgop_binary: pgop.clone(),
-        },
-    )
-    .await;
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
+    let Primary {
+        dir,
+        s3,
+        pgop,
+        config,
+        node,
+    } = Primary::start("corrupt").await;
     insert(&node, 1, 1000).await;
     let store = Store::open(&config).expect("open the store");
     let manifest = pgop_backup::base::take(
@@ -449,21 +425,13 @@ async fn archiving_is_idempotent_and_refuses_different_content_under_the_same_na
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retention_keeps_the_last_backup_and_the_wal_it_needs() {
-    let dir = TempDir::new("retention");
-    let s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
-    let node = Node::primary(
-        &dir.0,
-        "src-1",
-        Archiving {
-            store: config.clone(),
-            pgop_binary: pgop.clone(),
-        },
-    )
-    .await;
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
+    let Primary {
+        dir,
+        s3: _s3,
+        pgop,
+        config,
+        node,
+    } = Primary::start("retention").await;
     let store = Store::open(&config).expect("open the store");
     let take = || async {
         pgop_backup::base::take(
@@ -548,6 +516,73 @@ async fn retention_keeps_the_last_backup_and_the_wal_it_needs() {
 }
 
 /// One HTTP/1.1 request to the manager on loopback; (status, body).
+/// What most tests here start from: a scratch directory, a real S3 server in it, the pgop
+/// binary PostgreSQL's `archive_command` runs, and primary `src-1` of cluster `src`
+/// archiving into that store, with an empty table `t (id int PRIMARY KEY, v text)`.
+/// Destructure it in this field order: the bindings then drop node first, directory last.
+struct Primary {
+    dir: TempDir,
+    s3: S3Server,
+    pgop: PathBuf,
+    config: StoreConfig,
+    node: Node,
+}
+
+impl Primary {
+    async fn start(prefix: &str) -> Self {
+        let dir = TempDir::new(prefix);
+        let s3 = S3Server::start(&dir.0);
+        let pgop = pgop_binary(&dir.0);
+        let config = s3.config("src");
+        let archiving = Archiving {
+            store: config.clone(),
+            pgop_binary: pgop.clone(),
+        };
+        let node = Node::primary(&dir.0, "src-1", archiving).await;
+        node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
+            .await;
+        Self {
+            dir,
+            s3,
+            pgop,
+            config,
+            node,
+        }
+    }
+}
+
+/// The manager's HTTP endpoints of `node` on a free loopback port (`http::bind`).
+struct Served {
+    port: u16,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), pgop_instance::http::Error>>,
+}
+
+impl Served {
+    async fn start(node: &Node) -> Self {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, server) = pgop_instance::http::bind(
+            "127.0.0.1:0".parse().expect("address"),
+            node.instance.clone(),
+            async move {
+                let _ = stopped.await;
+            },
+        )
+        .await
+        .expect("bind the manager's HTTP endpoints");
+        Self {
+            port: addr.port(),
+            stop,
+            server: tokio::spawn(server),
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.server.await;
+    }
+}
+
 async fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -608,30 +643,20 @@ async fn finished_job(port: u16, name: &str) -> pgop_api::instance_status::Backu
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn backups_and_retention_on_request_through_the_managers_http_endpoint() {
     use pgop_api::instance_status::BackupJobPhase;
-    let dir = TempDir::new("http");
-    let s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
+    let Primary {
+        dir: _dir,
+        s3: _s3,
+        pgop,
+        config,
+        node,
+    } = Primary::start("http").await;
     let archiving = Archiving {
         store: config.clone(),
         pgop_binary: pgop.clone(),
     };
-    let node = Node::primary(&dir.0, "src-1", archiving.clone()).await;
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
     insert(&node, 1, 20_000).await;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (addr, server) = pgop_instance::http::bind(
-        "127.0.0.1:0".parse().expect("address"),
-        node.instance.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .expect("bind the manager's HTTP endpoints");
-    let server = tokio::spawn(server);
-    let port = addr.port();
+    let served = Served::start(&node).await;
+    let port = served.port;
 
     let (code, _) = http(port, "GET", "/pg/backups/unknown", None).await;
     assert_eq!(code, 404, "a job this manager never ran");
@@ -778,8 +803,7 @@ async fn backups_and_retention_on_request_through_the_managers_http_endpoint() {
     let (code, body) = http(port, "POST", "/pg/backups", Some(r#"{"name":"b3"}"#)).await;
     assert_eq!(code, 503, "{body}");
 
-    let _ = stop.send(());
-    let _ = server.await;
+    served.stop().await;
 }
 
 /// `pgop instance run` as the pod `demo-1` of cluster `demo` (its PostgreSQL and its
@@ -1178,35 +1202,17 @@ fn next_to_pgdata(node_data: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backup_requested_with_verify_is_restored_and_checked_before_it_completes() {
     use pgop_api::instance_status::BackupJobPhase;
-    let dir = TempDir::new("verify-http");
-    let s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
-    let node = Node::primary(
-        &dir.0,
-        "src-1",
-        Archiving {
-            store: config.clone(),
-            pgop_binary: pgop.clone(),
-        },
-    )
-    .await;
+    let Primary {
+        dir,
+        s3: _s3,
+        pgop: _pgop,
+        config: _config,
+        node,
+    } = Primary::start("verify-http").await;
     let node_data = dir.0.join("src-1-data");
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
     insert(&node, 1, 20_000).await;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (addr, server) = pgop_instance::http::bind(
-        "127.0.0.1:0".parse().expect("address"),
-        node.instance.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    )
-    .await
-    .expect("bind the manager's HTTP endpoints");
-    let server = tokio::spawn(server);
-    let port = addr.port();
+    let served = Served::start(&node).await;
+    let port = served.port;
 
     // verify: true — the job stays running through the check, then completes verified.
     let start = Instant::now();
@@ -1293,28 +1299,19 @@ async fn a_backup_requested_with_verify_is_restored_and_checked_before_it_comple
     assert_eq!((plain.verified, plain.verification), (None, None));
     assert_eq!(next_to_pgdata(&node_data), vec!["pgdata".to_string()]);
 
-    let _ = stop.send(());
-    let _ = server.await;
+    served.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_restore_check_of_a_corrupt_base_object_fails_naming_it() {
-    let dir = TempDir::new("verify-corrupt");
-    let s3 = S3Server::start(&dir.0);
-    let pgop = pgop_binary(&dir.0);
-    let config = s3.config("src");
-    let node = Node::primary(
-        &dir.0,
-        "src-1",
-        Archiving {
-            store: config.clone(),
-            pgop_binary: pgop.clone(),
-        },
-    )
-    .await;
+    let Primary {
+        dir,
+        s3,
+        pgop: _pgop,
+        config,
+        node,
+    } = Primary::start("verify-corrupt").await;
     let node_data = dir.0.join("src-1-data");
-    node.exec("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        .await;
     insert(&node, 1, 5000).await;
     let store = Store::open(&config).expect("open the store");
     let manifest = pgop_backup::base::take(
