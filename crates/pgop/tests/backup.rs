@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::pg::{Node, S3Server, TempDir, free_port, make_dir, pgop_binary, tools};
+use common::pg::{Node, S3Server, TempDir, flip_byte, free_port, make_dir, pgop_binary, tools};
 use pgop_backup::{RestoreOptions, Store, StoreConfig, TakeOptions, Target};
 use pgop_instance::Archiving;
 use pgop_testenv::s3::{ACCESS_KEY, BUCKET, SECRET_KEY};
@@ -262,21 +262,26 @@ async fn corrupt_objects_are_detected_at_restore_naming_the_object() {
     // A WAL file the recovery needs, one byte flipped.
     let wal = pgop_backup::WalName::parse(&needed).expect("wal name");
     let file = s3.object_file(&config, &wal.key());
-    let mut raw = std::fs::read(&file).expect("read the WAL object");
-    raw[100] ^= 0x55;
-    std::fs::write(&file, &raw).expect("corrupt it");
-    let pgdata = dir.0.join("r1/pgdata");
-    make_dir(&dir.0.join("r1"));
-    let err = pgop_backup::restore::restore(
-        &config,
-        &tools(),
-        &pgdata,
-        &restore_options(&dir.0, &pgop, Target::EndOfWal),
-    )
-    .await
-    .expect_err("a corrupt WAL file");
-    let shown = pgop_api::error_chain(&err);
-    println!("{shown}");
+    flip_byte(&file, Some(100));
+    let restore_fails = |attempt: &'static str| {
+        let (dir, config, pgop) = (&dir, &config, &pgop);
+        async move {
+            let pgdata = dir.0.join(attempt).join("pgdata");
+            make_dir(&dir.0.join(attempt));
+            let err = pgop_backup::restore::restore(
+                config,
+                &tools(),
+                &pgdata,
+                &restore_options(&dir.0, pgop, Target::EndOfWal),
+            )
+            .await
+            .expect_err("a restore from a corrupt object");
+            let shown = pgop_api::error_chain(&err);
+            println!("{shown}");
+            (shown, pgdata)
+        }
+    };
+    let (shown, pgdata) = restore_fails("r1").await;
     assert!(
         shown.contains(&wal.key()) && shown.contains("corrupt"),
         "the error names the object: {shown}"
@@ -284,26 +289,10 @@ async fn corrupt_objects_are_detected_at_restore_naming_the_object() {
     assert_eq!(std::fs::read_dir(&pgdata).expect("pgdata").count(), 0);
 
     // The base backup's tar, one byte flipped.
-    raw[100] ^= 0x55;
-    std::fs::write(&file, &raw).expect("repair the WAL object");
+    flip_byte(&file, Some(100));
     let tar_key = format!("base/{}/base.tar.gz", manifest.backup_id);
-    let file = s3.object_file(&config, &tar_key);
-    let mut raw = std::fs::read(&file).expect("read the tar object");
-    let middle = raw.len() / 2;
-    raw[middle] ^= 0x55;
-    std::fs::write(&file, &raw).expect("corrupt it");
-    let pgdata = dir.0.join("r2/pgdata");
-    make_dir(&dir.0.join("r2"));
-    let err = pgop_backup::restore::restore(
-        &config,
-        &tools(),
-        &pgdata,
-        &restore_options(&dir.0, &pgop, Target::EndOfWal),
-    )
-    .await
-    .expect_err("a corrupt base tar");
-    let shown = pgop_api::error_chain(&err);
-    println!("{shown}");
+    flip_byte(&s3.object_file(&config, &tar_key), None);
+    let (shown, pgdata) = restore_fails("r2").await;
     assert!(
         shown.contains(&tar_key) && shown.contains("SHA-256"),
         "the error names the object: {shown}"
@@ -1345,11 +1334,7 @@ async fn the_restore_check_of_a_corrupt_base_object_fails_naming_it() {
 
     // One byte of the stored base tar flipped.
     let tar_key = format!("base/{id}/base.tar.gz");
-    let file = s3.object_file(&config, &tar_key);
-    let mut raw = std::fs::read(&file).expect("read the tar object");
-    let middle = raw.len() / 2;
-    raw[middle] ^= 0x55;
-    std::fs::write(&file, &raw).expect("corrupt it");
+    flip_byte(&s3.object_file(&config, &tar_key), None);
     let start = Instant::now();
     let err = node
         .instance

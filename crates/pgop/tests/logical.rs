@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::pg::{Node, S3Server, TempDir, tools};
+use common::pg::{Node, S3Server, TempDir, flip_byte, tools};
 use pgop_backup::logical::{self, LogicalTarget};
 use pgop_backup::{Source, Store, StoreConfig};
 use std::time::Instant;
@@ -295,11 +295,7 @@ async fn a_corrupt_dump_fails_the_restore_naming_it_and_leaves_the_target_untouc
         .await
         .expect("logical backup");
     let dump = &manifest.database("shop").expect("shop").dump;
-    let file = env.s3.object_file(&env.config, &dump.object);
-    let mut raw = std::fs::read(&file).expect("the dump's file in s3s-fs");
-    let middle = raw.len() / 2;
-    raw[middle] ^= 0x55;
-    std::fs::write(&file, raw).expect("corrupt the dump");
+    flip_byte(&env.s3.object_file(&env.config, &dump.object), None);
 
     let dst = Node::bootstrap(&env.dir.0, "dst-1", None).await;
     exec(&dst, "postgres", "CREATE DATABASE shop TEMPLATE template0").await;

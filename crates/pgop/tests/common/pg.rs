@@ -274,3 +274,12 @@ impl Drop for Node {
         }
     }
 }
+
+/// Flips one byte of `file` (an object as the S3 server keeps it): at `at`, or in the
+/// middle. Flipping the same byte again repairs it.
+pub fn flip_byte(file: &Path, at: Option<usize>) {
+    let mut raw = std::fs::read(file).expect("read the object's file");
+    let at = at.unwrap_or(raw.len() / 2);
+    raw[at] ^= 0x55;
+    std::fs::write(file, &raw).expect("write the object's file");
+}
