@@ -276,3 +276,28 @@ pub struct BackupJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
+
+impl BackupJob {
+    /// A job just started: running, nothing known yet but its name, method and start.
+    pub fn running(name: &str, method: BackupMethod, started_at: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            phase: BackupJobPhase::Running,
+            started_at: started_at.to_string(),
+            stopped_at: None,
+            backup_id: None,
+            begin_lsn: None,
+            end_lsn: None,
+            begin_time: None,
+            end_time: None,
+            timeline: None,
+            size_bytes: None,
+            stored_bytes: None,
+            verified: None,
+            verification: None,
+            method,
+            databases: Vec::new(),
+            error: None,
+        }
+    }
+}

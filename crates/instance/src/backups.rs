@@ -45,25 +45,7 @@ impl Jobs {
                 running: running.name.clone(),
             };
         }
-        let job = BackupJob {
-            name: name.to_string(),
-            phase: BackupJobPhase::Running,
-            started_at: now.to_string(),
-            stopped_at: None,
-            backup_id: None,
-            begin_lsn: None,
-            end_lsn: None,
-            begin_time: None,
-            end_time: None,
-            timeline: None,
-            size_bytes: None,
-            stored_bytes: None,
-            verified: None,
-            verification: None,
-            method,
-            databases: Vec::new(),
-            error: None,
-        };
+        let job = BackupJob::running(name, method, now);
         self.jobs.push(job.clone());
         // Forget the oldest finished jobs (never the running one).
         while self.jobs.len() > KEEP_JOBS {

@@ -337,25 +337,10 @@ mod tests {
     }
 
     fn job(name: &str, phase: BackupJobPhase, stopped_at: Option<&str>) -> BackupJob {
-        BackupJob {
-            name: name.into(),
-            phase,
-            started_at: "2025-01-31T11:00:00Z".into(),
-            stopped_at: stopped_at.map(Into::into),
-            backup_id: None,
-            begin_lsn: None,
-            end_lsn: None,
-            begin_time: None,
-            end_time: None,
-            timeline: None,
-            size_bytes: None,
-            stored_bytes: None,
-            verified: None,
-            verification: None,
-            method: Default::default(),
-            databases: Vec::new(),
-            error: None,
-        }
+        let mut job = BackupJob::running(name, Default::default(), "2025-01-31T11:00:00Z");
+        job.phase = phase;
+        job.stopped_at = stopped_at.map(Into::into);
+        job
     }
 
     /// Checks the exposition's shape: every sample is `name{labels} value` with a known
