@@ -139,6 +139,15 @@ struct StoreArgs {
     store_config: PathBuf,
 }
 
+impl StoreArgs {
+    /// The configuration read and the store opened.
+    fn open(&self) -> Result<(StoreConfig, Store), Error> {
+        let config = StoreConfig::read(&self.store_config)?;
+        let store = Store::open(&config)?;
+        Ok((config, store))
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct PgArgs {
     /// PostgreSQL's binary directory (default: `pg_config --bindir`, else the newest
@@ -213,8 +222,7 @@ struct RetentionArgs {
 pub async fn run(args: Args) -> Result<(), Error> {
     match args.command {
         Command::Take(args) => {
-            let config = StoreConfig::read(&args.store.store_config)?;
-            let store = Store::open(&config)?;
+            let (config, store) = args.store.open()?;
             let manifest = pgop_backup::base::take(
                 &store,
                 &args.pg.tools()?,
@@ -260,14 +268,12 @@ pub async fn run(args: Args) -> Result<(), Error> {
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         Command::List(args) => {
-            let config = StoreConfig::read(&args.store_config)?;
-            let store = Store::open(&config)?;
+            let (_, store) = args.open()?;
             let (backups, _) = pgop_backup::base::list(&store).await?;
             println!("{}", serde_json::to_string_pretty(&backups)?);
         }
         Command::Retention(args) => {
-            let config = StoreConfig::read(&args.store.store_config)?;
-            let store = Store::open(&config)?;
+            let (_, store) = args.store.open()?;
             let now = jiff::Timestamp::now();
             let plan = if args.dry_run {
                 let inventory = pgop_backup::retention::inventory(&store).await?;
@@ -302,8 +308,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
 async fn logical(command: LogicalCommand) -> Result<(), Error> {
     match command {
         LogicalCommand::Take(args) => {
-            let config = StoreConfig::read(&args.store.store_config)?;
-            let store = Store::open(&config)?;
+            let (config, store) = args.store.open()?;
             let manifest = pgop_backup::logical::take(
                 &store,
                 &args.pg.tools()?,
@@ -317,14 +322,12 @@ async fn logical(command: LogicalCommand) -> Result<(), Error> {
             println!("{}", serde_json::to_string_pretty(&manifest)?);
         }
         LogicalCommand::List(args) => {
-            let config = StoreConfig::read(&args.store_config)?;
-            let store = Store::open(&config)?;
+            let (_, store) = args.open()?;
             let backups = pgop_backup::logical::list(&store).await?;
             println!("{}", serde_json::to_string_pretty(&backups)?);
         }
         LogicalCommand::Restore(args) => {
-            let config = StoreConfig::read(&args.store.store_config)?;
-            let store = Store::open(&config)?;
+            let (_, store) = args.store.open()?;
             let dbname = args.dbname.unwrap_or_else(|| args.database.clone());
             let target = args.target.target(dbname);
             let bytes = pgop_backup::logical::restore(
@@ -345,8 +348,7 @@ async fn logical(command: LogicalCommand) -> Result<(), Error> {
             println!("{}", serde_json::to_string_pretty(&out)?);
         }
         LogicalCommand::RestoreGlobals(args) => {
-            let config = StoreConfig::read(&args.store.store_config)?;
-            let store = Store::open(&config)?;
+            let (_, store) = args.store.open()?;
             let restored = pgop_backup::logical::restore_globals(
                 &store,
                 &args.pg.tools()?,
