@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::{eventually, secret};
+
 use common::pg::{Node, S3Server, TempDir, flip_byte, free_port, make_dir, pgop_binary, tools};
 use pgop_backup::{RestoreOptions, Store, StoreConfig, TakeOptions, Target};
 use pgop_instance::Archiving;
@@ -874,30 +876,6 @@ impl Drop for RunningManager {
     }
 }
 
-async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn secret(name: &str, data: &[(&str, &str)]) -> k8s_openapi::api::core::v1::Secret {
-    let data: serde_json::Map<String, serde_json::Value> = data
-        .iter()
-        .map(|(k, v)| (k.to_string(), (*v).into()))
-        .collect();
-    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "stringData": data}))
-        .expect("a Secret")
-}
-
 /// The operator's part played by the test: the Secrets, a PostgresCluster `demo` with
 /// `spec.bootstrap.recovery` from cluster `src` in the store (and its own archiving to the
 /// same store under its own name), the status naming `demo-1` the primary, and, later,
@@ -1027,7 +1005,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
 
     let manager = RunningManager::spawn(plane, ns.name(), &dir.0, &pgop);
     // Named the primary, but no recoverySource yet: it waits (no initdb).
-    wait_for("the manager's /pg/status", Duration::from_secs(30), || {
+    eventually("the manager's /pg/status", Duration::from_secs(30), || {
         manager.pg_status()
     })
     .await;
@@ -1040,7 +1018,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
     // The operator resolves the source; the target is after the end of the WAL: the
     // restore fails, visibly, and leaves no data.
     status(serde_json::json!({"recoverySource": {"cluster": "src", "store": store}})).await;
-    let error = wait_for(
+    let error = eventually(
         "bootstrapError on /pg/status",
         Duration::from_secs(120),
         || async {
@@ -1065,7 +1043,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
         .patch("demo", &PatchParams::default(), &Patch::Merge(&target))
         .await
         .expect("patch the target");
-    let status = wait_for(
+    let status = eventually(
         "the restored primary, with the new app password",
         Duration::from_secs(180),
         || async {
@@ -1109,7 +1087,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
     // timeline 2 under the source's name.
     let own = Store::open(&s3.config("demo")).expect("open the store");
     let history = pgop_backup::WalName::parse("00000002.history").expect("history name");
-    wait_for(
+    eventually(
         "00000002.history archived under demo",
         Duration::from_secs(60),
         || async {
@@ -1139,7 +1117,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
         .await
         .expect("switch");
     let segment = pgop_backup::WalName::parse(&switched).expect("segment name");
-    wait_for(
+    eventually(
         "timeline 2 WAL archived under demo",
         Duration::from_secs(60),
         || async {

@@ -2,6 +2,9 @@
 //! PostgreSQL: it reads its role from the PostgresCluster status and its credentials from
 //! the cluster's Secrets, follows spec changes, and stops cleanly on SIGTERM.
 
+mod common;
+
+use common::{eventually, secret};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -221,10 +224,10 @@ async fn cluster(
         ("password", PASSWORD),
         ("dbname", "app"),
     ];
-    secrets.create(&pp, &secret("demo-app", &app)?).await?;
+    secrets.create(&pp, &secret("demo-app", &app)).await?;
     let replication = [("username", "streaming_replica"), ("password", "r")];
     secrets
-        .create(&pp, &secret("demo-replication", &replication)?)
+        .create(&pp, &secret("demo-replication", &replication))
         .await?;
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), namespace);
     let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
@@ -243,32 +246,6 @@ async fn set_status(clusters: &Api<PostgresCluster>, status: serde_json::Value) 
         .patch_status("demo", &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
     Ok(())
-}
-
-fn secret(name: &str, data: &[(&str, &str)]) -> Result<Secret> {
-    let data: serde_json::Map<String, serde_json::Value> = data
-        .iter()
-        .map(|(k, v)| (k.to_string(), (*v).into()))
-        .collect();
-    Ok(serde_json::from_value(serde_json::json!({
-        "metadata": {"name": name},
-        "stringData": data,
-    }))?)
-}
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

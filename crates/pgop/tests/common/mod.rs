@@ -381,3 +381,29 @@ impl Writer {
         Ok(self.task.await?)
     }
 }
+
+/// Polls `check` every 200 ms until it yields a value; panics naming `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A Secret `name` with `data` as its string data.
+pub fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), (*v).into()))
+        .collect();
+    serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "stringData": data}))
+        .expect("a Secret")
+}
