@@ -5,8 +5,11 @@
 //! present; the `has()` guards are for the optional ones. The API server puts the path of
 //! the field in front of each message, so messages do not repeat it.
 
-use crate::cluster::{MAX_CLUSTER_NAME_LENGTH, OWNED_PARAMETERS};
-use crate::formats::DNS_LABEL_PATTERN;
+use crate::cluster::{
+    MAX_CLUSTER_NAME_LENGTH, OWNED_PARAMETERS, RESERVED_NAME_PREFIX, RESERVED_NAMES,
+    UNSUPPORTED_PARAMETER_PREFIX, UNSUPPORTED_PARAMETERS,
+};
+use crate::formats::{DNS_LABEL_PATTERN, MAX_PARAMETER_NAME_LENGTH, PARAMETER_NAME_PATTERN};
 use kube::core::{Message, Reason, Rule};
 
 /// `spec.replication.synchronous` against `spec.replicas`.
@@ -61,10 +64,40 @@ pub fn msg_owned_parameters(offending: &[&str]) -> String {
     )
 }
 
+/// The message for a parameter name that is no PostgreSQL parameter name.
+pub fn msg_parameter_names() -> String {
+    format!(
+        "every name must be a PostgreSQL parameter name of at most {MAX_PARAMETER_NAME_LENGTH} \
+         characters: letters, digits and '_', not starting with a digit, optionally two such \
+         names joined by one '.' (no spaces, quotes, '=', '#' or line breaks)"
+    )
+}
+
+/// The message for parameters pgop refuses although it does not own them.
+pub fn msg_unsupported_parameters() -> String {
+    format!(
+        "must not set {}, or any {UNSUPPORTED_PARAMETER_PREFIX}* parameter: include directives \
+         would read other files, and pgop does not run TLS yet",
+        UNSUPPORTED_PARAMETERS.join(", ")
+    )
+}
+
+/// The message for a reserved database or owner name.
+pub fn msg_reserved_name() -> String {
+    format!(
+        "must not be a reserved name ({}) or start with {RESERVED_NAME_PREFIX}",
+        RESERVED_NAMES.join(", ")
+    )
+}
+
 /// `['port', 'listen_addresses', ...]` as a CEL list literal.
-fn owned_parameters_cel_list() -> String {
-    let quoted: Vec<String> = OWNED_PARAMETERS.iter().map(|p| format!("'{p}'")).collect();
+fn cel_list(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|p| format!("'{p}'")).collect();
     format!("[{}]", quoted.join(", "))
+}
+
+fn owned_parameters_cel_list() -> String {
+    cel_list(OWNED_PARAMETERS)
 }
 
 /// Root of PostgresCluster: the name fits in the names of the cluster's children.
@@ -113,6 +146,37 @@ pub fn no_owned_parameters() -> Rule {
         owned_parameters_cel_list()
     ))
     .message(Message::Message(msg_owned_parameters_all()))
+    .reason(Reason::FieldValueForbidden)
+}
+
+/// spec.postgresql.parameters: every key is a parameter name (so none can add a line or
+/// a directive to postgresql.conf).
+pub fn parameter_names() -> Rule {
+    Rule::new(format!(
+        "self.all(k, size(k) <= {MAX_PARAMETER_NAME_LENGTH} && k.matches(r'{PARAMETER_NAME_PATTERN}'))"
+    ))
+    .message(Message::Message(msg_parameter_names()))
+    .reason(Reason::FieldValueInvalid)
+}
+
+/// spec.postgresql.parameters: none of [`UNSUPPORTED_PARAMETERS`], nor `ssl_*`.
+pub fn no_unsupported_parameters() -> Rule {
+    Rule::new(format!(
+        "self.all(k, !(k.lowerAscii() in {}) && !k.lowerAscii().startsWith('{UNSUPPORTED_PARAMETER_PREFIX}'))",
+        cel_list(UNSUPPORTED_PARAMETERS)
+    ))
+    .message(Message::Message(msg_unsupported_parameters()))
+    .reason(Reason::FieldValueForbidden)
+}
+
+/// spec.bootstrap.initdb: `field` (database or owner) is not a reserved name.
+pub fn unreserved_name(field: &str) -> Rule {
+    Rule::new(format!(
+        "!(self.{field} in {}) && !self.{field}.startsWith('{RESERVED_NAME_PREFIX}')",
+        cel_list(RESERVED_NAMES)
+    ))
+    .message(Message::Message(msg_reserved_name()))
+    .field_path(format!(".{field}"))
     .reason(Reason::FieldValueForbidden)
 }
 

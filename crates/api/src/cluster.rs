@@ -57,12 +57,58 @@ pub const OWNED_PARAMETERS: &[&str] = &[
     "log_destination",
 ];
 
+/// Parameters pgop refuses although it does not set them, compared in lower case:
+/// configuration-file directives (`include`, `include_dir`, `include_if_exists`: written as
+/// a parameter they would make PostgreSQL read another file) and TLS (`ssl` and every
+/// `ssl_*` name, one of which runs a shell command), which pgop does not run yet. The CRD's
+/// CEL rule and [`crate::validate`] are both generated from this list and
+/// [`UNSUPPORTED_PARAMETER_PREFIX`].
+pub const UNSUPPORTED_PARAMETERS: &[&str] = &["include", "include_dir", "include_if_exists", "ssl"];
+/// Every parameter whose name starts with this is refused (TLS, see [`UNSUPPORTED_PARAMETERS`]).
+pub const UNSUPPORTED_PARAMETER_PREFIX: &str = "ssl_";
+
+/// Whether pgop refuses a parameter name it does not own (see [`UNSUPPORTED_PARAMETERS`]).
+pub fn is_unsupported_parameter(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    UNSUPPORTED_PARAMETERS.contains(&lower.as_str())
+        || lower.starts_with(UNSUPPORTED_PARAMETER_PREFIX)
+}
+
+/// Whether pgop sets this parameter itself (see [`OWNED_PARAMETERS`]), in any case.
+pub fn is_owned_parameter(name: &str) -> bool {
+    OWNED_PARAMETERS.contains(&name.to_ascii_lowercase().as_str())
+}
+
+/// Names `spec.bootstrap.initdb.database` and `.owner` may not take: pgop's superuser
+/// (`postgres`, also the maintenance database) and replication role, the template
+/// databases, and the role names PostgreSQL reserves. Names starting with
+/// [`RESERVED_NAME_PREFIX`] are reserved too.
+pub const RESERVED_NAMES: &[&str] = &[
+    crate::constants::SUPERUSER,
+    crate::constants::REPLICATION_USER,
+    "template0",
+    "template1",
+    "public",
+    "none",
+    "current_user",
+    "current_role",
+    "session_user",
+];
+/// PostgreSQL reserves role names starting with this for its predefined roles.
+pub const RESERVED_NAME_PREFIX: &str = "pg_";
+
+/// Whether a database or role name is reserved (see [`RESERVED_NAMES`]).
+pub fn is_reserved_name(name: &str) -> bool {
+    RESERVED_NAMES.contains(&name) || name.starts_with(RESERVED_NAME_PREFIX)
+}
+
+/// PostgreSQL major versions pgop runs (`spec.postgresVersion`).
+pub const SUPPORTED_POSTGRES_VERSIONS: &[i32] = &[15];
+
 /// Most instances a cluster may have (one primary and eight standbys).
 pub const MAX_REPLICAS: i32 = 9;
 /// Most entries in `spec.postgresql.parameters` (bounds the cost of its CEL rule).
 pub const MAX_PARAMETERS: usize = 256;
-/// Oldest PostgreSQL major version pgop runs.
-pub const MIN_POSTGRES_VERSION: i32 = 13;
 /// Longest cluster name: `<cluster>-<serial>` and `<cluster>-replication` must stay
 /// valid object names of at most 63 characters.
 pub const MAX_CLUSTER_NAME_LENGTH: usize = 50;
@@ -121,16 +167,17 @@ pub struct PostgresClusterSpec {
     #[schemars(range(min = 1, max = 9))]
     pub replicas: i32,
 
-    /// Container image of the instances: the pgop image with PostgreSQL inside. Defaults to
-    /// the operator's own image for `postgresVersion`.
+    /// Container image of the instances: the pgop image with PostgreSQL inside, as an image
+    /// reference (`registry.example.com:5000/pgop:0.2.0`, optionally `@sha256:...`), at most
+    /// 512 characters. Defaults to the operator's own image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 512), pattern(formats::IMAGE_PATTERN))]
     pub image: Option<String>,
 
-    /// PostgreSQL major version the instances run, e.g. 17 (13 or newer). Chooses the
-    /// default image when `image` is not set.
+    /// PostgreSQL major version the instances run; pgop runs 15 only for now, so this is
+    /// checked and must be 15 when set. The image decides the version that actually runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 13))]
+    #[schemars(extend("enum" = SUPPORTED_POSTGRES_VERSIONS))]
     pub postgres_version: Option<i32>,
 
     /// The persistent volume of each instance.
@@ -206,19 +253,39 @@ pub struct StorageSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresqlSpec {
-    /// postgresql.conf parameters, name to value, e.g. `shared_buffers: 256MB`. Parameters
-    /// that pgop sets itself (listening, replication, archiving, recovery, logging) are
-    /// refused; at most 256 entries.
+    /// postgresql.conf parameters, name to value, e.g. `shared_buffers: 256MB`; at most 256
+    /// entries. A name is a PostgreSQL parameter name (`work_mem`, or `ext.name` for an
+    /// extension), at most 127 characters; a value is one line without control characters,
+    /// at most 4096 characters. Refused: parameters that pgop sets itself (listening,
+    /// replication, archiving, recovery, logging), `include` directives, and `ssl`/`ssl_*`
+    /// (pgop does not run TLS yet).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = MAX_PARAMETERS))]
+    #[schemars(extend(
+        "maxProperties" = MAX_PARAMETERS,
+        "additionalProperties" = {
+            "type": "string",
+            "maxLength": formats::MAX_PARAMETER_VALUE_LENGTH,
+            "pattern": formats::PARAMETER_VALUE_PATTERN,
+        }
+    ))]
+    #[x_kube(validation = cel::parameter_names())]
     #[x_kube(validation = cel::no_owned_parameters())]
+    #[x_kube(validation = cel::no_unsupported_parameters())]
     pub parameters: BTreeMap<String, String>,
 
-    /// Extra pg_hba.conf lines, one rule each (e.g. `hostssl all all 10.0.0.0/8
+    /// Extra pg_hba.conf lines, one rule each (e.g. `host all all 10.0.0.0/8
     /// scram-sha-256`), placed after pgop's rules for local and replication connections and
-    /// before its final catch-all rule.
+    /// before its final catch-all rule; at most 64 lines of at most 1024 characters. A line
+    /// is `local`, `host`, `hostnossl` or `hostnogssenc`, two to four fields, a method
+    /// (`trust`, `reject`, `scram-sha-256`, `md5`, `password`, `peer`, `ident`, `ldap`,
+    /// `radius`, `pam`, `gss`) and `name=value` options; a field is plain or one
+    /// double-quoted string. No `@file`, no `#`, no control characters. The superuser
+    /// `postgres` never logs in over the network, whatever the rules say.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(inner(pattern(formats::HBA_LINE_PATTERN)))]
+    #[schemars(
+        length(max = 64),
+        inner(length(max = 1024), pattern(formats::HBA_LINE_PATTERN))
+    )]
     pub pg_hba: Vec<String>,
 }
 
@@ -316,25 +383,28 @@ pub struct BackupStore {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct S3Store {
-    /// Bucket name (3 to 63 lower-case letters, digits, dots and hyphens).
-    #[schemars(pattern(formats::BUCKET_PATTERN))]
+    /// Bucket name: 3 to 63 lower-case letters, digits, dots and hyphens, in dot-separated
+    /// labels that start and end with a letter or digit.
+    #[schemars(length(min = 3, max = 63), pattern(formats::BUCKET_PATTERN))]
     pub bucket: String,
 
-    /// Endpoint URL of an S3-compatible server, e.g. `https://minio.storage:9000`; AWS S3
-    /// when unset.
+    /// Endpoint URL of an S3-compatible server, e.g. `https://minio.storage:9000`: `http`
+    /// or `https`, a host name or IP address, an optional port, no path; AWS S3 when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(formats::URL_PATTERN))]
+    #[schemars(length(max = 255), pattern(formats::URL_PATTERN))]
     pub endpoint: Option<String>,
 
-    /// Region of the bucket, e.g. `eu-central-1`.
+    /// Region of the bucket, e.g. `eu-central-1`: letters, digits, `-` and `_`, at most 63.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 63), pattern(formats::REGION_PATTERN))]
     pub region: Option<String>,
 
     /// Key prefix inside the bucket under which this cluster's backups and WAL are
-    /// stored; the bucket's root when unset.
+    /// stored (`clusters/prod`); the bucket's root when unset. Relative, `/`-separated
+    /// segments of letters, digits, `.`, `_` and `-` that do not start with `.` (so no
+    /// `..`), at most 256 characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 256), pattern(formats::STORE_PATH_PATTERN))]
     pub path: Option<String>,
 
     /// The Secret (in the cluster's namespace) holding the access keys.
@@ -421,15 +491,21 @@ pub struct BootstrapSpec {
 
 /// A new database cluster.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::unreserved_name("database"))]
+#[x_kube(validation = cel::unreserved_name("owner"))]
 #[serde(rename_all = "camelCase")]
 pub struct InitdbSpec {
-    /// Name of the application database to create.
+    /// Name of the application database to create: a lower-case PostgreSQL identifier of
+    /// at most 63 characters, not reserved (`postgres`, `template0`, `template1`,
+    /// `streaming_replica`, `public`, `none`, `current_user`, `current_role`,
+    /// `session_user`, or anything starting with `pg_`).
     #[serde(default = "default_app")]
     #[schemars(pattern(formats::IDENTIFIER_PATTERN))]
     pub database: String,
 
     /// Name of the role that owns the application database; its password is stored in the
-    /// Secret `<cluster>-app`.
+    /// Secret `<cluster>-app`. A lower-case identifier, not reserved (as `database`): the
+    /// application never gets the superuser or the replication role.
     #[serde(default = "default_app")]
     #[schemars(pattern(formats::IDENTIFIER_PATTERN))]
     pub owner: String,
@@ -472,9 +548,10 @@ pub struct RecoverySpec {
     #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
     pub source_cluster: Option<String>,
 
-    /// Replay WAL up to this time (RFC 3339, e.g. `2025-01-31T12:00:00Z`).
+    /// Replay WAL up to this time (RFC 3339 with a time zone, e.g.
+    /// `2025-01-31T12:00:00Z`; the day must exist).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(pattern(formats::TIMESTAMP_PATTERN))]
+    #[schemars(pattern(formats::TIMESTAMP_PATTERN), extend("format" = "date-time"))]
     pub target_time: Option<String>,
 
     /// Replay WAL up to this LSN (e.g. `0/3000060`).

@@ -23,6 +23,11 @@ pub const ANNOTATION_SPEC_HASH: &str = "database.example.com/spec-hash";
 /// Annotation on a PostgresBackup created by the schedule (value: the schedule that made it).
 pub const ANNOTATION_SCHEDULED: &str = "database.example.com/scheduled";
 
+/// PostgreSQL's superuser in every instance: the manager's role over the local socket only.
+pub const SUPERUSER: &str = "postgres";
+/// The role standbys replicate (and pg_rewind reads) with.
+pub const REPLICATION_USER: &str = "streaming_replica";
+
 /// The PostgreSQL port every instance listens on.
 pub const POSTGRES_PORT: u16 = 5432;
 /// Name of the PostgreSQL port in Pods and Services.

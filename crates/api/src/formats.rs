@@ -18,17 +18,97 @@ pub const DNS_SUBDOMAIN_PATTERN: &str =
 /// An RFC 1035 label (a cluster's name becomes part of Service names).
 pub const DNS_LABEL_PATTERN: &str = r"^[a-z]([-a-z0-9]*[a-z0-9])?$";
 
-/// A key in a Secret's data.
-pub const SECRET_KEY_PATTERN: &str = r"^[-._a-zA-Z0-9]+$";
+/// A key in a Secret's data: letters, digits, `-`, `_` and `.`, never `.` or `..` nor
+/// starting with `..` (Kubernetes refuses those keys too).
+pub const SECRET_KEY_PATTERN: &str =
+    r"^([-_a-zA-Z0-9][-._a-zA-Z0-9]*|\.[-_a-zA-Z0-9][-._a-zA-Z0-9]*)$";
 
-/// One non-empty pg_hba.conf line.
-pub const HBA_LINE_PATTERN: &str = r"^[^\r\n]+$";
+/// One pg_hba.conf rule on one line: a connection type pgop can serve (`local`, `host`,
+/// `hostnossl`, `hostnogssenc`; `hostssl` and `hostgssenc` need TLS or GSSAPI, which pgop
+/// does not run yet), its fields (`local`: database and user; the others: database, user
+/// and address, or address and mask),
+/// an authentication method, then `name=value` options. A field is either plain
+/// (`[-A-Za-z0-9_.,/:+*^$]`) or one double-quoted string; no `@file` inclusion, no `#`
+/// comment, no control character. `cert` needs TLS and is refused with it.
+pub const HBA_LINE_PATTERN: &str = concat!(
+    r#"^[ \t]*(local([ \t]+([-A-Za-z0-9_.,/:+*^$]+|"[^"\x00-\x1f\x7f]*")){2}"#,
+    r#"|(host|hostnossl|hostnogssenc)([ \t]+([-A-Za-z0-9_.,/:+*^$]+|"[^"\x00-\x1f\x7f]*")){3,4})"#,
+    r"[ \t]+(trust|reject|scram-sha-256|md5|password|peer|ident|ldap|radius|pam|gss)",
+    r#"([ \t]+[a-z_]+=("[^"\x00-\x1f\x7f]*"|[!$-~]+))*[ \t]*$"#
+);
 
-/// An S3 bucket name.
-pub const BUCKET_PATTERN: &str = r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$";
+/// The connection types [`HBA_LINE_PATTERN`] accepts, with how many fields may follow each.
+const HBA_TYPES: &[(&str, usize, usize)] = &[
+    ("local", 2, 2),
+    ("host", 3, 4),
+    ("hostnossl", 3, 4),
+    ("hostnogssenc", 3, 4),
+];
 
-/// An http or https URL with a host.
-pub const URL_PATTERN: &str = r"^https?://[^/\s]+(/\S*)?$";
+/// The authentication methods [`HBA_LINE_PATTERN`] accepts.
+const HBA_METHODS: &[&str] = &[
+    "trust",
+    "reject",
+    "scram-sha-256",
+    "md5",
+    "password",
+    "peer",
+    "ident",
+    "ldap",
+    "radius",
+    "pam",
+    "gss",
+];
+
+/// Longest pg_hba.conf line accepted.
+pub const MAX_HBA_LINE_LENGTH: usize = 1024;
+
+/// An S3 bucket name: 3 to 63 characters, dot-separated labels of lower-case letters,
+/// digits and `-`, each starting and ending with a letter or digit (so no `..`).
+pub const BUCKET_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// An http or https URL of a server: a host name, an IPv4 address or a bracketed IPv6
+/// address, an optional port, an optional final `/`; no user, path, query or fragment.
+pub const URL_PATTERN: &str = concat!(
+    r"^https?://([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*",
+    r"|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?/?$"
+);
+
+/// An S3 region: letters, digits, `-` and `_`, starting and ending with a letter or digit
+/// (`eu-central-1`, `garage`), at most 63 characters.
+pub const REGION_PATTERN: &str = r"^[A-Za-z0-9]([-_A-Za-z0-9]*[A-Za-z0-9])?$";
+
+/// A key prefix in a bucket: relative, `/`-separated segments of letters, digits, `.`,
+/// `_` and `-`, each starting with a letter, digit, `_` or `-` (so never `.` or `..`); no
+/// leading, trailing or double `/`. At most 256 characters.
+pub const STORE_PATH_PATTERN: &str =
+    r"^[-_A-Za-z0-9][-_.A-Za-z0-9]*(/[-_A-Za-z0-9][-_.A-Za-z0-9]*)*$";
+
+/// A PostgreSQL parameter name: an identifier, or two joined by one `.` (a custom or
+/// extension parameter such as `pg_stat_statements.max`), ASCII only.
+pub const PARAMETER_NAME_PATTERN: &str = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$";
+
+/// A PostgreSQL parameter value: one line, without NUL or any other control character.
+pub const PARAMETER_VALUE_PATTERN: &str = r"^[^\x00-\x1f\x7f]*$";
+
+/// Longest parameter name accepted.
+pub const MAX_PARAMETER_NAME_LENGTH: usize = 127;
+/// Longest parameter value accepted, in characters.
+pub const MAX_PARAMETER_VALUE_LENGTH: usize = 4096;
+
+/// A container image reference, as the OCI distribution grammar has it:
+/// `[registry[:port]/]path[:tag][@algorithm:hex]`, e.g. `registry.example.com:5000/pgop:0.2.0`.
+pub const IMAGE_PATTERN: &str = concat!(
+    r"^(([A-Za-z0-9]|[A-Za-z0-9][-A-Za-z0-9]*[A-Za-z0-9])(\.([A-Za-z0-9]|[A-Za-z0-9][-A-Za-z0-9]*[A-Za-z0-9]))*",
+    r"(:[0-9]+)?/)?",
+    r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*",
+    r"(:[A-Za-z0-9_][-.A-Za-z0-9_]{0,127})?",
+    r"(@[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?$"
+);
+
+/// Longest image reference accepted.
+pub const MAX_IMAGE_LENGTH: usize = 512;
 
 /// An unquoted PostgreSQL identifier in lower case, at most 63 bytes.
 pub const IDENTIFIER_PATTERN: &str = r"^[a-z_][a-z0-9_]{0,62}$";
@@ -38,6 +118,7 @@ pub const IDENTIFIER_PATTERN: &str = r"^[a-z_][a-z0-9_]{0,62}$";
 pub const TIMEZONE_PATTERN: &str = r"^[A-Za-z][-A-Za-z0-9_+]*(/[-A-Za-z0-9_+]+)*$";
 
 /// An RFC 3339 timestamp with a time zone: `2025-01-31T12:00:00Z`, `...T12:00:00.5+01:00`.
+/// The schema adds `format: date-time`, so that the day must exist in its month.
 pub const TIMESTAMP_PATTERN: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$";
 
 /// A PostgreSQL LSN: `0/3000060`.
@@ -175,23 +256,118 @@ pub fn is_dns_label(s: &str) -> bool {
 /// Whether `s` matches [`SECRET_KEY_PATTERN`].
 pub fn is_secret_key(s: &str) -> bool {
     !s.is_empty()
+        && s != "."
+        && !s.starts_with("..")
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
 }
 
-/// Whether `s` matches [`HBA_LINE_PATTERN`].
+/// Whether `s` matches [`HBA_LINE_PATTERN`] (the length limit is separate).
 pub fn is_hba_line(s: &str) -> bool {
-    !s.is_empty() && !s.contains(['\r', '\n'])
+    let tokens = hba_tokens(s.trim_matches([' ', '\t']));
+    let Some((kind, rest)) = tokens.split_first() else {
+        return false;
+    };
+    let Some(&(_, min, max)) = HBA_TYPES.iter().find(|(k, _, _)| k == kind) else {
+        return false;
+    };
+    // The fields, the method, then options: options hold a `=`, which fields and methods
+    // never do, so the method's place is the only freedom.
+    (min..=max).any(|fields| {
+        rest.len() > fields
+            && rest[..fields].iter().all(|t| is_hba_field(t))
+            && HBA_METHODS.contains(&rest[fields])
+            && rest[fields + 1..].iter().all(|t| is_hba_option(t))
+    })
 }
 
-/// Whether `s` matches [`BUCKET_PATTERN`].
+/// Splits a pg_hba.conf line at runs of spaces and tabs outside double quotes.
+fn hba_tokens(s: &str) -> Vec<&str> {
+    let mut tokens = Vec::new();
+    let mut start = None;
+    let mut quoted = false;
+    for (i, c) in s.char_indices() {
+        let blank = (c == ' ' || c == '\t') && !quoted;
+        if c == '"' {
+            quoted = !quoted;
+        }
+        match (blank, start) {
+            (true, Some(from)) => {
+                tokens.push(&s[from..i]);
+                start = None;
+            }
+            (false, None) => start = Some(i),
+            _ => {}
+        }
+    }
+    if let Some(from) = start {
+        tokens.push(&s[from..]);
+    }
+    tokens
+}
+
+/// A double-quoted string without quotes or control characters inside.
+fn is_hba_quoted(s: &str) -> bool {
+    s.len() >= 2
+        && s.starts_with('"')
+        && s.ends_with('"')
+        && !s[1..s.len() - 1].chars().any(|c| c == '"' || is_control(c))
+}
+
+fn is_hba_field(s: &str) -> bool {
+    is_hba_quoted(s)
+        || (!s.is_empty()
+            && s.bytes().all(|b| {
+                b.is_ascii_alphanumeric()
+                    || matches!(
+                        b,
+                        b'-' | b'_' | b'.' | b',' | b'/' | b':' | b'+' | b'*' | b'^' | b'$'
+                    )
+            }))
+}
+
+fn is_hba_option(s: &str) -> bool {
+    let Some((name, value)) = s.split_once('=') else {
+        return false;
+    };
+    !name.is_empty()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        && (is_hba_quoted(value)
+            || (!value.is_empty()
+                && value
+                    .bytes()
+                    .all(|b| b == b'!' || (b'$'..=b'~').contains(&b))))
+}
+
+/// An ASCII control character (C0 or DEL), as `[\x00-\x1f\x7f]` in the patterns.
+fn is_control(c: char) -> bool {
+    c < ' ' || c == '\x7f'
+}
+
+/// Whether `s` matches [`BUCKET_PATTERN`] and is 3 to 63 characters long.
 pub fn is_bucket(s: &str) -> bool {
-    let b = s.as_bytes();
-    (3..=63).contains(&b.len())
-        && b.first().is_some_and(|&c| is_alnum_lower(c))
-        && b.last().is_some_and(|&c| is_alnum_lower(c))
-        && b.iter()
-            .all(|&c| is_alnum_lower(c) || c == b'.' || c == b'-')
+    (3..=63).contains(&s.len()) && is_dns_subdomain(s)
+}
+
+/// A host name: dot-separated labels of letters, digits and `-`, each starting and ending
+/// with a letter or digit.
+fn is_host_name(s: &str, allow_upper: bool) -> bool {
+    s.split('.').all(|label| {
+        let b = label.as_bytes();
+        let ok = |c: u8| {
+            c.is_ascii_digit() || c.is_ascii_lowercase() || (allow_upper && c.is_ascii_uppercase())
+        };
+        match (b.first(), b.last()) {
+            (Some(&first), Some(&last)) => {
+                ok(first) && ok(last) && b.iter().all(|&c| ok(c) || c == b'-')
+            }
+            _ => false,
+        }
+    })
+}
+
+fn is_digits(s: &str, min: usize, max: usize) -> bool {
+    (min..=max).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Whether `s` matches [`URL_PATTERN`].
@@ -202,10 +378,152 @@ pub fn is_url(s: &str) -> bool {
     else {
         return false;
     };
-    let (host, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    !host.is_empty()
-        && !host.bytes().any(|b| b.is_ascii_whitespace())
-        && !path.bytes().any(|b| b.is_ascii_whitespace())
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let (host_ok, port) = match rest.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, port)) => (
+                !addr.is_empty()
+                    && addr
+                        .bytes()
+                        .all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.'),
+                port,
+            ),
+            None => (false, ""),
+        },
+        None => {
+            let (host, port) = rest.split_at(rest.find(':').unwrap_or(rest.len()));
+            (is_host_name(host, true), port)
+        }
+    };
+    host_ok && (port.is_empty() || port.strip_prefix(':').is_some_and(|p| is_digits(p, 1, 5)))
+}
+
+/// Whether `s` matches [`REGION_PATTERN`] and is at most 63 characters long.
+pub fn is_region(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+}
+
+/// Whether `s` matches [`STORE_PATH_PATTERN`] and is at most 256 characters long.
+pub fn is_store_path(s: &str) -> bool {
+    s.len() <= 256
+        && s.split('/').all(|segment| {
+            let b = segment.as_bytes();
+            b.first()
+                .is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+                && b.iter()
+                    .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+        })
+}
+
+/// Whether `s` matches [`PARAMETER_NAME_PATTERN`] and is at most
+/// [`MAX_PARAMETER_NAME_LENGTH`] long.
+pub fn is_parameter_name(s: &str) -> bool {
+    let ident = |p: &str| {
+        let b = p.as_bytes();
+        b.first()
+            .is_some_and(|&c| c.is_ascii_alphabetic() || c == b'_')
+            && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
+    };
+    s.len() <= MAX_PARAMETER_NAME_LENGTH
+        && match s.split_once('.') {
+            Some((a, b)) => ident(a) && ident(b),
+            None => ident(s),
+        }
+}
+
+/// Whether `s` matches [`PARAMETER_VALUE_PATTERN`] and is at most
+/// [`MAX_PARAMETER_VALUE_LENGTH`] characters long.
+pub fn is_parameter_value(s: &str) -> bool {
+    !s.chars().any(is_control) && s.chars().count() <= MAX_PARAMETER_VALUE_LENGTH
+}
+
+/// Whether `s` matches [`IMAGE_PATTERN`] and is at most [`MAX_IMAGE_LENGTH`] long.
+pub fn is_image(s: &str) -> bool {
+    if s.len() > MAX_IMAGE_LENGTH {
+        return false;
+    }
+    let (name_tag, digest) = match s.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (s, None),
+    };
+    if digest.is_some_and(|d| !is_image_digest(d)) {
+        return false;
+    }
+    // The tag follows the last ':' when no '/' comes after it; a registry's port is the
+    // other reading of a ':', so both are tried.
+    let tagged = name_tag
+        .rsplit_once(':')
+        .is_some_and(|(name, tag)| !tag.contains('/') && is_image_tag(tag) && is_image_name(name));
+    tagged || is_image_name(name_tag)
+}
+
+fn is_image_name(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('/').collect();
+    let all_paths = |ps: &[&str]| !ps.is_empty() && ps.iter().all(|p| is_image_path_component(p));
+    all_paths(&parts) || (parts.len() >= 2 && is_image_registry(parts[0]) && all_paths(&parts[1..]))
+}
+
+fn is_image_registry(s: &str) -> bool {
+    let (host, port) = match s.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (s, None),
+    };
+    is_host_name(host, true) && port.is_none_or(|p| is_digits(p, 1, usize::MAX))
+}
+
+/// `[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*`.
+fn is_image_path_component(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !(b.first().is_some_and(|&c| alnum(c)) && b.last().is_some_and(|&c| alnum(c))) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &s[start..i];
+        let ok = matches!(sep, "." | "_" | "__") || sep.bytes().all(|c| c == b'-');
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// `[A-Za-z0-9_][-.A-Za-z0-9_]{0,127}`.
+fn is_image_tag(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=128).contains(&b.len())
+        && b.first()
+            .is_some_and(|&c| c.is_ascii_alphanumeric() || c == b'_')
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
+/// `[A-Za-z][A-Za-z0-9]*([-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,}`.
+fn is_image_digest(s: &str) -> bool {
+    let Some((algorithm, hex)) = s.split_once(':') else {
+        return false;
+    };
+    let component = |p: &str| {
+        let b = p.as_bytes();
+        b.first().is_some_and(u8::is_ascii_alphabetic) && b.iter().all(u8::is_ascii_alphanumeric)
+    };
+    hex.len() >= 32
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && algorithm.split(['-', '_', '+', '.']).all(component)
 }
 
 /// Whether `s` matches [`IDENTIFIER_PATTERN`].
@@ -253,7 +571,12 @@ pub fn is_timestamp(s: &str) -> bool {
         && num(14, 0, 59)
         && at(16, b':')
         && num(17, 0, 59);
-    if !date_time {
+    // The day must exist in its month (Go's time.Parse, behind the schema's
+    // `format: date-time`, refuses 2026-02-30 as well).
+    let year: u32 = s.get(..4).and_then(|y| y.parse().ok()).unwrap_or(0);
+    let month = s.get(5..7).and_then(|m| m.parse().ok()).unwrap_or(0);
+    let day: u32 = s.get(8..10).and_then(|d| d.parse().ok()).unwrap_or(0);
+    if !date_time || day > days_in_month(year, month) {
         return false;
     }
     let mut i = 19;
@@ -270,6 +593,18 @@ pub fn is_timestamp(s: &str) -> bool {
             i + 6 == b.len() && num(i + 1, 0, 23) && at(i + 3, b':') && num(i + 4, 0, 59)
         }
         _ => false,
+    }
+}
+
+/// Days in a month of the proleptic Gregorian calendar.
+fn days_in_month(year: u32, month: u32) -> u32 {
+    match month {
+        2 if year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400)) => {
+            29
+        }
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
     }
 }
 
@@ -419,6 +754,10 @@ mod tests {
         assert!(is_secret_key("AWS_ACCESS_KEY_ID"));
         assert!(is_secret_key("tls.crt"));
         assert!(!is_secret_key("a/b"));
+        assert!(is_secret_key(".x"));
+        for bad in [".", "..", "..x"] {
+            assert!(!is_secret_key(bad), "{bad}");
+        }
         assert!(!is_secret_key(""));
         assert!(is_identifier("app"));
         assert!(is_identifier("_x1"));
@@ -435,12 +774,18 @@ mod tests {
         }
         assert!(is_url("https://minio.storage:9000"));
         assert!(is_url("http://127.0.0.1:9000/"));
+        assert!(is_url("http://[::1]:9000"));
         for bad in [
             "minio:9000",
             "https://",
             "https:///x",
             "ftp://x",
             "https://a b",
+            "https://s3.example.com/a/b",
+            "https://user@host",
+            "https://host:123456",
+            "https://host/$(id)",
+            "https://host?x=1",
         ] {
             assert!(!is_url(bad), "{bad}");
         }
@@ -499,8 +844,128 @@ mod tests {
 
     #[test]
     fn hba_lines() {
-        assert!(is_hba_line("host all all 10.0.0.0/8 scram-sha-256"));
-        assert!(!is_hba_line(""));
-        assert!(!is_hba_line("host all all\nlocal all all trust"));
+        for good in [
+            "host all all 10.0.0.0/8 scram-sha-256",
+            "local all all peer",
+            "  host\tapp,shop +admins 10.0.0.0 255.0.0.0 md5  ",
+            "host \"my db\" \"Ünïcode\" ::1/128 scram-sha-256",
+            "host all all all ldap ldapserver=ldap.example.com ldapprefix=\"cn=\" ldapsuffix=\", dc=example\"",
+            "hostnossl all all samenet reject",
+        ] {
+            assert!(is_hba_line(good), "{good}");
+        }
+        for bad in [
+            "",
+            "host all all\nlocal all all trust",
+            "hostssl all all 10.0.0.0/8 scram-sha-256",
+            "host all all 10.0.0.0/8 cert",
+            "host all all 10.0.0.0/8 scram-sha-256 # comment",
+            "host @dbs all 10.0.0.0/8 md5",
+            "include /etc/passwd",
+            "host all all md5",
+            "host all all a b c d md5",
+            "host all all all trust\u{0}",
+            "host a\"b all all md5",
+            "host \"unterminated all all md5",
+            "host all all all md5 Map=x",
+            "local all all peer map",
+        ] {
+            assert!(!is_hba_line(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parameter_names_and_values() {
+        for good in [
+            "work_mem",
+            "Work_Mem",
+            "_x",
+            "pg_stat_statements.max",
+            "a1.b_2",
+        ] {
+            assert!(is_parameter_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "1x",
+            "a.b.c",
+            "a.",
+            ".a",
+            "a b",
+            "a=b",
+            "a#b",
+            "pgop.x = 'y'\narchive_cleanup_command",
+            "wоrk_mem",
+            &"a".repeat(128),
+        ] {
+            assert!(!is_parameter_name(bad), "{bad:?}");
+        }
+        assert!(is_parameter_value("'\"$user\", public'"));
+        assert!(is_parameter_value(""));
+        assert!(is_parameter_value(&"é".repeat(MAX_PARAMETER_VALUE_LENGTH)));
+        for bad in ["a\nb", "a\rb", "a\u{0}b", "a\tb", "\u{7f}"] {
+            assert!(!is_parameter_value(bad), "{bad:?}");
+        }
+        assert!(!is_parameter_value(
+            &"a".repeat(MAX_PARAMETER_VALUE_LENGTH + 1)
+        ));
+    }
+
+    #[test]
+    fn images() {
+        for good in [
+            "pgop",
+            "pgop:0.1.0",
+            "library/postgres:15",
+            "registry.example.com:5000/team/pgop:v1.2_3",
+            "localhost/pgop@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "Registry.Example.COM/a__b/c-d---e.f:TAG",
+        ] {
+            assert!(is_image(good), "{good}");
+        }
+        for bad in [
+            "",
+            "pgop:1; rm -rf /",
+            "pgop :1",
+            "PGOP",
+            "pgop:",
+            "/pgop",
+            "pgop/",
+            "a..b",
+            "a___b",
+            "pgop@sha256:short",
+            "pgop:$(id)",
+            "reg:port/pgop",
+        ] {
+            assert!(!is_image(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn store_paths_and_regions() {
+        for good in ["clusters/prod", "a", "x.y/_z-1", "a..b"] {
+            assert!(is_store_path(good), "{good}");
+        }
+        for bad in [
+            "", "/abs", "a/", "a//b", "..", "../x", "a/../b", ".", "a/./b", "a b", "a\nb",
+        ] {
+            assert!(!is_store_path(bad), "{bad:?}");
+        }
+        for good in ["eu-central-1", "garage", "us_east"] {
+            assert!(is_region(good), "{good}");
+        }
+        for bad in ["", "-x", "x-", "eu central", "eu$(id)"] {
+            assert!(!is_region(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn days_must_exist_in_their_month() {
+        assert!(is_timestamp("2024-02-29T00:00:00Z"));
+        assert!(is_timestamp("2000-02-29T00:00:00Z"));
+        assert!(!is_timestamp("2026-02-29T00:00:00Z"));
+        assert!(!is_timestamp("1900-02-29T00:00:00Z"));
+        assert!(!is_timestamp("2026-02-30T00:00:00Z"));
+        assert!(!is_timestamp("2026-04-31T00:00:00Z"));
     }
 }

@@ -10,8 +10,8 @@ use crate::backup::PostgresBackupSpec;
 use crate::cel;
 use crate::cluster::{
     BackupSpec, BackupStore, BootstrapSpec, DataDurability, MAX_CLUSTER_NAME_LENGTH,
-    MAX_PARAMETERS, MAX_REPLICAS, MIN_POSTGRES_VERSION, OWNED_PARAMETERS, PostgresCluster,
-    PostgresClusterSpec, RecoverySpec, S3Store,
+    MAX_PARAMETERS, MAX_REPLICAS, PostgresCluster, PostgresClusterSpec, RecoverySpec, S3Store,
+    SUPPORTED_POSTGRES_VERSIONS, is_owned_parameter, is_reserved_name, is_unsupported_parameter,
 };
 use crate::formats;
 use kube::ResourceExt;
@@ -76,10 +76,6 @@ impl Errors {
         );
     }
 
-    fn non_empty(&mut self, field: &str, value: Option<&str>) {
-        self.check(value != Some(""), field, || "must not be empty".to_string());
-    }
-
     fn into_result(self) -> Result<(), Vec<FieldError>> {
         if self.0.is_empty() {
             Ok(())
@@ -87,6 +83,17 @@ impl Errors {
             Err(self.0)
         }
     }
+}
+
+/// Most lines in `spec.postgresql.pgHba`.
+pub const MAX_HBA_LINES: usize = 64;
+
+fn supported_versions() -> String {
+    let all: Vec<String> = SUPPORTED_POSTGRES_VERSIONS
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    all.join(", ")
 }
 
 /// Validates a PostgresCluster spec on its own (what the API server checks at create).
@@ -157,9 +164,26 @@ pub fn validate_backup_update(
 
 fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.replicas", spec.replicas, 1, Some(MAX_REPLICAS));
-    errors.non_empty("spec.image", spec.image.as_deref());
+    if let Some(image) = &spec.image {
+        errors.format(
+            "spec.image",
+            image,
+            formats::is_image,
+            "an image reference such as registry.example.com:5000/pgop:0.2.0 (at most 512 \
+             characters)",
+        );
+    }
     if let Some(version) = spec.postgres_version {
-        errors.range("spec.postgresVersion", version, MIN_POSTGRES_VERSION, None);
+        errors.check(
+            SUPPORTED_POSTGRES_VERSIONS.contains(&version),
+            "spec.postgresVersion",
+            || {
+                format!(
+                    "must be a PostgreSQL major version pgop runs ({}), got {version}",
+                    supported_versions()
+                )
+            },
+        );
     }
 
     errors.format(
@@ -178,19 +202,61 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
         "spec.postgresql.parameters",
         || format!("must have at most {MAX_PARAMETERS} entries"),
     );
+    let bad_names: Vec<&str> = parameters
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !formats::is_parameter_name(k))
+        .collect();
+    errors.check(bad_names.is_empty(), "spec.postgresql.parameters", || {
+        format!("{bad_names:?}: {}", cel::msg_parameter_names())
+    });
     let owned: Vec<&str> = parameters
         .keys()
         .map(String::as_str)
-        .filter(|k| OWNED_PARAMETERS.contains(&k.to_ascii_lowercase().as_str()))
+        .filter(|k| is_owned_parameter(k))
         .collect();
     errors.check(owned.is_empty(), "spec.postgresql.parameters", || {
         cel::msg_owned_parameters(&owned)
     });
+    let unsupported: Vec<&str> = parameters
+        .keys()
+        .map(String::as_str)
+        .filter(|k| is_unsupported_parameter(k))
+        .collect();
+    errors.check(unsupported.is_empty(), "spec.postgresql.parameters", || {
+        format!("{unsupported:?}: {}", cel::msg_unsupported_parameters())
+    });
+    for (name, value) in parameters {
+        errors.check(
+            formats::is_parameter_value(value),
+            &format!("spec.postgresql.parameters.{name}"),
+            || {
+                format!(
+                    "must be one line without control characters, at most {} characters",
+                    formats::MAX_PARAMETER_VALUE_LENGTH
+                )
+            },
+        );
+    }
+    errors.check(
+        spec.postgresql.pg_hba.len() <= MAX_HBA_LINES,
+        "spec.postgresql.pgHba",
+        || format!("must have at most {MAX_HBA_LINES} lines"),
+    );
     for (i, line) in spec.postgresql.pg_hba.iter().enumerate() {
         errors.check(
-            formats::is_hba_line(line),
+            line.chars().count() <= formats::MAX_HBA_LINE_LENGTH && formats::is_hba_line(line),
             &format!("spec.postgresql.pgHba[{i}]"),
-            || "must be one non-empty line".to_string(),
+            || {
+                format!(
+                    "must be one pg_hba.conf rule on one line (at most {} characters): local, \
+                     host, hostnossl or hostnogssenc, two to four plain or double-quoted \
+                     fields, a method (trust, reject, scram-sha-256, md5, password, peer, \
+                     ident, ldap, radius, pam, gss) and name=value options; no @file, no #, no \
+                     control characters; got {line:?}",
+                    formats::MAX_HBA_LINE_LENGTH
+                )
+            },
         );
     }
 
@@ -280,18 +346,36 @@ fn validate_s3(path: &str, s3: &S3Store, errors: &mut Errors) {
         &format!("{path}.bucket"),
         &s3.bucket,
         formats::is_bucket,
-        "an S3 bucket name (3 to 63 lower-case letters, digits, '.' and '-')",
+        "an S3 bucket name (3 to 63 lower-case letters, digits, '.' and '-', in labels that \
+         start and end with a letter or digit)",
     );
     if let Some(endpoint) = &s3.endpoint {
         errors.format(
             &format!("{path}.endpoint"),
             endpoint,
-            formats::is_url,
-            "an http:// or https:// URL",
+            |e| e.len() <= 255 && formats::is_url(e),
+            "an http:// or https:// URL of a server: host name or IP address, optional port, \
+             no path (at most 255 characters)",
         );
     }
-    errors.non_empty(&format!("{path}.region"), s3.region.as_deref());
-    errors.non_empty(&format!("{path}.path"), s3.path.as_deref());
+    if let Some(region) = &s3.region {
+        errors.format(
+            &format!("{path}.region"),
+            region,
+            formats::is_region,
+            "a region name such as eu-central-1 (letters, digits, '-' and '_', at most 63)",
+        );
+    }
+    if let Some(prefix) = &s3.path {
+        errors.format(
+            &format!("{path}.path"),
+            prefix,
+            formats::is_store_path,
+            "a relative key prefix such as clusters/prod: '/'-separated segments of letters, \
+             digits, '.', '_' and '-' that do not start with '.' (no '..'), at most 256 \
+             characters",
+        );
+    }
     let secret = &s3.credentials_secret;
     errors.name(&format!("{path}.credentialsSecret.name"), &secret.name);
     for (field, key) in [
@@ -323,6 +407,7 @@ fn validate_bootstrap(bootstrap: &BootstrapSpec, errors: &mut Errors) {
                 formats::is_identifier,
                 "a lower-case PostgreSQL identifier of at most 63 characters",
             );
+            errors.check(!is_reserved_name(value), field, cel::msg_reserved_name);
         }
     }
     if let Some(recovery) = &bootstrap.recovery {
@@ -377,6 +462,7 @@ fn validate_recovery(recovery: &RecoverySpec, errors: &mut Errors) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::OWNED_PARAMETERS;
 
     fn spec(yaml: &str) -> PostgresClusterSpec {
         serde_yaml::from_str(yaml).expect("test spec parses")
@@ -407,11 +493,11 @@ mod tests {
         let s = spec(
             r#"
 replicas: 3
-postgresVersion: 17
+postgresVersion: 15
 storage: {size: 10Gi, storageClassName: fast}
 postgresql:
   parameters: {shared_buffers: 256MB, work_mem: 8MB}
-  pgHba: ["hostssl all all 10.0.0.0/8 scram-sha-256"]
+  pgHba: ["host all all 10.0.0.0/8 scram-sha-256"]
 replication: {synchronous: 1, dataDurability: required}
 failoverDelay: 5
 backup:
@@ -574,5 +660,108 @@ bootstrap:
             "{line}"
         );
         assert!(line.contains("spec.storage.size"), "{line}");
+    }
+
+    #[test]
+    fn hostile_parameter_names_and_values_are_refused_naming_the_field() {
+        let p = "storage: {size: 1Gi}\npostgresql: {parameters: {";
+        for (entry, field) in [
+            (
+                r#""pgop.x = 'y'\narchive_cleanup_command": "id""#,
+                "spec.postgresql.parameters",
+            ),
+            (r#""work_mem = 1": "x""#, "spec.postgresql.parameters"),
+            (r#""a#b": "x""#, "spec.postgresql.parameters"),
+            (r#""": "x""#, "spec.postgresql.parameters"),
+            (r#"include: /etc/passwd"#, "spec.postgresql.parameters"),
+            (r#"INCLUDE_DIR: /tmp"#, "spec.postgresql.parameters"),
+            (r#"ssl: "on""#, "spec.postgresql.parameters"),
+            (
+                r#"ssl_passphrase_command: id"#,
+                "spec.postgresql.parameters",
+            ),
+            (
+                r#"archive_cleanup_command: id"#,
+                "spec.postgresql.parameters",
+            ),
+            (
+                r#"application_name: "x\nport = '5433'""#,
+                "spec.postgresql.parameters.application_name",
+            ),
+            (
+                r#"application_name: "x\u0000y""#,
+                "spec.postgresql.parameters.application_name",
+            ),
+            (
+                r#"application_name: "x\ry""#,
+                "spec.postgresql.parameters.application_name",
+            ),
+        ] {
+            let s = spec(&format!("{p}{entry}}}}}"));
+            let f = fields(validate(&s));
+            assert!(f.contains(&field.to_string()), "{entry}: {f:?}");
+        }
+        let fine = spec(&format!(
+            "{p}pg_stat_statements.max: '5000', search_path: '\"$user\", public', work_mem: 8MB}}}}"
+        ));
+        assert_eq!(validate(&fine), Ok(()));
+    }
+
+    #[test]
+    fn reserved_database_and_owner_names_are_refused() {
+        for name in [
+            "postgres",
+            "streaming_replica",
+            "template0",
+            "template1",
+            "pg_monitor",
+            "public",
+            "none",
+        ] {
+            let s = spec(&format!(
+                "storage: {{size: 1Gi}}\nbootstrap: {{initdb: {{database: {name}, owner: {name}}}}}"
+            ));
+            assert_eq!(
+                fields(validate(&s)),
+                vec![
+                    "spec.bootstrap.initdb.database".to_string(),
+                    "spec.bootstrap.initdb.owner".to_string()
+                ],
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn versions_images_times_and_stores_are_checked() {
+        let s = spec(
+            r#"
+storage: {size: 1Gi}
+postgresVersion: 99
+image: "pgop:1; rm -rf /"
+backup:
+  store:
+    s3:
+      bucket: "a..b"
+      endpoint: "https://x/$(id)"
+      region: "eu`id`"
+      path: "../../other"
+      credentialsSecret: {name: s3}
+bootstrap:
+  recovery: {backup: nightly, targetTime: "2026-02-30T00:00:00Z"}
+"#,
+        );
+        let f = fields(validate(&s));
+        for field in [
+            "spec.postgresVersion",
+            "spec.image",
+            "spec.backup.store.s3.bucket",
+            "spec.backup.store.s3.endpoint",
+            "spec.backup.store.s3.region",
+            "spec.backup.store.s3.path",
+            "spec.bootstrap.recovery.targetTime",
+        ] {
+            assert!(f.contains(&field.to_string()), "{field} in {f:?}");
+        }
     }
 }

@@ -1,12 +1,15 @@
-//! Every format the CRD checks with a pattern (quantity, cron, time zone, names, bucket,
-//! URL, time, LSN, pg_hba line, identifier) is judged alike by the real API server (dry-run
-//! creates) and by the Rust checks in `pgop_api::formats` and `validate`.
+//! Every string field the CRD checks (quantity, cron, time zone, names, bucket, URL,
+//! region, store path, image, time, LSN, pg_hba line, parameter names and values, database
+//! and owner names, Secret keys) is judged alike by the real API server (dry-run creates)
+//! and by the Rust checks in `pgop_api::formats` and `validate`: first each format's own
+//! samples, then the same table of hostile values in every field.
 
 mod common;
 
 use common::{Result, dynamic_api, setup};
 
 use kube::api::{DynamicObject, PostParams};
+use pgop_api::cluster::{is_owned_parameter, is_reserved_name, is_unsupported_parameter};
 use pgop_api::{PostgresCluster, formats};
 use serde_json::{Value, json};
 
@@ -16,6 +19,86 @@ struct Format {
     set: fn(&mut Value, &str),
     rust: fn(&str) -> bool,
     samples: &'static [&'static str],
+    /// Every value of [`HOSTILE`] must be refused here. Only parameter values are lenient:
+    /// quotes, `$( )`, `#` or `;` are plain text in a quoted postgresql.conf value, so
+    /// only control characters and overlong values are refused there.
+    strict: bool,
+}
+
+/// Hostile values, tried in every string field: line breaks, NUL and other control
+/// characters, quotes, backslash, `=`, `#`, `;`, shell substitutions, path traversal,
+/// overlong, blank, Unicode confusables and invisible characters.
+const HOSTILE: &[&str] = &[
+    "a\nb",
+    "a\rb",
+    "a\u{0}b",
+    "a\tb",
+    "a\u{7f}b",
+    "x\narchive_cleanup_command = 'id'",
+    "x'\nport = '5433",
+    "'",
+    "\"",
+    "a'b",
+    "a\"b",
+    "\\",
+    "a\\b",
+    "a=b",
+    " = ",
+    "#",
+    "a#b",
+    ";",
+    "a;b",
+    "$(id)",
+    "a$(id)b",
+    "`id`",
+    "a`id`b",
+    "..",
+    "../x",
+    "a/../b",
+    "/etc/passwd",
+    "@/etc/passwd",
+    "%p",
+    "",
+    " ",
+    "a b",
+    "\u{430}pp",
+    "\u{ff50}\u{ff47}",
+    "app\u{200b}",
+    "x\u{2028}y",
+    "x\u{85}y",
+    "a&&b",
+    "a|b",
+    "a>b",
+];
+
+/// A value far past every field's length limit.
+fn overlong() -> String {
+    "a".repeat(5000)
+}
+
+/// A sample as it is shown in a failure: long ones cut short.
+fn show(value: &str) -> String {
+    if value.chars().count() > 40 {
+        let head: String = value.chars().take(20).collect();
+        format!("{head:?}... ({} characters)", value.chars().count())
+    } else {
+        format!("{value:?}")
+    }
+}
+
+/// Whether a hostile value must be refused even where the format is lenient.
+fn structural(value: &str) -> bool {
+    value.chars().any(|c| c < ' ' || c == '\u{7f}') || value.chars().count() > 4096
+}
+
+fn set_s3(s: &mut Value, key: &str, v: &str) {
+    s["bootstrap"]["recovery"]["store"]["s3"][key] = json!(v);
+}
+
+fn set_parameter_name(s: &mut Value, v: &str) {
+    let mut parameters = serde_json::Map::new();
+    parameters.insert(v.to_string(), json!("1"));
+    s["postgresql"] = json!({"parameters": parameters});
 }
 
 /// A valid spec with a slot for every format.
@@ -45,6 +128,7 @@ const FORMATS: &[Format] = &[
             "1", "10Gi", "500M", "1.5Ti", "0.5Gi", "100k", "0", "0Gi", "0.0", "01Gi", "1.", ".5",
             "1e9", "100m", "10 Gi", "10gi", "1Gib", "-1Gi",
         ],
+        strict: true,
     },
     Format {
         name: "cron",
@@ -72,11 +156,12 @@ const FORMATS: &[Format] = &[
             "@daily",
             "1- 2 * * *",
         ],
+        strict: true,
     },
     Format {
         name: "timezone",
         set: |s, v| s["backup"]["timezone"] = json!(v),
-        rust: formats::is_timezone,
+        rust: |v| v.len() <= 64 && formats::is_timezone(v),
         samples: &[
             "UTC",
             "Europe/Berlin",
@@ -88,18 +173,32 @@ const FORMATS: &[Format] = &[
             "1UTC",
             "Europe Berlin",
         ],
+        strict: true,
     },
     Format {
         name: "claim name",
         set: |s, v| s["backup"]["store"]["volume"]["claimName"] = json!(v),
-        rust: formats::is_dns_subdomain,
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
         samples: &["backups", "my-pvc.v1", "a", "-a", "a-", "A", "a..b", "a_b"],
+        strict: true,
     },
     Format {
         name: "bucket",
         set: |s, v| s["bootstrap"]["recovery"]["store"]["s3"]["bucket"] = json!(v),
         rust: formats::is_bucket,
-        samples: &["pg-backups.eu", "abc", "ab", "-abc", "abc-", "ABC", "a_b_c"],
+        samples: &[
+            "pg-backups.eu",
+            "abc",
+            "ab",
+            "-abc",
+            "abc-",
+            "ABC",
+            "a_b_c",
+            "a..bc",
+            "abc.",
+            "a.-bc",
+        ],
+        strict: true,
     },
     Format {
         name: "endpoint",
@@ -108,13 +207,22 @@ const FORMATS: &[Format] = &[
         samples: &[
             "https://minio.storage:9000",
             "http://127.0.0.1:9000/",
+            "http://[::1]:9000",
+            "HTTPS://x",
             "https://s3.example.com/a/b",
             "minio:9000",
             "https://",
             "https:///x",
             "ftp://x",
             "https://a b",
+            "https://user:pw@host",
+            "https://host:123456",
+            "https://host/$(id)",
+            "https://host?x=1",
+            "https://-host",
+            "file:///etc/passwd",
         ],
+        strict: true,
     },
     Format {
         name: "target time",
@@ -132,7 +240,14 @@ const FORMATS: &[Format] = &[
             "2025-01-31T12:00:00",
             "2025-01-31T12:00:00.Z",
             "2025-01-31T12:00:00+1:00",
+            "2024-02-29T00:00:00Z",
+            "2026-02-29T00:00:00Z",
+            "2026-02-30T00:00:00Z",
+            "2026-04-31T12:00:00+02:00",
+            "1900-02-29T00:00:00Z",
+            "2000-02-29T00:00:00Z",
         ],
+        strict: true,
     },
     Format {
         name: "target LSN",
@@ -147,20 +262,209 @@ const FORMATS: &[Format] = &[
             "0/123456789",
             "g/1",
         ],
+        strict: true,
     },
     Format {
         name: "pg_hba line",
         set: |s, v| s["postgresql"] = json!({"pgHba": [v]}),
-        rust: formats::is_hba_line,
-        samples: &["host all all 10.0.0.0/8 scram-sha-256", "", "a\nb", "a\rb"],
+        rust: |v| v.chars().count() <= formats::MAX_HBA_LINE_LENGTH && formats::is_hba_line(v),
+        samples: &[
+            "host all all 10.0.0.0/8 scram-sha-256",
+            "local all all peer",
+            "  host\tapp,shop +admins 10.0.0.0 255.0.0.0 md5  ",
+            "host \"my db\" \"\u{dc}ser\" ::1/128 scram-sha-256",
+            "host all all all ldap ldapserver=ldap.example.com ldapprefix=\"cn=\" ldapsuffix=\", dc=x\"",
+            "hostnossl all all samenet reject",
+            "",
+            "a\nb",
+            "a\rb",
+            "host all all 0.0.0.0/0 md5\nlocal all all trust",
+            "hostssl all all 10.0.0.0/8 scram-sha-256",
+            "hostgssenc all all 10.0.0.0/8 gss",
+            "host all all 10.0.0.0/8 cert",
+            "host all all 10.0.0.0/8 scram-sha-256 # comment",
+            "host @dbs all 10.0.0.0/8 md5",
+            "include /etc/passwd",
+            "include_dir /tmp",
+            "host all all md5",
+            "local all all 10.0.0.0/8 md5",
+            "host all all a b c md5",
+            "host a\"b all all md5",
+            "host \"unterminated all all md5",
+            "host all all all md5 Map=x",
+            "host all all all md5 map=\"a\nb\"",
+            "local all all peer map",
+            "host all all all trust\u{a0}",
+            "host\u{a0}all all all trust",
+        ],
+        strict: true,
     },
     Format {
         name: "database name",
         set: |s, v| {
             s["bootstrap"] = json!({"initdb": {"database": v}});
         },
-        rust: formats::is_identifier,
-        samples: &["app", "_x1", "1app", "App", "my-app"],
+        rust: |v| formats::is_identifier(v) && !is_reserved_name(v),
+        samples: &[
+            "app",
+            "_x1",
+            "1app",
+            "App",
+            "my-app",
+            "postgres",
+            "template0",
+            "template1",
+            "streaming_replica",
+            "pg_catalog",
+            "pg_",
+            "pgx",
+            "public",
+            "app_pg_x",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "owner",
+        set: |s, v| {
+            s["bootstrap"] = json!({"initdb": {"owner": v}});
+        },
+        rust: |v| formats::is_identifier(v) && !is_reserved_name(v),
+        samples: &[
+            "app",
+            "shop_owner",
+            "postgres",
+            "streaming_replica",
+            "pg_monitor",
+            "pg_read_server_files",
+            "none",
+            "current_user",
+            "session_user",
+            "current_role",
+            "Postgres",
+            "owner",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "parameter name",
+        set: set_parameter_name,
+        rust: |v| {
+            formats::is_parameter_name(v) && !is_owned_parameter(v) && !is_unsupported_parameter(v)
+        },
+        samples: &[
+            "work_mem",
+            "Work_Mem",
+            "pg_stat_statements.max",
+            "_x",
+            "pgop.x = 'y'\narchive_cleanup_command",
+            "pgop.x",
+            "a.b.c",
+            "1x",
+            "archive_cleanup_command",
+            "Archive_Command",
+            "ssl",
+            "SSL",
+            "ssl_passphrase_command",
+            "ssl_cert_file",
+            "sslx",
+            "include",
+            "include_dir",
+            "Include_If_Exists",
+            "w\u{43e}rk_mem",
+            "work_mem ",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "parameter value",
+        set: |s, v| s["postgresql"] = json!({"parameters": {"application_name": v}}),
+        rust: formats::is_parameter_value,
+        samples: &[
+            "x",
+            "",
+            "'\"$user\", public'",
+            "\u{e9}t\u{e9}",
+            "x\nport = '5433'",
+        ],
+        strict: false,
+    },
+    Format {
+        name: "image",
+        set: |s, v| s["image"] = json!(v),
+        rust: formats::is_image,
+        samples: &[
+            "pgop",
+            "pgop:0.1.0",
+            "registry.example.com:5000/team/pgop:v1.2_3",
+            "localhost/pgop@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "pgop:1; rm -rf /",
+            "pgop :1",
+            "PGOP",
+            "pgop:",
+            "/pgop",
+            "a___b",
+            "reg:port/pgop",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "region",
+        set: |s, v| set_s3(s, "region", v),
+        rust: formats::is_region,
+        samples: &[
+            "eu-central-1",
+            "garage",
+            "us_east",
+            "-x",
+            "x-",
+            "eu central",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "store path",
+        set: |s, v| set_s3(s, "path", v),
+        rust: formats::is_store_path,
+        samples: &[
+            "clusters/prod",
+            "a",
+            "x.y/_z-1",
+            "a..b",
+            "/abs",
+            "a/",
+            "a//b",
+            "../../other",
+            ".",
+            "a/./b",
+            ".hidden",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "secret key",
+        set: |s, v| {
+            s["bootstrap"]["recovery"]["store"]["s3"]["credentialsSecret"]["accessKeyIdKey"] =
+                json!(v);
+        },
+        rust: |v| v.len() <= 253 && formats::is_secret_key(v),
+        samples: &[
+            "AWS_ACCESS_KEY_ID",
+            "tls.crt",
+            "a-b_c.d",
+            ".x",
+            "a/b",
+            ".",
+            "..",
+            "..x",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "source cluster",
+        set: |s, v| s["bootstrap"]["recovery"]["sourceCluster"] = json!(v),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["old", "old.v1", "Old", "old_1"],
+        strict: true,
     },
 ];
 
@@ -173,8 +477,13 @@ async fn every_format_is_judged_alike_by_the_api_server_and_by_rust() -> Result 
         ..PostParams::default()
     };
     let mut disagreements = Vec::new();
+    let overlong = overlong();
+    let hostile: Vec<&str> = HOSTILE.iter().copied().chain([overlong.as_str()]).collect();
+    assert!(hostile.len() >= 40);
     for format in FORMATS {
-        for sample in format.samples {
+        let samples = format.samples.iter().copied().map(|s| (s, false));
+        let hostile = hostile.iter().copied().map(|s| (s, true));
+        for (sample, is_hostile) in samples.chain(hostile) {
             let mut spec = format_base();
             (format.set)(&mut spec, sample);
             let object: DynamicObject = serde_json::from_value(json!({
@@ -189,10 +498,18 @@ async fn every_format_is_judged_alike_by_the_api_server_and_by_rust() -> Result 
                 Err(other) => return Err(other.into()),
             };
             let rust = (format.rust)(sample);
+            if is_hostile && (format.strict || structural(sample)) && (server || rust) {
+                disagreements.push(format!(
+                    "{} {} is hostile: API server accepts: {server}, Rust accepts: {rust}",
+                    format.name,
+                    show(sample)
+                ));
+            }
             if server != rust {
                 disagreements.push(format!(
-                    "{} {sample:?}: API server accepts: {server}, Rust accepts: {rust}",
-                    format.name
+                    "{} {}: API server accepts: {server}, Rust accepts: {rust}",
+                    format.name,
+                    show(sample)
                 ));
             }
             // The whole spec must be judged alike too, not only the format function.
@@ -200,8 +517,9 @@ async fn every_format_is_judged_alike_by_the_api_server_and_by_rust() -> Result 
             let validated = pgop_api::validate(&typed.spec).is_ok();
             if server != validated {
                 disagreements.push(format!(
-                    "{} {sample:?}: API server accepts: {server}, validate accepts: {validated}",
-                    format.name
+                    "{} {}: API server accepts: {server}, validate accepts: {validated}",
+                    format.name,
+                    show(sample)
                 ));
             }
         }

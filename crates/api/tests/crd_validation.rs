@@ -197,6 +197,101 @@ const BAD: &[Case] = &[
         "storage: {size: 1Gi}\nbootstrap: {recovery: {backup: nightly, targetLsn: 'zz'}}",
         "spec.bootstrap.recovery.targetLsn",
     ),
+    case(
+        "parameter name carrying a second line that sets an owned parameter",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {\"pgop.x = 'y'\\narchive_cleanup_command\": \"id > /tmp/pwned\"}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "parameter name with '='",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {\"work_mem = 1\": '1'}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "empty parameter name",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {\"\": '1'}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "include directive as a parameter",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {include_if_exists: /etc/passwd}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "ssl, which pgop cannot honour yet",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {ssl: 'on'}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "ssl_passphrase_command, which runs a shell command",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {ssl_passphrase_command: 'id'}}",
+        "spec.postgresql.parameters",
+    ),
+    case(
+        "parameter value with a newline",
+        "storage: {size: 1Gi}\npostgresql: {parameters: {application_name: \"x\\nport = '5433'\"}}",
+        "spec.postgresql.parameters.application_name",
+    ),
+    case(
+        "pg_hba rule that includes a file",
+        "storage: {size: 1Gi}\npostgresql: {pgHba: [\"host @/etc/dbs all all md5\"]}",
+        "spec.postgresql.pgHba[0]",
+    ),
+    case(
+        "hostssl rule while pgop runs no TLS",
+        "storage: {size: 1Gi}\npostgresql: {pgHba: [\"hostssl all all 10.0.0.0/8 scram-sha-256\"]}",
+        "spec.postgresql.pgHba[0]",
+    ),
+    case(
+        "owner postgres (the superuser)",
+        "storage: {size: 1Gi}\nbootstrap: {initdb: {owner: postgres}}",
+        "spec.bootstrap.initdb.owner",
+    ),
+    case(
+        "owner streaming_replica (the replication role)",
+        "storage: {size: 1Gi}\nbootstrap: {initdb: {owner: streaming_replica}}",
+        "spec.bootstrap.initdb.owner",
+    ),
+    case(
+        "owner pg_monitor (a predefined role)",
+        "storage: {size: 1Gi}\nbootstrap: {initdb: {owner: pg_monitor}}",
+        "spec.bootstrap.initdb.owner",
+    ),
+    case(
+        "database template0",
+        "storage: {size: 1Gi}\nbootstrap: {initdb: {database: template0}}",
+        "spec.bootstrap.initdb.database",
+    ),
+    case(
+        "PostgreSQL version pgop does not run",
+        "storage: {size: 1Gi}\npostgresVersion: 99",
+        "spec.postgresVersion",
+    ),
+    case(
+        "target time on a day that does not exist",
+        "storage: {size: 1Gi}\nbootstrap: {recovery: {backup: nightly, targetTime: '2026-02-30T00:00:00Z'}}",
+        "spec.bootstrap.recovery.targetTime",
+    ),
+    case(
+        "image with whitespace and ';'",
+        "storage: {size: 1Gi}\nimage: 'pgop:1 ; rm -rf /'",
+        "spec.image",
+    ),
+    case(
+        "store path that escapes its prefix",
+        "storage: {size: 1Gi}\nbackup: {store: {s3: {bucket: pg-backups, path: ../../other, credentialsSecret: {name: s3}}}}",
+        "spec.backup.store.s3.path",
+    ),
+    case(
+        "endpoint with a command substitution",
+        "storage: {size: 1Gi}\nbackup: {store: {s3: {bucket: pg-backups, endpoint: 'https://x/$(id)', credentialsSecret: {name: s3}}}}",
+        "spec.backup.store.s3.endpoint",
+    ),
+    case(
+        "region with backticks",
+        "storage: {size: 1Gi}\nbackup: {store: {s3: {bucket: pg-backups, region: 'eu`id`', credentialsSecret: {name: s3}}}}",
+        "spec.backup.store.s3.region",
+    ),
     Case {
         what: "cluster name too long for its children's names",
         name: "a-cluster-name-that-is-far-too-long-to-fit-in-pod-names",
@@ -209,14 +304,15 @@ const BAD: &[Case] = &[
 /// A spec that uses every section.
 const VALID: &str = r#"
 replicas: 3
-postgresVersion: 17
+postgresVersion: 15
+image: registry.example.com:5000/pgop:0.1.0
 storage: {size: 10Gi, storageClassName: fast}
 resources:
   requests: {cpu: 500m, memory: 1Gi}
   limits: {memory: 1Gi}
 postgresql:
-  parameters: {shared_buffers: 256MB, work_mem: 8MB}
-  pgHba: ["hostssl all all 10.0.0.0/8 scram-sha-256"]
+  parameters: {shared_buffers: 256MB, work_mem: 8MB, pg_stat_statements.max: "5000", search_path: "'$user', public"}
+  pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5"]
 replication: {synchronous: 1, dataDurability: required}
 failoverDelay: 5
 switchoverTimeout: 120

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 
 /// The superuser the manager connects as over the Unix socket.
-pub const SUPERUSER: &str = "postgres";
+pub use pgop_api::constants::SUPERUSER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -10,8 +10,7 @@ use std::collections::BTreeMap;
 
 pub const APP_SECRET_SUFFIX: &str = "-app";
 pub const REPLICATION_SECRET_SUFFIX: &str = "-replication";
-/// The role standbys connect as.
-pub const REPLICATION_USER: &str = "streaming_replica";
+pub use pgop_api::constants::REPLICATION_USER;
 
 fn secret(c: &Common, name: String, data: BTreeMap<String, String>) -> Secret {
     Secret {
