@@ -2,6 +2,12 @@
 //! (listening, replication, synchronous standbys) always win; user parameters are validated
 //! against the running server's `pg_settings` first. It must never write a parameter the
 //! server would reject: a rejected one is reported and its last good value kept.
+//!
+//! Defence in depth: whatever the API server let through, [`render_postgresql_conf`] and
+//! [`render_pg_hba`] are the only writers of the two files, and they never write a name,
+//! value or rule that could change a file's structure (a line break, a `=` or `#` in a
+//! name, an `include` directive, a parameter pgop owns, a pg_hba rule outside pgop's
+//! grammar). [`validate`] reports the same entries under `invalidParameters`.
 
 use crate::pg::sql::{SUPERUSER, quote_ident};
 use crate::pg::{RunAs, Upstream, sql};
@@ -29,6 +35,8 @@ pub enum Error {
     ReloadTimeout(Duration),
     #[error("failed to read pending restarts")]
     ReadPendingRestart(#[source] tokio_postgres::Error),
+    #[error("failed to read pg_file_settings")]
+    ReadFileSettings(#[source] tokio_postgres::Error),
 }
 
 /// Where the instance listens and what it is called: the parts of the config that come
@@ -112,9 +120,34 @@ pub fn owned_parameters(
 }
 
 fn is_owned(name: &str) -> bool {
-    pgop_api::OWNED_PARAMETERS
-        .iter()
-        .any(|owned| owned.eq_ignore_ascii_case(name))
+    pgop_api::cluster::is_owned_parameter(name)
+}
+
+/// Why a user parameter may never reach postgresql.conf, whatever the server says of it:
+/// its name is no parameter name (it could add a line or a directive), pgop owns it or
+/// refuses it, or its value could end the line. `None` for a parameter that may be
+/// checked further.
+pub fn refused(name: &str, value: &str) -> Option<String> {
+    use pgop_api::formats;
+    if !formats::is_parameter_name(name) {
+        Some(format!(
+            "not a parameter name (letters, digits and '_', at most one '.', at most {} \
+             characters): it could change the structure of postgresql.conf",
+            formats::MAX_PARAMETER_NAME_LENGTH
+        ))
+    } else if is_owned(name) {
+        Some("managed by pgop".into())
+    } else if pgop_api::cluster::is_unsupported_parameter(name) {
+        Some("refused by pgop (an include directive, or TLS, which pgop does not run yet)".into())
+    } else if !formats::is_parameter_value(value) {
+        Some(format!(
+            "the value has a line break or another control character, or is longer than {} \
+             characters: it could change the structure of postgresql.conf",
+            formats::MAX_PARAMETER_VALUE_LENGTH
+        ))
+    } else {
+        None
+    }
 }
 
 /// postgresql.conf: pgop's defaults, then the (validated) user parameters, then pgop's own.
@@ -138,8 +171,13 @@ pub fn render_postgresql_conf(
         }
     }
     out.push_str("\n# spec.postgresql.parameters\n");
-    for (name, value) in user.iter().filter(|(name, _)| !is_owned(name)) {
-        out.push_str(&line(name, value));
+    for (name, value) in user {
+        match refused(name, value) {
+            None => out.push_str(&line(name, value)),
+            Some(reason) => {
+                tracing::warn!(parameter = ?name, reason, "left out of postgresql.conf");
+            }
+        }
     }
     out.push_str("\n# Owned by pgop\n");
     for (name, value) in owned_parameters(layout, mode, sync_names, archive_command) {
@@ -148,6 +186,8 @@ pub fn render_postgresql_conf(
     out
 }
 
+/// One `name = 'value'` line. PostgreSQL reads a quoted value with backslash escapes and
+/// `''` for a quote; names and values reaching here passed [`refused`] (or are pgop's own).
 fn line(name: &str, value: &str) -> String {
     format!(
         "{name} = '{}'\n",
@@ -155,8 +195,10 @@ fn line(name: &str, value: &str) -> String {
     )
 }
 
-/// pg_hba.conf: the manager over the socket, replication with a password, the user's rules,
-/// then password access for everyone else.
+/// pg_hba.conf: the manager over the socket, replication with a password, no superuser
+/// over the network, the user's rules, then password access for everyone else. A user rule
+/// outside pgop's grammar ([`pgop_api::formats::is_hba_line`]: one line, a known type and
+/// method, no `@file`) is left out.
 pub fn render_pg_hba(extra: &[String], replication_user: &str) -> String {
     let mut out = String::from("# Written by pgop; edits are overwritten.\n");
     // The socket directory is private to PostgreSQL's OS user: only the manager gets here.
@@ -169,14 +211,29 @@ pub fn render_pg_hba(extra: &[String], replication_user: &str) -> String {
         "host replication {} all scram-sha-256\n",
         quote_ident(replication_user)
     ));
+    // The superuser only ever connects over the socket: no rule below may let it in
+    // over the network (a `trust` rule for `all` users would otherwise).
+    out.push_str(&format!(
+        "host all {su} all reject\nhost replication {su} all reject\n",
+        su = quote_ident(SUPERUSER)
+    ));
     out.push_str("\n# spec.postgresql.pgHba\n");
     for rule in extra {
-        // One rule per line: a rule with a newline could smuggle in another one.
-        out.push_str(&rule.replace(['\n', '\r'], " "));
+        if hba_rule_refused(rule) {
+            tracing::warn!(rule = ?rule, "pg_hba rule left out of pg_hba.conf");
+            continue;
+        }
+        out.push_str(rule);
         out.push('\n');
     }
     out.push_str("\nlocal all all scram-sha-256\nhost all all all scram-sha-256\n");
     out
+}
+
+/// Whether a pg_hba rule may never reach pg_hba.conf (see [`render_pg_hba`]).
+pub fn hba_rule_refused(rule: &str) -> bool {
+    rule.chars().count() > pgop_api::formats::MAX_HBA_LINE_LENGTH
+        || !pgop_api::formats::is_hba_line(rule)
 }
 
 /// Writes a file PostgreSQL reads: a temp file, chowned, renamed into place.
@@ -258,8 +315,8 @@ pub async fn validate(
             value: value.clone(),
             reason,
         };
-        if is_owned(name) {
-            invalid.push(reject("managed by pgop".into()));
+        if let Some(reason) = refused(name, value) {
+            invalid.push(reject(reason));
             continue;
         }
         let Some(setting) = known.get(&name.to_ascii_lowercase()) else {
@@ -433,6 +490,34 @@ pub async fn reload(client: &Client) -> Result<(), Error> {
     }
 }
 
+/// The entries of postgresql.conf that PostgreSQL refused when it last read the file
+/// (`pg_file_settings.error`), other than values that only wait for a restart. A file it
+/// could not parse at all shows as one entry named `postgresql.conf`.
+pub async fn file_errors(client: &Client) -> Result<Vec<InvalidParameter>, Error> {
+    let rows = client
+        .query(
+            "SELECT COALESCE(name, 'postgresql.conf'), COALESCE(setting, ''), error \
+             FROM pg_file_settings \
+             WHERE error IS NOT NULL AND error <> 'setting could not be applied' \
+             ORDER BY seqno",
+            &[],
+        )
+        .await
+        .map_err(Error::ReadFileSettings)?;
+    rows.iter()
+        .map(|r| {
+            Ok(InvalidParameter {
+                name: r.try_get(0).map_err(Error::ReadFileSettings)?,
+                value: r.try_get(1).map_err(Error::ReadFileSettings)?,
+                reason: format!(
+                    "PostgreSQL refused it: {}",
+                    r.try_get::<_, String>(2).map_err(Error::ReadFileSettings)?
+                ),
+            })
+        })
+        .collect()
+}
+
 /// Parameters whose new value waits for a restart.
 pub async fn pending_restart(client: &Client) -> Result<Vec<String>, Error> {
     let rows = client
@@ -541,9 +626,111 @@ mod tests {
         assert!(conf.contains("search_path = 'it''s'"));
         assert!(conf.contains("synchronous_standby_names = 'ANY 1 (\"a\")'"));
         let hba = render_pg_hba(
-            &["host all all 10.0.0.0/8 md5\nhost all all all trust".into()],
+            &[
+                "host all all 10.0.0.0/8 md5\nhost all all all trust".into(),
+                "host all app 10.0.0.0/8 md5".into(),
+            ],
             "streaming_replica",
         );
-        assert!(hba.contains("host all all 10.0.0.0/8 md5 host all all all trust\n"));
+        assert!(!hba.contains("trust\n\n"), "{hba}");
+        assert!(!hba.contains("host all all all trust"), "{hba}");
+        assert!(hba.contains("\nhost all app 10.0.0.0/8 md5\n"), "{hba}");
+    }
+
+    fn layout() -> Layout {
+        Layout {
+            instance: "demo-1".into(),
+            cluster: "demo".into(),
+            pgdata: "/data".into(),
+            listen_addresses: "10.0.0.1".into(),
+            port: 5432,
+            socket_dir: "/run/postgresql".into(),
+        }
+    }
+
+    /// What PostgreSQL's configuration lexer would see as the start of each setting: every
+    /// line that is neither blank nor a comment starts with a name and ` = '`.
+    fn setting_names(conf: &str) -> Vec<String> {
+        conf.lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .map(|l| {
+                let (name, rest) = l.split_once(" = '").expect("name = 'value'");
+                assert!(rest.ends_with('\''), "one quoted value per line: {l}");
+                name.to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hostile_parameters_never_reach_postgresql_conf() {
+        let hostile = [
+            ("pgop.x = 'y'\narchive_cleanup_command", "touch /tmp/pwned"),
+            ("work_mem = '1'\nport", "1"),
+            ("a#b", "1"),
+            ("", "1"),
+            ("include", "/etc/passwd"),
+            ("include_if_exists", "/etc/passwd"),
+            ("INCLUDE_DIR", "/tmp"),
+            ("ssl", "on"),
+            ("ssl_passphrase_command", "id"),
+            ("Archive_Cleanup_Command", "id"),
+            ("application_name", "x\nport = '5433'"),
+            ("search_path", "x\r\nlisten_addresses = '*'"),
+            ("statement_timeout", "1\u{0}"),
+            ("w\u{43e}rk_mem", "1MB"),
+        ];
+        let user: BTreeMap<String, String> = hostile
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .chain([
+                ("work_mem".to_string(), "8MB".to_string()),
+                ("log_line_prefix".to_string(), "%m [%p] '\\' ".to_string()),
+            ])
+            .collect();
+        let conf = render_postgresql_conf(&layout(), &Mode::Primary, "", None, &user);
+        let names = setting_names(&conf);
+        for (name, value) in hostile {
+            assert!(refused(name, value).is_some(), "{name:?} = {value:?}");
+            assert!(!names.iter().any(|n| n == name), "{name:?} in {conf}");
+        }
+        for owned in ["archive_cleanup_command", "port", "listen_addresses"] {
+            assert!(
+                names
+                    .iter()
+                    .filter(|n| n.eq_ignore_ascii_case(owned))
+                    .count()
+                    <= 1,
+                "{owned} set twice: {conf}"
+            );
+        }
+        assert!(!conf.contains("pwned") && !conf.contains("5433") && !conf.contains("'*'"));
+        assert!(conf.contains("work_mem = '8MB'\n"), "{conf}");
+        assert!(
+            conf.contains("log_line_prefix = '%m [%p] ''\\\\'' '\n"),
+            "{conf}"
+        );
+    }
+
+    #[test]
+    fn the_superuser_is_refused_over_the_network_before_any_user_rule() {
+        let hba = render_pg_hba(
+            &[
+                "host all all 0.0.0.0/0 trust".into(),
+                "host @dbs all all md5".into(),
+            ],
+            "streaming_replica",
+        );
+        let reject = hba
+            .find("host all \"postgres\" all reject")
+            .expect("superuser rejected");
+        let user = hba
+            .find("host all all 0.0.0.0/0 trust")
+            .expect("user rule kept");
+        assert!(reject < user, "{hba}");
+        assert!(
+            hba.contains("host replication \"postgres\" all reject\n"),
+            "{hba}"
+        );
+        assert!(!hba.contains('@'), "{hba}");
     }
 }

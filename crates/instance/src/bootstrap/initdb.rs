@@ -37,6 +37,16 @@ pub async fn create_roles(client: &Client, credentials: &Credentials) -> Result<
         replication_user,
         replication_password,
     } = credentials;
+    // The API refuses these names; the Secrets they come from are checked again here, so
+    // that the application never gets the superuser's or the replication role's password.
+    for (what, name) in [("owner", app_user), ("database", app_database)] {
+        if pgop_api::cluster::is_reserved_name(name) || !pgop_api::formats::is_identifier(name) {
+            return Err(Error::ReservedName {
+                what,
+                name: name.clone(),
+            });
+        }
+    }
     let role = |name: &str, password: &str, extra: &str| {
         format!(
             "DO $pgop$ BEGIN

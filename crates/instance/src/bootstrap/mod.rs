@@ -35,6 +35,12 @@ pub enum Error {
     FinishBootstrap(#[source] std::io::Error),
     #[error("failed to create the application database and roles")]
     CreateRoles(#[source] tokio_postgres::Error),
+    #[error(
+        "refusing to create the application {what} {name:?}: it is reserved (the superuser, the \
+         replication role, a template database or a name PostgreSQL reserves) or no lower-case \
+         identifier"
+    )]
+    ReservedName { what: &'static str, name: String },
 }
 
 /// The credentials bootstrap creates (from the cluster's `-app` and `-replication` Secrets).

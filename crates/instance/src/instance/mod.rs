@@ -547,6 +547,16 @@ impl Instance {
         let (valid, mut invalid) = config::validate(&mut client, parameters)
             .await
             .map_err(Error::ApplyConfig)?;
+        // Rules outside pgop's grammar are left out of pg_hba.conf by the renderer.
+        for rule in pg_hba.iter().filter(|r| config::hba_rule_refused(r)) {
+            invalid.push(InvalidParameter {
+                name: "pgHba".into(),
+                value: rule.clone(),
+                reason: "not a pg_hba rule pgop writes (one line; local, host, hostnossl or \
+                         hostnogssenc; a known method; no @file, no #)"
+                    .into(),
+            });
+        }
         let previous_hba = {
             let mut d = self.desired();
             let mut merged = valid;
@@ -581,6 +591,13 @@ impl Instance {
             self.write_config()?;
         }
         config::reload(&client).await.map_err(Error::ApplyConfig)?;
+        // What PostgreSQL itself refused while reading the new file (a value its own check
+        // rejects at reload): reported, never hidden behind a reload that "worked".
+        invalid.extend(
+            config::file_errors(&client)
+                .await
+                .map_err(Error::ApplyConfig)?,
+        );
         let pending_restart = config::pending_restart(&client)
             .await
             .map_err(Error::ApplyConfig)?;

@@ -170,3 +170,99 @@ async fn a_first_start_with_a_bad_parameter_falls_back_to_none() -> TestResult {
     assert_eq!(show(&node, "max_connections").await, "142");
     Ok(())
 }
+
+/// Hostile names, values and pg_hba rules that somehow reach the manager (an old CRD, a
+/// disabled schema check) are reported and never written: not when seeded for the first
+/// start, not when applied to a running server. PostgreSQL keeps reloading and starting
+/// from its files, and the superuser cannot log in over the network whatever the rules say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_parameters_that_reach_the_manager_never_reach_postgresql_conf() -> TestResult {
+    let hostile = [
+        (
+            "pgop.x = 'y'\narchive_cleanup_command",
+            "touch /tmp/pgop-pwned",
+        ),
+        ("include_if_exists", "/etc/passwd"),
+        ("ssl_passphrase_command", "id"),
+        ("application_name", "x\nport = '5433'"),
+        ("search_path", "x\r\nlisten_addresses = '*'"),
+        ("work_mem = '1MB' #", "1"),
+    ];
+    let mut wanted = params(&hostile);
+    wanted.insert("statement_timeout".into(), "7s".into());
+    let hba = vec![
+        "host all all 0.0.0.0/0 trust".to_string(),
+        "host all all all md5\nhost all all all trust".to_string(),
+        "host @/etc/passwd all all md5".to_string(),
+    ];
+
+    let node = Node::new("cfg-hostile");
+    node.instance.seed_parameters(&wanted);
+    node.instance.bootstrap_primary().await?;
+    let pgdata = node.instance.options().layout.pgdata.clone();
+    let unwritten = |conf: &str| {
+        !conf.contains("pgop-pwned")
+            && !conf.contains("5433")
+            && !conf.contains("'*'")
+            && !conf.contains("include_if_exists")
+            && !conf.contains("ssl_passphrase_command")
+    };
+    let conf = std::fs::read_to_string(pgdata.join("postgresql.conf"))?;
+    assert!(unwritten(&conf), "seeded for the first start: {conf}");
+
+    let report = node.instance.apply_config(&wanted, &hba).await?;
+    let mut refused: Vec<&str> = report.invalid.iter().map(|p| p.name.as_str()).collect();
+    refused.sort();
+    let mut expected: Vec<&str> = hostile.iter().map(|(k, _)| *k).collect();
+    expected.extend(["pgHba", "pgHba"]);
+    expected.sort();
+    assert_eq!(refused, expected, "{report:?}");
+    assert_eq!(
+        show(&node, "statement_timeout").await,
+        "7s",
+        "valid ones apply"
+    );
+    assert_eq!(
+        show(&node, "port").await,
+        node.instance.options().layout.port.to_string()
+    );
+    let conf = std::fs::read_to_string(pgdata.join("postgresql.conf"))?;
+    assert!(unwritten(&conf), "applied: {conf}");
+    let hba_file = std::fs::read_to_string(pgdata.join("pg_hba.conf"))?;
+    assert!(!hba_file.contains('@'), "{hba_file}");
+    assert!(
+        hba_file.contains("host all all 0.0.0.0/0 trust\n"),
+        "{hba_file}"
+    );
+
+    // `trust` for everyone is the user's rule, but the superuser stays socket-only.
+    let layout = &node.instance.options().layout;
+    let over_tcp = |user: &'static str| {
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&layout.listen_addresses)
+            .port(layout.port)
+            .user(user)
+            .dbname("postgres")
+            .connect_timeout(std::time::Duration::from_secs(10));
+        async move { config.connect(tokio_postgres::NoTls).await.map(drop) }
+    };
+    let refused = over_tcp("postgres")
+        .await
+        .expect_err("no superuser over TCP");
+    let message = refused
+        .as_db_error()
+        .map(|e| e.message().to_string())
+        .unwrap_or_else(|| refused.to_string());
+    assert!(message.contains("rejects connection"), "{message}");
+
+    // The files still start a server, and dropping the hostile entries clears the report.
+    node.instance.restart().await?;
+    let report = node
+        .instance
+        .apply_config(&params(&[("statement_timeout", "7s")]), &[])
+        .await?;
+    assert!(report.invalid.is_empty(), "{report:?}");
+    assert!(!std::path::Path::new("/tmp/pgop-pwned").exists());
+    Ok(())
+}
