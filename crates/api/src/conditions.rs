@@ -25,6 +25,12 @@ pub const BACKUP_SUCCEEDED: &str = "BackupSucceeded";
 /// archiver fails, so that a broken archive is never silent.
 pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
 
+/// Every instance that answers runs with `spec.postgresql`: False (reason
+/// `ParametersRefused`, naming instance, parameter and reason) while any instance refused a
+/// parameter or pg_hba rule, or PostgreSQL refused the file; the last good value is then in
+/// effect. True again once the spec is fixed.
+pub const CONFIGURATION_APPLIED: &str = "ConfigurationApplied";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

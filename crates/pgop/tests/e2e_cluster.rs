@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use pgop_api::PostgresCluster;
 use pgop_testenv::wait;
@@ -104,6 +105,88 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
         }
     })
     .await?;
+    env.stop().await
+}
+
+/// A parameter the API server lets through but PostgreSQL refuses (a value of the wrong
+/// type) is reported in `ConfigurationApplied=False` naming instance, parameter and reason,
+/// with a Warning Event, while PostgreSQL keeps the last good value; removing it from the
+/// spec turns the condition True again, with no Pod touched by hand.
+#[tokio::test]
+async fn e2e_a_refused_parameter_is_reported_in_a_condition_and_heals_when_removed() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("e2e-cfg").await?;
+    env.create(
+        "cfg",
+        serde_json::json!({"replicas": 2, "storage": {"size": "1Gi"},
+            "postgresql": {"parameters": {"work_mem": "8MB"}}}),
+    )
+    .await?;
+    env.wait_ready("cfg", 2).await?;
+    let applied = |s: &pgop_api::PostgresClusterStatus| {
+        pgop_api::conditions::is_true(&s.conditions, pgop_api::conditions::CONFIGURATION_APPLIED)
+    };
+    env.wait_cluster("cfg", "ConfigurationApplied True", TIMEOUT, applied)
+        .await?;
+
+    env.patch(
+        "cfg",
+        serde_json::json!({"spec": {"postgresql": {"parameters": {"work_mem": "lots"}}}}),
+    )
+    .await?;
+    let refused = env
+        .wait_cluster(
+            "cfg",
+            "ConfigurationApplied False naming work_mem on both instances",
+            TIMEOUT,
+            |s| {
+                pgop_api::conditions::find_condition(
+                    &s.conditions,
+                    pgop_api::conditions::CONFIGURATION_APPLIED,
+                )
+                .is_some_and(|c| {
+                    c.status == "False"
+                        && c.reason == "ParametersRefused"
+                        && c.message.contains("cfg-1: work_mem = \"lots\"")
+                        && c.message.contains("cfg-2: work_mem = \"lots\"")
+                })
+            },
+        )
+        .await?;
+    let status = refused.status.ok_or("no status")?;
+    let ready = pgop_api::conditions::find_condition(&status.conditions, "Ready").ok_or("Ready")?;
+    assert!(
+        ready.message.contains("ConfigurationApplied"),
+        "Ready does not hide it: {}",
+        ready.message
+    );
+    let events: Api<Event> = Api::namespaced(env.client.clone(), env.n());
+    let warned = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("ConfigurationRefused")
+                && e.note.as_deref().is_some_and(|n| n.contains("work_mem"))
+        });
+    assert!(warned, "a ConfigurationRefused Event names work_mem");
+    // PostgreSQL keeps running on the last good value.
+    let password = env.password("cfg").await?;
+    for (name, ip) in env.pod_ips("cfg").await? {
+        let c = connect(&ip, &password).await?;
+        let work_mem: String = c.query_one("show work_mem", &[]).await?.get(0);
+        assert_eq!(work_mem, "8MB", "{name}");
+    }
+
+    env.patch(
+        "cfg",
+        serde_json::json!({"spec": {"postgresql": {"parameters": {"work_mem": null}}}}),
+    )
+    .await?;
+    env.wait_cluster("cfg", "ConfigurationApplied True again", TIMEOUT, applied)
+        .await?;
+    env.wait_ready("cfg", 2).await?;
     env.stop().await
 }
 

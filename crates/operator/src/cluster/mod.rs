@@ -289,7 +289,11 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     status.restart_instance = restart_instance.clone();
     let due_backups =
         backup_facts(ctx, &defaulted, &namespace, &probes, &roles, &mut status).await?;
+    let configuration_event = configuration_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, &namespace, status).await?;
+    if let Some((kind, reason, message)) = configuration_event {
+        publish(ctx, cluster, kind, reason, &message).await;
+    }
     for note in &roles.notes {
         let kind = if note.warning {
             EventType::Warning
@@ -410,6 +414,37 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     } else {
         POLL
     }))
+}
+
+/// The Event for a change of `ConfigurationApplied`: a Warning when the instances start
+/// refusing something (or refuse something else), a Normal one when they apply it all
+/// again.
+fn configuration_event(
+    old: Option<&PostgresClusterStatus>,
+    new: &PostgresClusterStatus,
+) -> Option<(EventType, &'static str, String)> {
+    use pgop_api::conditions::{CONFIGURATION_APPLIED, FALSE, find_condition};
+    let before = old.and_then(|s| find_condition(&s.conditions, CONFIGURATION_APPLIED));
+    let after = find_condition(&new.conditions, CONFIGURATION_APPLIED)?;
+    let was_refused = before.is_some_and(|c| c.status == FALSE);
+    if after.status == FALSE {
+        let same = before.is_some_and(|c| c.status == FALSE && c.message == after.message);
+        (!same).then(|| {
+            (
+                EventType::Warning,
+                "ConfigurationRefused",
+                after.message.clone(),
+            )
+        })
+    } else {
+        was_refused.then(|| {
+            (
+                EventType::Normal,
+                "ConfigurationApplied",
+                after.message.clone(),
+            )
+        })
+    }
 }
 
 /// The backup facts of the status: the recovery source of a restored cluster (resolved

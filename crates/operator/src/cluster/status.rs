@@ -122,8 +122,42 @@ pub fn compute(
         None => ClusterPhase::Creating,
     });
 
+    let refused = refused_configuration(&status.instances, probes);
     let c = &mut status.conditions;
     let cond = |t, s, r, m: String| new_condition(t, s, r, m, generation, now.clone());
+    match &refused {
+        Some(Refused::None) => {
+            set_condition(
+                c,
+                cond(
+                    conditions::CONFIGURATION_APPLIED,
+                    true,
+                    "Applied",
+                    "every instance that answers runs with spec.postgresql".into(),
+                ),
+                now.clone(),
+            );
+        }
+        Some(Refused::Some(message)) => {
+            set_condition(
+                c,
+                cond(
+                    conditions::CONFIGURATION_APPLIED,
+                    false,
+                    REASON_PARAMETERS_REFUSED,
+                    message.clone(),
+                ),
+                now.clone(),
+            );
+        }
+        // No instance answered: what was last seen stays.
+        None => {}
+    }
+    let ready_note = if matches!(refused, Some(Refused::Some(_))) {
+        "; some of spec.postgresql was refused and is not in effect (see ConfigurationApplied)"
+    } else {
+        ""
+    };
     set_condition(
         c,
         cond(
@@ -141,7 +175,7 @@ pub fn compute(
                 conditions::READY,
                 true,
                 "AllInstancesReady",
-                format!("{ready} of {desired} instances are ready"),
+                format!("{ready} of {desired} instances are ready{ready_note}"),
             )
         } else {
             cond(
@@ -214,6 +248,64 @@ pub fn compute(
         now,
     );
     status
+}
+
+/// The reason of `ConfigurationApplied=False`.
+pub const REASON_PARAMETERS_REFUSED: &str = "ParametersRefused";
+
+/// What the instances said of the spec's configuration.
+enum Refused {
+    /// Every instance that answered applied all of it.
+    None,
+    /// Something was refused: instance, parameter, value and reason, for people.
+    Some(String),
+}
+
+/// Longest `ConfigurationApplied` message: the first refusals, then a count.
+const MAX_REFUSED_MESSAGE: usize = 1024;
+
+/// The refused parameters and pg_hba rules every answering instance reports; `None` when
+/// no instance answered.
+fn refused_configuration(
+    instances: &[InstanceStatus],
+    probes: &BTreeMap<String, Probe>,
+) -> Option<Refused> {
+    let answered: Vec<(&str, &pgop_api::instance_status::PgStatus)> = instances
+        .iter()
+        .filter_map(|i| {
+            probes
+                .get(&i.name)
+                .and_then(Probe::status)
+                .map(|s| (i.name.as_str(), s))
+        })
+        .collect();
+    if answered.is_empty() {
+        return None;
+    }
+    let all: Vec<String> = answered
+        .iter()
+        .flat_map(|(name, s)| {
+            s.invalid_parameters.iter().map(move |p| {
+                let value: String = p.value.chars().take(80).collect();
+                format!("{name}: {} = {value:?}: {}", p.name, p.reason)
+            })
+        })
+        .collect();
+    if all.is_empty() {
+        return Some(Refused::None);
+    }
+    let mut message = String::from("refused, the last good value is in effect: ");
+    for (i, line) in all.iter().enumerate() {
+        if message.len() + line.len() > MAX_REFUSED_MESSAGE {
+            message.push_str(&format!(" (and {} more)", all.len() - i));
+            break;
+        }
+        if i > 0 {
+            message.push_str("; ");
+        }
+        message.push_str(line);
+    }
+    Some(Refused::Some(message))
 }
 
 /// The status of a cluster whose spec failed validation: everything observed before
@@ -356,5 +448,75 @@ mod tests {
         let prog = conditions::find_condition(&s.conditions, conditions::PROGRESSING)
             .expect("Progressing");
         assert_eq!(prog.reason, "Scaling");
+    }
+
+    #[test]
+    fn refused_parameters_turn_configuration_applied_false_and_fixing_them_turns_it_true() {
+        use pgop_api::instance_status::{InvalidParameter, PgStatus};
+        let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
+        let pods = [pod("main-1", true), pod("main-2", true)];
+        let roles = Roles {
+            current: "main-1".into(),
+            target: "main-1".into(),
+            phase: None,
+            primary: crate::cluster::roles::Availability {
+                available: true,
+                reason: "PrimaryRunning",
+                message: "runs".into(),
+            },
+            notes: Vec::new(),
+            clear_switchover_request: false,
+        };
+        let answering = |invalid: Vec<InvalidParameter>| {
+            let mut status = PgStatus::stopped("main-2", false);
+            status.invalid_parameters = invalid;
+            BTreeMap::from([
+                (
+                    "main-1".to_string(),
+                    Probe::Status(Box::new(PgStatus::stopped("main-1", false))),
+                ),
+                ("main-2".to_string(), Probe::Status(Box::new(status))),
+            ])
+        };
+        let compute_at = |cluster: &PostgresCluster, probes: &BTreeMap<String, Probe>, t| {
+            let seen = Observations {
+                pods: &pods,
+                probes,
+                roles: &roles,
+            };
+            compute(cluster, &p, &seen, at(t))
+        };
+
+        let bad = answering(vec![InvalidParameter {
+            name: "work_mem".into(),
+            value: "lots".into(),
+            reason: "\"lots\" is not a number".into(),
+        }]);
+        let refused = compute_at(&cluster(None), &bad, 100);
+        let c = conditions::find_condition(&refused.conditions, conditions::CONFIGURATION_APPLIED)
+            .expect("ConfigurationApplied");
+        assert_eq!(c.status, conditions::FALSE);
+        assert_eq!(c.reason, REASON_PARAMETERS_REFUSED);
+        assert!(
+            c.message.contains("main-2: work_mem = \"lots\""),
+            "{}",
+            c.message
+        );
+        let r = conditions::find_condition(&refused.conditions, conditions::READY).expect("Ready");
+        assert!(r.message.contains("ConfigurationApplied"), "{}", r.message);
+
+        // Nobody answers: what was seen stays.
+        let silent = BTreeMap::from([("main-1".to_string(), Probe::Unreachable("refused".into()))]);
+        let still = compute_at(&cluster(Some(refused.clone())), &silent, 150);
+        assert!(!conditions::is_true(
+            &still.conditions,
+            conditions::CONFIGURATION_APPLIED
+        ));
+
+        let fixed = compute_at(&cluster(Some(refused)), &answering(Vec::new()), 200);
+        let c = conditions::find_condition(&fixed.conditions, conditions::CONFIGURATION_APPLIED)
+            .expect("ConfigurationApplied");
+        assert_eq!(c.status, conditions::TRUE);
+        assert_eq!(c.last_transition_time, at(200));
     }
 }
