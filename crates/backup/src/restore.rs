@@ -19,6 +19,8 @@ use tokio::io::AsyncBufReadExt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("the recovery target {0:?} is no RFC 3339 time or LSN")]
+    InvalidTarget(String),
     #[error("no completed backup in {store}{}", .target.as_deref().map(|t| format!(" that ends before the target {t}")).unwrap_or_default())]
     NoBackup {
         store: String,
@@ -58,7 +60,7 @@ pub enum Target {
     /// The end of the archived WAL.
     #[default]
     EndOfWal,
-    /// `recovery_target_time` (RFC 3339 or any form PostgreSQL reads).
+    /// `recovery_target_time`, RFC 3339 with a time zone.
     Time(String),
     /// `recovery_target_lsn`, e.g. `0/3000060`.
     Lsn(String),
@@ -97,12 +99,31 @@ pub struct Restored {
 }
 
 /// Restores into `pgdata` (absent or empty). See the module documentation.
+impl Target {
+    /// The API checks the target; it is checked again before it reaches a configuration
+    /// file: a time must be RFC 3339 (and exist), an LSN two hex numbers.
+    fn check(&self) -> Result<(), Error> {
+        let ok = match self {
+            Target::Time(t) => {
+                pgop_api::formats::is_timestamp(t) && t.parse::<jiff::Timestamp>().is_ok()
+            }
+            Target::Lsn(l) => pgop_api::formats::is_lsn(l),
+            Target::EndOfWal | Target::Immediate => true,
+        };
+        match self {
+            Target::Time(v) | Target::Lsn(v) if !ok => Err(Error::InvalidTarget(v.clone())),
+            _ => Ok(()),
+        }
+    }
+}
+
 pub async fn restore(
     config: &StoreConfig,
     tools: &PgTools,
     pgdata: &Path,
     options: &RestoreOptions,
 ) -> Result<Restored, Error> {
+    options.target.check()?;
     let store = Store::open(config)?;
     let (backups, _) = base::list(&store).await?;
     let backup = choose(&backups, options, &store)?;
@@ -229,7 +250,10 @@ async fn recover(
     let mut conf =
         String::from("# Written by pgop for a restore; replaced when the instance starts.\n");
     let mut set = |name: &str, value: &str| {
-        conf.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
+        conf.push_str(&format!(
+            "{name} = '{}'\n",
+            value.replace('\\', "\\\\").replace('\'', "''")
+        ));
     };
     set("listen_addresses", "");
     set("port", "5432");
@@ -245,10 +269,11 @@ async fn recover(
         Target::EndOfWal => {}
         Target::Time(t) => {
             // PostgreSQL's own spelling: RFC 3339's `T` and `Z` are not read here.
-            let t = match t.parse::<jiff::Timestamp>() {
-                Ok(ts) => ts.strftime("%Y-%m-%d %H:%M:%S%.6f+00").to_string(),
-                Err(_) => t.clone(),
-            };
+            let t = t
+                .parse::<jiff::Timestamp>()
+                .map_err(|_| Error::InvalidTarget(t.clone()))?
+                .strftime("%Y-%m-%d %H:%M:%S%.6f+00")
+                .to_string();
             set("recovery_target_time", &t);
             set("recovery_target_action", "promote");
         }
@@ -490,6 +515,31 @@ pub fn shell_quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_target_that_could_change_the_recovery_file_is_refused() {
+        for bad in [
+            Target::Time("2026-02-30T00:00:00Z".into()),
+            Target::Time("2026-01-01T00:00:00Z'\nrestore_command = 'id".into()),
+            Target::Time("yesterday".into()),
+            Target::Lsn("0/1\nx".into()),
+            Target::Lsn("0/1' #".into()),
+        ] {
+            assert!(
+                matches!(bad.check(), Err(Error::InvalidTarget(_))),
+                "{bad:?}"
+            );
+        }
+        for good in [
+            Target::Time("2026-01-31T12:00:00.5+01:00".into()),
+            Target::Lsn("0/3000060".into()),
+            Target::EndOfWal,
+            Target::Immediate,
+        ] {
+            assert!(good.check().is_ok(), "{good:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -39,6 +39,11 @@ const PARTS_IN_FLIGHT: usize = 2;
 pub enum Error {
     #[error("failed to open the backup store")]
     Open(#[source] object_store::Error),
+    #[error(
+        "refusing the backup store's {what} {value:?}: it must be relative, with segments of \
+         letters, digits, '.', '_' and '-' that do not start with '.' (no '..')"
+    )]
+    InvalidKey { what: &'static str, value: String },
     #[error("failed to write {object} to the backup store")]
     Put {
         object: String,
@@ -153,6 +158,26 @@ impl std::fmt::Debug for Store {
 impl Store {
     /// Opens the store the configuration names (no request is made yet).
     pub fn open(config: &StoreConfig) -> Result<Self, Error> {
+        // Checked by the API; checked again where it becomes a key, so that no prefix or
+        // cluster name can reach another cluster's backups.
+        let prefix = config
+            .prefix
+            .as_deref()
+            .map(|p| p.trim_matches('/'))
+            .filter(|p| !p.is_empty());
+        for (what, value) in [
+            ("path", prefix),
+            ("cluster name", Some(config.cluster.as_str())),
+        ] {
+            if let Some(value) = value
+                && !pgop_api::formats::is_store_path(value)
+            {
+                return Err(Error::InvalidKey {
+                    what,
+                    value: value.to_string(),
+                });
+            }
+        }
         let (inner, describe): (Arc<dyn ObjectStore>, String) = match &config.location {
             Location::S3(s3) => {
                 let insecure_http = s3
@@ -204,9 +229,7 @@ impl Store {
             }
         };
         let mut root = String::new();
-        if let Some(prefix) = config.prefix.as_deref().map(|p| p.trim_matches('/'))
-            && !prefix.is_empty()
-        {
+        if let Some(prefix) = prefix {
             root.push_str(prefix);
             root.push('/');
         }
@@ -667,6 +690,30 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let store = Store::open(&StoreConfig::local(&dir, "demo")).expect("open");
         (dir, store)
+    }
+
+    #[test]
+    fn a_prefix_or_cluster_that_escapes_its_place_is_refused() {
+        let dir = std::env::temp_dir().join(format!("pgop-store-escape-{}", std::process::id()));
+        for (prefix, cluster) in [
+            (Some("../../other"), "demo"),
+            (Some("a/../b"), "demo"),
+            (Some("a\nb"), "demo"),
+            (None, ".."),
+            (None, "../other"),
+        ] {
+            let mut config = StoreConfig::local(&dir, cluster);
+            config.prefix = prefix.map(str::to_string);
+            let refused = Store::open(&config).map(drop);
+            assert!(
+                matches!(refused, Err(Error::InvalidKey { .. })),
+                "{prefix:?} {cluster:?}: {refused:?}"
+            );
+        }
+        let mut config = StoreConfig::local(&dir, "demo");
+        config.prefix = Some("/clusters/prod/".into());
+        assert!(Store::open(&config).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
