@@ -3,7 +3,9 @@ use pgop_instance::DataState;
 use pgop_instance::instance::Error;
 use std::time::{Duration, Instant};
 
-const WAIT: Duration = Duration::from_secs(30);
+/// Generous: PostgreSQL starts, clones and restarts here, on machines as small and as
+/// loaded as CI's (2 cores shared with other test binaries).
+const WAIT: Duration = Duration::from_secs(60);
 
 /// A clone interrupted half-way (the manager dies during pg_basebackup) is recognised as
 /// incomplete, refused as a data directory, and redone from scratch on the next bootstrap.
@@ -110,84 +112,5 @@ async fn a_wedged_postgres_fails_the_liveness_probe() -> TestResult {
         (http.get(pgop_api::constants::PATH_HEALTHZ).await.0 == 200).then_some(())
     })
     .await;
-    Ok(())
-}
-
-/// As PID 1 (here: a child subreaper) the manager inherits the backends of a postmaster
-/// killed with SIGKILL; they are reaped instead of staying zombies, and PostgreSQL restarts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn orphaned_backends_of_a_killed_postmaster_are_reaped() -> TestResult {
-    pgop_instance::reaper::become_subreaper()?;
-    let reaper = tokio::spawn(pgop_instance::reaper::run(Duration::from_millis(100)));
-    let node = Node::new("reap-1");
-    node.instance.bootstrap_primary().await?;
-    let sessions = [node.app().await?, node.app().await?, node.app().await?];
-    let backends: Vec<i32> = {
-        let mut pids = Vec::new();
-        for s in &sessions {
-            pids.push(s.query_one("SELECT pg_backend_pid()", &[]).await?.get(0));
-        }
-        pids
-    };
-    let postmaster = node.instance.pid().expect("running") as i32;
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(postmaster, libc::SIGKILL) };
-    eventually(
-        "the orphaned backends gone, zombies included",
-        WAIT,
-        || async {
-            // SAFETY: signal 0 only checks that the process exists (a zombie still does).
-            backends
-                .iter()
-                .all(|pid| unsafe { libc::kill(*pid, 0) } != 0)
-                .then_some(())
-        },
-    )
-    .await;
-    eventually("PostgreSQL restarted", WAIT, || async {
-        node.instance.endpoint().connect().await.ok().map(|_| ())
-    })
-    .await;
-    reaper.abort();
-    Ok(())
-}
-
-/// The programs pgop-backup runs (pg_basebackup, pg_dump, ...) are registered with the
-/// reaper like the manager's own: once exited and not yet waited for, such a child is a
-/// zombie the reaper leaves alone, so tokio's wait still gets its status. An unregistered
-/// child in the same state is reaped, and its wait fails: the race this closes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn programs_run_by_pgop_backup_are_never_reaped_under_tokio() -> TestResult {
-    pgop_instance::reaper::register_backup_programs();
-    let zombie = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-            })
-            .unwrap_or(false)
-    };
-    let (mut child, registration) =
-        pgop_backup::process::spawn(&mut tokio::process::Command::new("true"))?;
-    let pid = child.id().ok_or("no pid")?;
-    eventually("the registered child a zombie", WAIT, || async {
-        zombie(pid).then_some(())
-    })
-    .await;
-    pgop_instance::reaper::reap_orphans();
-    assert!(zombie(pid), "the reaper took a registered child");
-    assert!(child.wait().await?.success());
-    drop(registration);
-
-    let mut plain = tokio::process::Command::new("true").spawn()?;
-    let pid = plain.id().ok_or("no pid")?;
-    eventually("the unregistered child a zombie", WAIT, || async {
-        zombie(pid).then_some(())
-    })
-    .await;
-    pgop_instance::reaper::reap_orphans();
-    assert!(!zombie(pid), "an unregistered zombie is reaped");
-    assert!(plain.wait().await.is_err(), "and tokio's wait fails");
     Ok(())
 }
