@@ -619,9 +619,16 @@ pub struct PostgresClusterStatus {
     pub recovery_source: Option<RecoverySource>,
 
     /// The instance asked to restart PostgreSQL now, to apply parameters that take effect
-    /// only at start (a rolling restart: one instance at a time, standbys first).
+    /// only at start or for the restart annotation (a rolling restart: one instance at a
+    /// time, standbys first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_instance: Option<String>,
+
+    /// The last restart asked for with the annotation `database.example.com/restart`: its
+    /// value, and when pgop first saw it. Every instance whose postmaster started before
+    /// then is restarted, one at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_requested: Option<RestartRequest>,
 
     /// When the last base backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -634,6 +641,17 @@ pub struct PostgresClusterStatus {
     /// When the last logical backup (`pg_dump`) completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_logical_backup_time: Option<Time>,
+}
+
+/// A restart asked for with the annotation `database.example.com/restart`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RestartRequest {
+    /// The annotation's value.
+    pub value: String,
+    /// When pgop first saw this value: RFC 3339 with microseconds (a `Time` would keep
+    /// whole seconds only, and a postmaster started in the same second would look restarted).
+    pub requested_at: String,
 }
 
 /// A base backup to restore, with the store and the cluster name it is kept under.
@@ -670,6 +688,7 @@ impl Default for PostgresClusterStatus {
             next_serial: default_next_serial(),
             recovery_source: None,
             restart_instance: None,
+            restart_requested: None,
             last_backup_time: None,
             first_recoverability_point: None,
             last_logical_backup_time: None,

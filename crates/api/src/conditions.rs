@@ -31,6 +31,13 @@ pub const CONTINUOUS_ARCHIVING: &str = "ContinuousArchiving";
 /// effect. True again once the spec is fixed.
 pub const CONFIGURATION_APPLIED: &str = "ConfigurationApplied";
 
+/// A rolling update (restart or Pod replacement) stopped: True (reason
+/// `InstanceNotBack` or `RestartRefused`, naming the instance and PostgreSQL's last error
+/// lines) while the instance it restarted or replaced is not back within
+/// `spec.switchoverTimeout`, or refused the restart after a failed dry run. The other
+/// instances are left untouched until the spec changes or the instance comes back.
+pub const ROLLOUT_BLOCKED: &str = "RolloutBlocked";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

@@ -90,6 +90,20 @@ pub struct PgStatus {
     /// manager retries after a back-off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_error: Option<String>,
+    /// When the running postmaster started (`pg_postmaster_start_time()`, RFC 3339): a
+    /// restart requested before it is done. Unset while PostgreSQL does not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postmaster_start_time: Option<String>,
+    /// While PostgreSQL is down because its last start failed: why, in its own last words
+    /// (the last error lines it wrote before it exited, e.g. `FATAL: could not load library
+    /// "x"`). Unset while it runs, and after a stop on purpose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Why the manager refused the restart it was asked for: the new configuration failed
+    /// its dry run (PostgreSQL would not start with it). The instance keeps running with
+    /// the old values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_refused: Option<String>,
 }
 
 /// WAL archiving as PostgreSQL reports it (`pg_stat_archiver`, since the server started
@@ -166,6 +180,9 @@ impl PgStatus {
             postgres_version_num: None,
             archiving: None,
             bootstrap_error: None,
+            postmaster_start_time: None,
+            last_error: None,
+            restart_refused: None,
         }
     }
 

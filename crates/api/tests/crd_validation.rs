@@ -570,6 +570,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         recovery_source: None,
         next_serial: 3,
         restart_instance: Some("main-2".into()),
+        restart_requested: None,
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,
         last_logical_backup_time: None,

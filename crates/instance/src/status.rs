@@ -41,7 +41,9 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
                                            'max_locks_per_transaction')
                             AND f.setting ~ '^[0-9]+$'
                             AND f.setting::bigint < s.setting::bigint
-                          ORDER BY s.name)",
+                          ORDER BY s.name),
+                    to_char(pg_postmaster_start_time() AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')",
             &[],
         )
         .await
@@ -75,6 +77,9 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         invalid_parameters: Vec::new(),
         archiving: Some(archiving(client).await?),
         bootstrap_error: None,
+        postmaster_start_time: row.try_get(11).map_err(e)?,
+        last_error: None,
+        restart_refused: None,
     };
     if !in_recovery {
         let rows = client

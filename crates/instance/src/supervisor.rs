@@ -79,7 +79,14 @@ pub struct Supervisor {
     state: watch::Receiver<State>,
     restarts: Arc<AtomicU32>,
     restart_on_crash: Arc<AtomicBool>,
+    tail: Tail,
 }
+
+/// The last log lines of the most recently spawned postmaster.
+type Tail = Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
+
+/// How many of the last log lines are kept.
+const TAIL_LINES: usize = 50;
 
 impl Supervisor {
     /// Starts the supervising task with PostgreSQL stopped.
@@ -88,19 +95,33 @@ impl Supervisor {
         let (state_tx, state) = watch::channel(State::Stopped);
         let restarts = Arc::new(AtomicU32::new(0));
         let restart_on_crash = Arc::new(AtomicBool::new(true));
+        let tail = Tail::default();
         tokio::spawn(supervise(
             options,
             want_rx,
             state_tx,
             restarts.clone(),
             restart_on_crash.clone(),
+            tail.clone(),
         ));
         Self {
             want,
             state,
             restarts,
             restart_on_crash,
+            tail,
         }
+    }
+
+    /// PostgreSQL's last words: the last error lines (`FATAL`, `PANIC`, `ERROR`, with the
+    /// `DETAIL`/`HINT` lines that follow them) of the most recently spawned postmaster, or
+    /// its last lines when it wrote no error; `None` before any start.
+    pub fn last_error_lines(&self) -> Option<String> {
+        let tail = self
+            .tail
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        last_error_lines(tail.iter().map(String::as_str))
     }
 
     /// Whether a postmaster that exits on its own is restarted (the default) or left
@@ -184,6 +205,7 @@ async fn supervise(
     state: watch::Sender<State>,
     restarts: Arc<AtomicU32>,
     restart_on_crash: Arc<AtomicBool>,
+    tail: Tail,
 ) {
     loop {
         // Wait until someone wants PostgreSQL running; the owner dropping means exit.
@@ -203,7 +225,7 @@ async fn supervise(
                 return;
             }
         }
-        let mut child = match spawn(&options) {
+        let mut child = match spawn(&options, &tail) {
             Ok(child) => child,
             Err(err) => {
                 tracing::error!(error = %err, "failed to spawn the postmaster");
@@ -262,7 +284,7 @@ async fn supervise(
     }
 }
 
-fn spawn(options: &Options) -> std::io::Result<Child> {
+fn spawn(options: &Options, tail: &Tail) -> std::io::Result<Child> {
     let mut cmd: Command = binaries::command(&options.binaries, "postgres", options.run_as);
     cmd.arg("-D")
         .arg(&options.pgdata)
@@ -274,12 +296,25 @@ fn spawn(options: &Options) -> std::io::Result<Child> {
         .process_group(0)
         .kill_on_drop(false);
     let mut child = crate::reaper::spawn(&mut cmd)?;
+    tail.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clear();
     if let Some(stderr) = child.stderr.take() {
         let instance = options.instance.clone();
         let forward = options.forward_logs;
+        let tail = tail.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                {
+                    let mut tail = tail
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if tail.len() == TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(line.clone());
+                }
                 if forward {
                     println!("{}", log_line(&instance, &line));
                 }
@@ -287,6 +322,49 @@ fn spawn(options: &Options) -> std::io::Result<Child> {
         });
     }
     Ok(child)
+}
+
+/// The error lines among `lines` (with their `DETAIL`/`HINT`/`CONTEXT` lines), the last 6;
+/// else the last 3 lines.
+fn last_error_lines<'a>(lines: impl Iterator<Item = &'a str>) -> Option<String> {
+    let all: Vec<&str> = lines.collect();
+    if all.is_empty() {
+        return None;
+    }
+    // Clients turned away while the server starts or stops are no reason it stopped.
+    let noise = [
+        "the database system is starting up",
+        "the database system is shutting down",
+        "the database system is not yet accepting connections",
+        "terminating connection due to administrator command",
+    ];
+    let is_error = |l: &str| {
+        ["FATAL:", "PANIC:", "ERROR:"].iter().any(|k| l.contains(k))
+            && !noise.iter().any(|n| l.contains(n))
+    };
+    let is_detail = |l: &str| {
+        ["DETAIL:", "HINT:", "CONTEXT:"]
+            .iter()
+            .any(|k| l.contains(k))
+    };
+    let mut picked = Vec::new();
+    let mut in_error = false;
+    for line in &all {
+        if is_error(line) {
+            in_error = true;
+            picked.push(*line);
+        } else if in_error && is_detail(line) {
+            picked.push(*line);
+        } else {
+            in_error = false;
+        }
+    }
+    let chosen: Vec<&str> = if picked.is_empty() {
+        all.iter().rev().take(3).rev().copied().collect()
+    } else {
+        picked.iter().rev().take(6).rev().copied().collect()
+    };
+    Some(chosen.join("\n"))
 }
 
 /// One PostgreSQL log line as a JSON object.
@@ -380,6 +458,35 @@ impl Drop for Supervisor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_last_error_lines_are_postgresqls_last_words() {
+        let log = [
+            "LOG:  starting PostgreSQL 15",
+            "FATAL:  could not access file \"nolib\": No such file or directory",
+            "LOG:  database system is shut down",
+        ];
+        assert_eq!(
+            super::last_error_lines(log.into_iter()).as_deref(),
+            Some("FATAL:  could not access file \"nolib\": No such file or directory")
+        );
+        let log = ["LOG:  a", "LOG:  b", "LOG:  c", "LOG:  d"];
+        assert_eq!(
+            super::last_error_lines(log.into_iter()).as_deref(),
+            Some("LOG:  b\nLOG:  c\nLOG:  d")
+        );
+        let log = [
+            "FATAL:  x",
+            "DETAIL:  y",
+            "LOG:  z",
+            "FATAL:  the database system is starting up",
+        ];
+        assert_eq!(
+            super::last_error_lines(log.into_iter()).as_deref(),
+            Some("FATAL:  x\nDETAIL:  y")
+        );
+        assert_eq!(super::last_error_lines(std::iter::empty()), None);
+    }
+
     #[test]
     fn log_lines_are_json() {
         let line = super::log_line("demo-1", "LOG:  database system is \"ready\"");

@@ -305,7 +305,9 @@ async fn instance_run_becomes_the_primary_the_cluster_status_names_and_stops_on_
     })
     .await;
 
-    // A parameter that needs a restart waits for the cluster's restart annotation.
+    // A parameter that needs a restart waits until the operator's rolling restart names
+    // the instance (the restart annotation alone restarts nothing: it goes through the
+    // operator, one instance at a time).
     let change = serde_json::json!({"spec": {"postgresql": {"parameters": {"work_mem": "16MB", "max_connections": "42"}}}});
     clusters
         .patch("demo", &PatchParams::default(), &Patch::Merge(&change))
@@ -316,15 +318,47 @@ async fn instance_run_becomes_the_primary_the_cluster_status_names_and_stops_on_
         || async { (manager.pg_status()?["pendingRestart"] == true).then_some(()) },
     )
     .await;
+    let started = manager.pg_status().ok_or("no status")?["postmasterStartTime"].clone();
+    assert!(started.is_string(), "{started}");
     let restart = serde_json::json!({"metadata": {"annotations": {pgop_api::constants::ANNOTATION_RESTART: "1"}}});
     clusters
         .patch("demo", &PatchParams::default(), &Patch::Merge(&restart))
         .await?;
-    eventually("the restart applied", Duration::from_secs(30), || async {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = manager.pg_status().ok_or("no status")?;
+    assert_eq!(now["postmasterStartTime"], started, "no restart yet");
+    set_status(&clusters, serde_json::json!({"restartInstance": "demo-1"})).await?;
+    eventually("the restart applied", Duration::from_secs(60), || async {
         let status = manager.pg_status()?;
         (status["pendingRestart"] == false && status["running"] == true).then_some(())
     })
     .await;
+    let now = manager.pg_status().ok_or("no status")?;
+    assert_ne!(now["postmasterStartTime"], started);
+
+    // The restart annotation as the operator records it: a postmaster started before the
+    // request restarts when named, once.
+    let restarted = now["postmasterStartTime"].clone();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    set_status(
+        &clusters,
+        serde_json::json!({"restartInstance": null,
+                           "restartRequested": {"value": "2", "requestedAt": now.to_string()}}),
+    )
+    .await?;
+    set_status(&clusters, serde_json::json!({"restartInstance": "demo-1"})).await?;
+    let again = eventually(
+        "a restart for the request",
+        Duration::from_secs(60),
+        || async {
+            let t = manager.pg_status()?["postmasterStartTime"].clone();
+            (t.is_string() && t != restarted).then_some(t)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = manager.pg_status().ok_or("no status")?;
+    assert_eq!(now["postmasterStartTime"], again, "restarted once");
 
     let exit = manager.terminate().await?;
     assert!(exit.success(), "{exit:?}");

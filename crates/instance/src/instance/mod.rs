@@ -70,6 +70,8 @@ pub enum Error {
     Retention(String),
     #[error("PostgreSQL exited while starting (see its log)")]
     ExitedAtStart,
+    #[error("refusing to restart: {0}")]
+    RestartRefused(String),
 }
 
 /// Everything about the instance that does not change while it runs.
@@ -127,6 +129,15 @@ struct Desired {
     /// `parameters` were checked by a running server ([`Instance::apply_config`]); until
     /// then they are the spec's, seeded for the first start ([`Instance::seed_parameters`]).
     validated: bool,
+    /// Why the last restart was refused (its dry run failed), for `/pg/status`.
+    restart_refused: Option<String>,
+    /// PostgreSQL's last error lines when the last start failed; cleared by a start that
+    /// succeeds.
+    start_error: Option<String>,
+    /// For the next start as a standby: the primary's values of the parameters a hot
+    /// standby needs at least as high (from pg_controldata), used where the spec's are
+    /// lower. Not kept in later renderings: the rolling restart lowers them in order.
+    standby_floors: BTreeMap<String, i64>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -175,6 +186,9 @@ impl Instance {
                 bootstrap_error: None,
                 applied_generation: None,
                 validated: false,
+                restart_refused: None,
+                start_error: None,
+                standby_floors: BTreeMap::new(),
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -270,13 +284,21 @@ impl Instance {
                 .archiving
                 .as_ref()
                 .map(|a| archive_command(&a.pgop_binary, &store_config));
+            let floored;
+            let parameters =
+                if matches!(d.mode, Mode::Standby { .. }) && !d.standby_floors.is_empty() {
+                    floored = with_floors(&d.parameters, &d.standby_floors);
+                    &floored
+                } else {
+                    &d.parameters
+                };
             (
                 config::render_postgresql_conf(
                     layout,
                     &d.mode,
                     &d.sync_names,
                     command.as_deref(),
-                    &d.parameters,
+                    parameters,
                 ),
                 config::render_pg_hba(&d.pg_hba, &self.options.credentials.replication_user),
                 matches!(d.mode, Mode::Standby { .. }),
@@ -321,6 +343,12 @@ impl Instance {
     /// at start must be there from the first one (a standby of a primary that runs with a
     /// raised `max_connections` cannot even start without it). No effect once a
     /// configuration has been checked ([`Instance::apply_config`]) or while PostgreSQL runs.
+    ///
+    /// While PostgreSQL is down, a spec whose parameters changed since they were last
+    /// checked is seeded again the same way: that is how an instance that cannot start with
+    /// a value (a library that does not exist, too much shared memory) comes back once the
+    /// spec is fixed, with no Pod deleted by hand. Values the last check refused are left
+    /// out.
     pub fn seed_parameters(&self, parameters: &BTreeMap<String, String>) {
         if self.supervisor.pid().is_some() {
             return;
@@ -328,6 +356,21 @@ impl Instance {
         let mut d = self.desired();
         if !d.validated {
             d.parameters = parameters.clone();
+            return;
+        }
+        let checked = d.applied.as_ref().map(|(p, _, _)| p);
+        if checked != Some(parameters) {
+            tracing::info!(
+                "PostgreSQL is down and the spec's parameters changed since they were checked: starting with the spec's"
+            );
+            let refused = &d.invalid;
+            let seeded: BTreeMap<String, String> = parameters
+                .iter()
+                .filter(|(k, v)| !refused.iter().any(|r| &r.name == *k && &r.value == *v))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            d.parameters = seeded;
+            d.validated = false;
         }
     }
 
@@ -336,12 +379,40 @@ impl Instance {
     /// does not come up with them, it starts again without them; the next
     /// [`Instance::apply_config`] then reports what it refuses.
     async fn start_postmaster(&self) -> Result<tokio_postgres::Client, Error> {
+        let floors = if matches!(self.desired().mode, Mode::Standby { .. }) {
+            self.controldata_floors().await
+        } else {
+            BTreeMap::new()
+        };
+        self.desired().standby_floors = floors;
+        let started = self.start_postmaster_floored().await;
+        self.desired().standby_floors.clear();
+        started
+    }
+
+    /// The values of the parameters a hot standby needs at least at its primary's, as
+    /// pg_control last recorded them (the primary's, after a clone, a rewind or replaying
+    /// its parameter change); empty when pg_controldata cannot tell.
+    async fn controldata_floors(&self) -> BTreeMap<String, i64> {
+        let o = &self.options;
+        let mut cmd = crate::pg::binaries::command(&o.binaries, "pg_controldata", o.run_as);
+        cmd.arg("-D").arg(&o.layout.pgdata);
+        match bootstrap::run("pg_controldata", cmd).await {
+            Ok(out) => controldata_floors(&String::from_utf8_lossy(&out.stdout)),
+            Err(err) => {
+                tracing::warn!(error = %crate::error_chain(&err), "pg_controldata failed; starting the standby with the spec's values only");
+                BTreeMap::new()
+            }
+        }
+    }
+
+    async fn start_postmaster_floored(&self) -> Result<tokio_postgres::Client, Error> {
         self.write_config()?;
         let unchecked = {
             let d = self.desired();
             !d.validated && !d.parameters.is_empty()
         };
-        let client = match self.start_and_wait(unchecked).await {
+        let client = match self.start_and_wait().await {
             Ok(client) => client,
             Err(err) if unchecked => {
                 tracing::warn!(error = %crate::error_chain(&err), "PostgreSQL did not start with the spec's parameters; starting it without them (they are checked once it runs)");
@@ -351,17 +422,40 @@ impl Instance {
                     .map_err(Error::StopPostgres)?;
                 self.desired().parameters.clear();
                 self.write_config()?;
-                self.start_and_wait(false).await?
+                match self.start_and_wait().await {
+                    Ok(client) => client,
+                    Err(err) => return Err(self.stay_down(err).await),
+                }
             }
-            Err(err) => return Err(err),
+            Err(err) => return Err(self.stay_down(err).await),
         };
         Ok(client)
     }
 
-    /// Starts the postmaster and waits until it accepts connections; with `watch_exit`, a
-    /// postmaster that exits meanwhile fails the start at once rather than after the start
-    /// timeout.
-    async fn start_and_wait(&self, watch_exit: bool) -> Result<tokio_postgres::Client, Error> {
+    /// After a failed start: a postmaster that exits at start is not restarted in a loop
+    /// (the manager's next pass decides, with whatever the spec says then). A primary's
+    /// crash is left as it is ([`Instance::crashed_at`]): its Lease goes, and it is held off
+    /// while the operator fails over.
+    async fn stay_down(&self, err: Error) -> Error {
+        if matches!(err, Error::ExitedAtStart) {
+            self.desired().start_error = Some(
+                self.supervisor
+                    .last_error_lines()
+                    .unwrap_or_else(|| "PostgreSQL exited while starting".into()),
+            );
+        }
+        if matches!(err, Error::ExitedAtStart) && self.crashed_at().is_none() {
+            tracing::warn!(log = ?self.supervisor.last_error_lines(), "PostgreSQL exited while starting; leaving it stopped until the next pass");
+            if let Err(stop) = self.supervisor.stop_with(supervisor::Stop::Immediate).await {
+                return Error::StopPostgres(stop);
+            }
+        }
+        err
+    }
+
+    /// Starts the postmaster and waits until it accepts connections; a postmaster that
+    /// exits meanwhile fails the start at once rather than after the start timeout.
+    async fn start_and_wait(&self) -> Result<tokio_postgres::Client, Error> {
         let restarts = self.supervisor.restarts();
         self.supervisor
             .start()
@@ -370,9 +464,6 @@ impl Instance {
         self.desired().fenced = false;
         let endpoint = self.endpoint();
         let ready = endpoint.wait_ready(self.options.start_timeout);
-        if !watch_exit {
-            return ready.await.map_err(Error::WaitReady);
-        }
         let exited = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -381,10 +472,12 @@ impl Instance {
                 }
             }
         };
-        tokio::select! {
-            ready = ready => ready.map_err(Error::WaitReady),
-            () = exited => Err(Error::ExitedAtStart),
-        }
+        let client = tokio::select! {
+            ready = ready => ready.map_err(Error::WaitReady)?,
+            () = exited => return Err(Error::ExitedAtStart),
+        };
+        self.desired().start_error = None;
+        Ok(client)
     }
 
     /// Starts PostgreSQL on a complete data directory in the desired mode.
@@ -424,13 +517,80 @@ impl Instance {
     /// Stops and starts PostgreSQL (to apply parameters that need a restart). The stop is
     /// fast (sessions end at once, a shutdown checkpoint is written): a smart one would
     /// wait for idle pooled connections until the stop timeout.
+    ///
+    /// A dry run comes first ([`Instance::dry_run`]): a configuration PostgreSQL would
+    /// refuse to start with is reported (`restartRefused` on `/pg/status`) and the running
+    /// server is left alone.
     pub async fn restart(&self) -> Result<(), Error> {
         let _op = self.ops.lock().await;
+        if self.supervisor.pid().is_some()
+            && let Err(why) = self.dry_run().await
+        {
+            tracing::warn!(%why, "refusing to restart PostgreSQL: the new configuration failed its dry run");
+            self.desired().restart_refused = Some(why.clone());
+            return Err(Error::RestartRefused(why));
+        }
+        self.desired().restart_refused = None;
         self.supervisor
             .stop_with(supervisor::Stop::Fast)
             .await
             .map_err(Error::StopPostgres)?;
         self.start_locked().await
+    }
+
+    /// Checks the configuration on disk as a new postmaster would read it, without
+    /// starting one: `postgres -C` parses postgresql.conf (and refuses values it could not
+    /// start with), and every library of `shared_preload_libraries` must exist. `Err`
+    /// holds PostgreSQL's words.
+    pub async fn dry_run(&self) -> Result<(), String> {
+        let o = &self.options;
+        let mut cmd = crate::pg::binaries::command(&o.binaries, "postgres", o.run_as);
+        cmd.arg("-D")
+            .arg(&o.layout.pgdata)
+            .args(["-C", "shared_preload_libraries"]);
+        let out = match bootstrap::run("postgres -C", cmd).await {
+            Ok(out) => out,
+            Err(bootstrap::Error::RunProgram { stderr, .. }) => {
+                let lines: Vec<&str> = stderr.lines().rev().take(4).collect();
+                let lines: Vec<&str> = lines.into_iter().rev().collect();
+                return Err(format!(
+                    "PostgreSQL refuses the configuration: {}",
+                    lines.join(" ")
+                ));
+            }
+            Err(other) => return Err(format!("could not run postgres -C: {other}")),
+        };
+        let libraries = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let libdir = o.binaries.program("postgres");
+        let libdir = libdir
+            .parent()
+            .and_then(std::path::Path::parent)
+            .map(|p| p.join("lib"));
+        for library in libraries
+            .split(',')
+            .map(|l| l.trim().trim_matches('"'))
+            .filter(|l| !l.is_empty())
+        {
+            let relative = library.strip_prefix("$libdir/").unwrap_or(library);
+            let candidates: Vec<std::path::PathBuf> = if relative.contains('/') {
+                vec![relative.into(), format!("{relative}.so").into()]
+            } else {
+                match &libdir {
+                    Some(dir) if dir.is_dir() => {
+                        vec![dir.join(relative), dir.join(format!("{relative}.so"))]
+                    }
+                    // No library directory where expected: PostgreSQL will tell at start.
+                    _ => continue,
+                }
+            };
+            if !candidates.iter().any(|c| c.is_file()) {
+                return Err(format!(
+                    "shared_preload_libraries names {library:?}, which is not installed: \
+                     PostgreSQL would not start"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Simulates losing the node: SIGKILL to every PostgreSQL process, no restart.
@@ -606,6 +766,9 @@ impl Instance {
             pending_restart,
         };
         let mut d = self.desired();
+        if report.pending_restart.is_empty() {
+            d.restart_refused = None;
+        }
         d.invalid = report.invalid.clone();
         d.applied = Some((parameters.clone(), pg_hba.to_vec(), report.clone()));
         d.validated = true;
@@ -727,13 +890,15 @@ impl Instance {
 
     /// The status served on `/pg/status`.
     pub async fn status(&self) -> PgStatus {
-        let (invalid, fenced, bootstrap_error, applied_generation) = {
+        let (invalid, fenced, bootstrap_error, applied_generation, restart_refused, start_error) = {
             let d = self.desired();
             (
                 d.invalid.clone(),
                 d.fenced,
                 d.bootstrap_error.clone(),
                 d.applied_generation,
+                d.restart_refused.clone(),
+                d.start_error.clone(),
             )
         };
         let queried = async {
@@ -753,6 +918,10 @@ impl Instance {
         status.fenced = fenced;
         status.bootstrap_error = bootstrap_error;
         status.applied_generation = applied_generation;
+        status.restart_refused = restart_refused;
+        if status.role == PgRole::Stopped {
+            status.last_error = start_error;
+        }
         status
     }
 
@@ -790,5 +959,97 @@ impl Instance {
     /// Stops PostgreSQL for good (SIGTERM of the manager).
     pub async fn shutdown(&self) -> Result<(), Error> {
         self.stop().await
+    }
+}
+
+/// The parameters a hot standby needs at least at its primary's value, as pg_controldata
+/// names them, and PostgreSQL's defaults.
+const STANDBY_FLOORS: &[(&str, &str, i64)] = &[
+    ("max_connections setting:", "max_connections", 100),
+    ("max_worker_processes setting:", "max_worker_processes", 8),
+    (
+        "max_prepared_xacts setting:",
+        "max_prepared_transactions",
+        0,
+    ),
+    (
+        "max_locks_per_xact setting:",
+        "max_locks_per_transaction",
+        64,
+    ),
+];
+
+/// The floors in pg_controldata's output.
+fn controldata_floors(output: &str) -> BTreeMap<String, i64> {
+    let mut floors = BTreeMap::new();
+    for line in output.lines() {
+        for (label, name, _) in STANDBY_FLOORS {
+            if let Some(value) = line.strip_prefix(label)
+                && let Ok(value) = value.trim().parse::<i64>()
+            {
+                floors.insert((*name).to_string(), value);
+            }
+        }
+    }
+    floors
+}
+
+/// `parameters` with each floored parameter raised to its floor where the spec's value
+/// (or PostgreSQL's default) is lower.
+fn with_floors(
+    parameters: &BTreeMap<String, String>,
+    floors: &BTreeMap<String, i64>,
+) -> BTreeMap<String, String> {
+    let mut out = parameters.clone();
+    for (_, name, default) in STANDBY_FLOORS {
+        let Some(floor) = floors.get(*name) else {
+            continue;
+        };
+        let key = parameters
+            .keys()
+            .find(|k| k.eq_ignore_ascii_case(name))
+            .cloned()
+            .unwrap_or_else(|| (*name).to_string());
+        let current = match parameters.get(&key) {
+            Some(v) => match v.trim().parse::<i64>() {
+                Ok(v) => v,
+                Err(_) => continue,
+            },
+            None => *default,
+        };
+        if *floor > current {
+            out.insert(key, floor.to_string());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standby_starts_with_at_least_its_primarys_hot_standby_values() {
+        let out = "max_connections setting:              150\nmax_worker_processes setting:         8\nmax_wal_senders setting:              10\nmax_prepared_xacts setting:           0\nmax_locks_per_xact setting:           64\n";
+        let floors = controldata_floors(out);
+        assert_eq!(floors.get("max_connections"), Some(&150));
+        assert_eq!(floors.len(), 4);
+        let spec = BTreeMap::from([
+            ("max_connections".to_string(), "120".to_string()),
+            ("work_mem".to_string(), "8MB".to_string()),
+        ]);
+        let floored = with_floors(&spec, &floors);
+        assert_eq!(floored["max_connections"], "150");
+        assert_eq!(floored["work_mem"], "8MB");
+        assert!(
+            !floored.contains_key("max_worker_processes"),
+            "at the default already"
+        );
+        let higher = BTreeMap::from([("max_connections".to_string(), "200".to_string())]);
+        assert_eq!(with_floors(&higher, &floors)["max_connections"], "200");
+        assert_eq!(
+            with_floors(&BTreeMap::new(), &floors)["max_connections"],
+            "150"
+        );
     }
 }

@@ -27,9 +27,8 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
-use pgop_api::PostgresCluster;
 use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
-use pgop_api::constants::ANNOTATION_RESTART;
+use pgop_api::{PostgresCluster, PostgresClusterStatus};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -259,7 +258,6 @@ pub async fn run(
     );
     let mut events = std::pin::pin!(events);
     let mut resync = tokio::time::interval(settings.resync);
-    let mut restarts = RestartRequests::default();
     let mut bootstrap_failed: Option<Instant> = None;
     let mut states = instance.state_changes();
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
@@ -301,7 +299,6 @@ pub async fn run(
                     &instance,
                     &mut hold,
                     &cluster,
-                    &mut restarts,
                     &mut bootstrap_failed,
                 )
                 .await;
@@ -341,7 +338,6 @@ async fn reconcile(
     instance: &Arc<Instance>,
     hold: &mut LeaseHold,
     cluster: &PostgresCluster,
-    restarts: &mut RestartRequests,
     bootstrap_failed: &mut Option<Instant>,
 ) -> Result<Next, Error> {
     if let Some(owner) = owner_reference(cluster) {
@@ -522,19 +518,34 @@ async fn reconcile(
         tracing::warn!(parameter = %bad.name, reason = %bad.reason, "refused a parameter");
     }
     instance.applied_generation(cluster.metadata.generation);
-    let requested = cluster
-        .annotations()
-        .get(ANNOTATION_RESTART)
-        .map(String::as_str);
-    if restarts.changed(requested) {
-        tracing::info!(pending = ?report.pending_restart, "restarting PostgreSQL as the cluster's restart annotation asks");
-        instance.restart().await.map_err(manage)?;
-    } else if status.restart_instance.as_deref() == Some(me) && !report.pending_restart.is_empty() {
-        // The operator's rolling restart names this instance: its turn.
-        tracing::info!(pending = ?report.pending_restart, "restarting PostgreSQL for parameters pending a restart (rolling restart)");
-        instance.restart().await.map_err(manage)?;
+    // Restarts happen only when the operator's rolling restart names this instance: one
+    // instance at a time, standbys first, each back before the next (the restart
+    // annotation too goes through the operator).
+    if status.restart_instance.as_deref() == Some(me) {
+        let started = instance.status().await.postmaster_start_time;
+        let requested = restart_requested(&status, started.as_deref());
+        if !report.pending_restart.is_empty() || requested {
+            tracing::info!(pending = ?report.pending_restart, requested, "restarting PostgreSQL: the rolling restart names this instance");
+            instance.restart().await.map_err(manage)?;
+        }
     }
     Ok(next)
+}
+
+/// Whether the cluster's restart annotation asks this instance to restart: it was set
+/// (as the operator recorded in `status.restartRequested`) after the running postmaster
+/// started.
+pub fn restart_requested(status: &PostgresClusterStatus, postmaster_started: Option<&str>) -> bool {
+    let Some(request) = &status.restart_requested else {
+        return false;
+    };
+    let Ok(requested_at) = request.requested_at.parse::<jiff::Timestamp>() else {
+        return false;
+    };
+    match postmaster_started.and_then(|t| t.parse::<jiff::Timestamp>().ok()) {
+        Some(started) => started < requested_at,
+        None => false,
+    }
 }
 
 /// WAL archiving as `spec.backup.store` asks: the store with its credentials read from the
@@ -637,25 +648,6 @@ fn owner_reference(cluster: &PostgresCluster) -> Option<OwnerReference> {
     })
 }
 
-/// The cluster's restart annotation: a new value asks every instance to restart once
-/// (parameters pending a restart). The value seen first is only recorded: a manager that
-/// starts has just started PostgreSQL anyway.
-#[derive(Debug, Default)]
-pub struct RestartRequests {
-    seen: Option<Option<String>>,
-}
-
-impl RestartRequests {
-    /// Whether `requested` is a new request since the last call.
-    pub fn changed(&mut self, requested: Option<&str>) -> bool {
-        let requested = requested.map(str::to_string);
-        match self.seen.replace(requested.clone()) {
-            None => false,
-            Some(previous) => previous != requested,
-        }
-    }
-}
-
 fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
     let replication = &cluster.spec.replication;
     SyncSpec {
@@ -744,7 +736,7 @@ async fn read_credentials(
 
 #[cfg(test)]
 mod tests {
-    use super::{RestartRequests, recovery_target};
+    use super::{PostgresClusterStatus, recovery_target, restart_requested};
     use pgop_api::cluster::RecoverySpec;
     use pgop_backup::Target;
 
@@ -769,13 +761,18 @@ mod tests {
     }
 
     #[test]
-    fn only_a_new_restart_annotation_restarts() {
-        let mut r = RestartRequests::default();
-        assert!(!r.changed(Some("1")), "the first value is only recorded");
-        assert!(!r.changed(Some("1")));
-        assert!(r.changed(Some("2")));
-        assert!(!r.changed(Some("2")));
-        assert!(r.changed(None));
-        assert!(!r.changed(None));
+    fn the_restart_annotation_asks_postmasters_started_before_it() {
+        let mut status = PostgresClusterStatus::default();
+        assert!(!restart_requested(&status, Some("2026-01-01T00:00:00Z")));
+        status.restart_requested = Some(pgop_api::cluster::RestartRequest {
+            value: "1".into(),
+            requested_at: "2026-01-01T00:00:10Z".into(),
+        });
+        assert!(restart_requested(&status, Some("2026-01-01T00:00:09.5Z")));
+        assert!(!restart_requested(&status, Some("2026-01-01T00:00:10.5Z")));
+        assert!(
+            !restart_requested(&status, None),
+            "a stopped one starts anyway"
+        );
     }
 }

@@ -40,7 +40,9 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
-use pgop_api::constants::{ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
+use pgop_api::constants::{
+    ANNOTATION_RESTART, ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
+};
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -245,7 +247,20 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             Some((p.name_any(), hash.clone()))
         })
         .collect();
-    let step = rollout::next(&rollout::Input {
+    // The restart annotation: recorded with the moment it was first seen, so that every
+    // postmaster started before then restarts, through the rollout.
+    let restart_requested = match (
+        cluster.annotations().get(ANNOTATION_RESTART),
+        &old_status.restart_requested,
+    ) {
+        (Some(value), Some(known)) if &known.value == value => Some(known.clone()),
+        (Some(value), _) => Some(pgop_api::cluster::RestartRequest {
+            value: value.clone(),
+            requested_at: now().0.to_string(),
+        }),
+        (None, known) => known.clone(),
+    };
+    let rollout_input = rollout::Input {
         instances: &named,
         pods: &observed.pods,
         probes: &probes,
@@ -256,7 +271,27 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             .status
             .as_ref()
             .and_then(|s| s.restart_instance.as_deref()),
-    });
+        restart_requested_at: restart_requested
+            .as_ref()
+            .and_then(|r| r.requested_at.parse().ok()),
+    };
+    let step = rollout::next(&rollout_input);
+    // Health gate: a step that did not come back (or refused) blocks the rollout, and says so.
+    let not_ready_since =
+        pgop_api::conditions::find_condition(&old_status.conditions, pgop_api::conditions::READY)
+            .filter(|c| c.status == pgop_api::conditions::FALSE)
+            .map(|c| c.last_transition_time.0);
+    let restarting_now = match &step {
+        rollout::Step::Restart { instance } => Some(instance.as_str()),
+        _ => None,
+    };
+    let blocked = rollout::blocked(
+        &rollout_input,
+        restarting_now,
+        not_ready_since,
+        now().0,
+        Duration::from_secs(u64::try_from(defaulted.spec.switchover_timeout).unwrap_or(60)),
+    );
     let mut replace = None;
     let mut restart_instance = None;
     match step {
@@ -287,11 +322,28 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     };
     let mut status = status::compute(cluster, &plan, &seen, now());
     status.restart_instance = restart_instance.clone();
+    status.restart_requested = restart_requested;
+    status::set_rollout_blocked(&mut status, blocked, cluster.metadata.generation, now());
     let due_backups =
         backup_facts(ctx, &defaulted, &namespace, &probes, &roles, &mut status).await?;
-    let configuration_event = configuration_event(cluster.status.as_ref(), &status);
+    let events = [
+        condition_event(
+            cluster.status.as_ref(),
+            &status,
+            pgop_api::conditions::CONFIGURATION_APPLIED,
+            false,
+            ("ConfigurationRefused", "ConfigurationApplied"),
+        ),
+        condition_event(
+            cluster.status.as_ref(),
+            &status,
+            pgop_api::conditions::ROLLOUT_BLOCKED,
+            true,
+            ("RolloutBlocked", "RolloutResumed"),
+        ),
+    ];
     patch_status(ctx, cluster, &namespace, status).await?;
-    if let Some((kind, reason, message)) = configuration_event {
+    for (kind, reason, message) in events.into_iter().flatten() {
         publish(ctx, cluster, kind, reason, &message).await;
     }
     for note in &roles.notes {
@@ -416,34 +468,26 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     }))
 }
 
-/// The Event for a change of `ConfigurationApplied`: a Warning when the instances start
-/// refusing something (or refuse something else), a Normal one when they apply it all
-/// again.
-fn configuration_event(
+/// The Event for a change of a condition: a Warning (`reasons.0`) when it turns bad (its
+/// status is `bad_when`) or stays bad with another message, a Normal one (`reasons.1`)
+/// when it turns good again.
+fn condition_event(
     old: Option<&PostgresClusterStatus>,
     new: &PostgresClusterStatus,
+    type_: &str,
+    bad_when: bool,
+    reasons: (&'static str, &'static str),
 ) -> Option<(EventType, &'static str, String)> {
-    use pgop_api::conditions::{CONFIGURATION_APPLIED, FALSE, find_condition};
-    let before = old.and_then(|s| find_condition(&s.conditions, CONFIGURATION_APPLIED));
-    let after = find_condition(&new.conditions, CONFIGURATION_APPLIED)?;
-    let was_refused = before.is_some_and(|c| c.status == FALSE);
-    if after.status == FALSE {
-        let same = before.is_some_and(|c| c.status == FALSE && c.message == after.message);
-        (!same).then(|| {
-            (
-                EventType::Warning,
-                "ConfigurationRefused",
-                after.message.clone(),
-            )
-        })
+    use pgop_api::conditions::{FALSE, TRUE, find_condition};
+    let bad = if bad_when { TRUE } else { FALSE };
+    let before = old.and_then(|s| find_condition(&s.conditions, type_));
+    let after = find_condition(&new.conditions, type_)?;
+    let was_bad = before.is_some_and(|c| c.status == bad);
+    if after.status == bad {
+        let same = before.is_some_and(|c| c.status == bad && c.message == after.message);
+        (!same).then(|| (EventType::Warning, reasons.0, after.message.clone()))
     } else {
-        was_refused.then(|| {
-            (
-                EventType::Normal,
-                "ConfigurationApplied",
-                after.message.clone(),
-            )
-        })
+        was_bad.then(|| (EventType::Normal, reasons.1, after.message.clone()))
     }
 }
 

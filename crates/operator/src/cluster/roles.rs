@@ -207,9 +207,11 @@ pub fn decide(input: &Input) -> Roles {
         let waited = input.now.0.duration_since(since).as_secs_f64();
         let mut delay = f64::from(input.cluster.spec.failover_delay.max(0));
         // A primary restarted in place on purpose (`restartInstance`, see rollout.rs), whose
-        // manager answers, gets switchoverTimeout to come back before a failover.
+        // manager answers, gets switchoverTimeout to come back before a failover; unless its
+        // manager says PostgreSQL failed to start (`lastError`): then a standby takes over
+        // after failoverDelay, as after a crash.
         let restarting = old.restart_instance.as_deref() == Some(roles.current.as_str())
-            && matches!(input.probes.get(&roles.current), Some(Probe::Status(_)));
+            && matches!(input.probes.get(&roles.current), Some(Probe::Status(s)) if s.last_error.is_none());
         if restarting {
             delay = delay.max(switchover_timeout(input));
         }

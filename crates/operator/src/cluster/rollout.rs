@@ -24,6 +24,14 @@
 //! - The instance being restarted stays named in `status.restartInstance` until it is back
 //!   (ready and running), so that the failover decision knows the primary is down on
 //!   purpose ([`super::roles`] then waits `switchoverTimeout` before failing over).
+//! - The restart annotation (`database.example.com/restart`) is a restart like any other:
+//!   the operator records when it saw the value (`status.restartRequested`), and every
+//!   instance whose postmaster started before then needs a restart, in the same order.
+//! - Health-gated: a step that does not come back blocks the rollout. Nothing else moves
+//!   while an instance is not ready; once that has lasted `switchoverTimeout`, or when the
+//!   instance refused its restart (its dry run failed), [`blocked`] says so
+//!   (`RolloutBlocked`, with PostgreSQL's last error lines). The primary is never restarted
+//!   in place while it has standbys, and never switched away from to an unhealthy one.
 
 use super::probe::Probe;
 use super::roles::Roles;
@@ -59,6 +67,120 @@ pub struct Input<'a> {
     pub generation: Option<i64>,
     /// `status.restartInstance` as last written: a restart that may still be under way.
     pub restarting: Option<&'a str>,
+    /// When the restart annotation's current value was first seen
+    /// (`status.restartRequested`): postmasters started before need a restart.
+    pub restart_requested_at: Option<jiff::Timestamp>,
+}
+
+impl Input<'_> {
+    /// Whether an instance needs a restart: parameters pending one, or a restart requested
+    /// after its postmaster started.
+    pub fn needs_restart(&self, s: &PgStatus) -> bool {
+        s.pending_restart
+            || self.restart_requested_at.is_some_and(|at| {
+                s.postmaster_start_time
+                    .as_deref()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                    .is_some_and(|started| started < at)
+            })
+    }
+
+    /// Whether this instance's Pod is built from an older spec than now.
+    fn outdated(&self, name: &str, pod: &Pod) -> bool {
+        let live = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_SPEC_HASH));
+        self.desired_hashes
+            .get(name)
+            .is_some_and(|d| live != Some(d))
+    }
+
+    /// Whether some instance still waits for a restart or a new Pod.
+    pub fn work_left(&self) -> bool {
+        self.restarting.is_some()
+            || self.instances.iter().any(|(name, _)| {
+                let pod = self.pods.iter().find(|p| p.name_any() == *name);
+                let pg = self.probes.get(name).and_then(Probe::status);
+                pod.is_some_and(|p| self.outdated(name, p))
+                    || pg.is_some_and(|s| self.needs_restart(s))
+            })
+    }
+}
+
+/// Why a rollout stopped, for the `RolloutBlocked` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    /// `RestartRefused` or `InstanceNotBack`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Whether the rollout is blocked: the instance named for a restart refused it (its dry
+/// run failed), or some instance has not been ready for longer than `bound` (the cluster's
+/// Ready condition has been False since `not_ready_since`) while an update waits. The
+/// message names the instances and PostgreSQL's last error lines.
+pub fn blocked(
+    input: &Input,
+    restart_instance: Option<&str>,
+    not_ready_since: Option<jiff::Timestamp>,
+    now: jiff::Timestamp,
+    bound: std::time::Duration,
+) -> Option<Blocked> {
+    if let Some(name) = restart_instance
+        && let Some(why) = input
+            .probes
+            .get(name)
+            .and_then(Probe::status)
+            .and_then(|s| s.restart_refused.clone())
+    {
+        return Some(Blocked {
+            reason: "RestartRefused",
+            message: format!("{name} refused its restart, the rollout stops here: {why}"),
+        });
+    }
+    let since = not_ready_since?;
+    let waited = now.duration_since(since);
+    let bound = jiff::SignedDuration::try_from(bound).ok()?;
+    if waited < bound || !input.work_left() {
+        return None;
+    }
+    let not_back: Vec<String> = input
+        .instances
+        .iter()
+        .filter(|(name, _)| {
+            let pod = input.pods.iter().find(|p| p.name_any() == *name);
+            let running = input
+                .probes
+                .get(name)
+                .and_then(Probe::status)
+                .is_some_and(|s| s.role != PgRole::Stopped);
+            !(pod.is_some_and(pod_ready) && running)
+        })
+        .map(|(name, _)| {
+            let words = input
+                .probes
+                .get(name)
+                .and_then(Probe::status)
+                .and_then(|s| s.last_error.clone());
+            match words {
+                Some(words) => format!("{name} ({})", words.replace('\n', " | ")),
+                None => name.clone(),
+            }
+        })
+        .collect();
+    if not_back.is_empty() {
+        return None;
+    }
+    Some(Blocked {
+        reason: "InstanceNotBack",
+        message: format!(
+            "not back after {}s, the rollout stops here and leaves the other instances alone: {}",
+            waited.as_secs(),
+            not_back.join("; ")
+        ),
+    })
 }
 
 pub fn next(input: &Input) -> Step {
@@ -100,17 +222,7 @@ pub fn next(input: &Input) -> Step {
             _ => return Step::Idle,
         }
     }
-    let outdated = |name: &str, pod: &Pod| {
-        let live = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_SPEC_HASH));
-        input
-            .desired_hashes
-            .get(name)
-            .is_some_and(|d| live != Some(d))
-    };
+    let outdated = |name: &str, pod: &Pod| input.outdated(name, pod);
     let (primary, standbys): (Vec<_>, Vec<_>) =
         live.iter().partition(|(n, _, _)| *n == roles.current);
     let behind = |s: &PgStatus| match (s.applied_generation, input.generation) {
@@ -134,7 +246,7 @@ pub fn next(input: &Input) -> Step {
             instance: n.to_string(),
         };
     }
-    if let Some((n, _, _)) = standbys.iter().find(|(_, _, s)| s.pending_restart) {
+    if let Some((n, _, _)) = standbys.iter().find(|(_, _, s)| input.needs_restart(s)) {
         return Step::Restart {
             instance: n.to_string(),
         };
@@ -143,7 +255,7 @@ pub fn next(input: &Input) -> Step {
         return Step::Idle;
     };
     let replace = outdated(name, pod);
-    if !replace && !pg.pending_restart {
+    if !replace && !input.needs_restart(pg) {
         return Step::Idle;
     }
     let best = standbys
@@ -163,6 +275,8 @@ pub fn next(input: &Input) -> Step {
         });
     match best {
         Some((to, _, _)) => Step::Switchover { to: to.to_string() },
+        // Standbys, but none healthy enough to take over: the primary stays as it is.
+        None if !standbys.is_empty() => Step::Idle,
         None if replace => Step::Replace {
             instance: name.to_string(),
         },
@@ -221,6 +335,7 @@ mod tests {
         hashes: BTreeMap<String, String>,
         generation: Option<i64>,
         restarting: Option<String>,
+        requested_at: Option<jiff::Timestamp>,
     }
 
     impl World {
@@ -244,6 +359,7 @@ mod tests {
                     .collect(),
                 generation: Some(1),
                 restarting: None,
+                requested_at: None,
             }
         }
 
@@ -256,8 +372,129 @@ mod tests {
                 desired_hashes: &self.hashes,
                 generation: self.generation,
                 restarting: self.restarting.as_deref(),
+                restart_requested_at: self.requested_at,
             })
         }
+
+        fn input<'a>(&'a self, roles: &'a Roles) -> Input<'a> {
+            Input {
+                instances: &self.instances,
+                pods: &self.pods,
+                probes: &self.probes,
+                roles,
+                desired_hashes: &self.hashes,
+                generation: self.generation,
+                restarting: self.restarting.as_deref(),
+                restart_requested_at: self.requested_at,
+            }
+        }
+
+        fn started_at(&mut self, name: &str, at: &str) {
+            if let Some(Probe::Status(s)) = self.probes.get_mut(name) {
+                s.postmaster_start_time = Some(at.into());
+            }
+        }
+    }
+
+    fn t(s: &str) -> jiff::Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    #[test]
+    fn the_restart_annotation_restarts_one_instance_at_a_time_standbys_first() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        for n in ["db-1", "db-2", "db-3"] {
+            w.started_at(n, "2026-01-01T00:00:00Z");
+        }
+        assert_eq!(w.next(&r), Step::Idle, "no request yet");
+        w.requested_at = Some(t("2026-01-01T00:01:00Z"));
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-2".into()
+            }
+        );
+        w.started_at("db-2", "2026-01-01T00:01:05Z");
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-3".into()
+            }
+        );
+        w.started_at("db-3", "2026-01-01T00:01:10Z");
+        assert_eq!(
+            w.next(&r),
+            Step::Switchover { to: "db-3".into() },
+            "the primary last, through a switchover to the standby with the most WAL"
+        );
+        w.started_at("db-1", "2026-01-01T00:01:20Z");
+        assert_eq!(w.next(&r), Step::Idle);
+    }
+
+    #[test]
+    fn a_primary_with_standbys_is_never_restarted_in_place_for_lack_of_a_healthy_one() {
+        let mut w = World::new();
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Primary, "0/9", true));
+        for n in ["db-2", "db-3"] {
+            if let Some(Probe::Status(s)) = w.probes.get_mut(n) {
+                s.streaming = false;
+            }
+        }
+        assert_eq!(w.next(&roles("db-1", "db-1")), Step::Idle);
+    }
+
+    #[test]
+    fn a_rollout_is_blocked_by_a_refused_restart_or_an_instance_not_back_in_time() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        let bound = std::time::Duration::from_secs(60);
+        let now = t("2026-01-01T00:10:00Z");
+        // db-2 was named for a restart and refused it (dry run).
+        if let Some(Probe::Status(s)) = w.probes.get_mut("db-2") {
+            s.pending_restart = true;
+            s.restart_refused = Some("shared_preload_libraries names \"nope\"".into());
+        }
+        let b = blocked(&w.input(&r), Some("db-2"), None, now, bound).expect("blocked");
+        assert_eq!(b.reason, "RestartRefused");
+        assert!(
+            b.message.contains("db-2") && b.message.contains("nope"),
+            "{}",
+            b.message
+        );
+
+        // db-2 restarted and did not come back.
+        let mut down = PgStatus::stopped("db-2", false);
+        down.last_error = Some("FATAL:  could not access file \"nope\"".into());
+        w.probes
+            .insert("db-2".into(), Probe::Status(Box::new(down)));
+        w.pods[1] = pod("db-2", "old", false);
+        w.restarting = Some("db-2".into());
+        let since = Some(t("2026-01-01T00:09:30Z"));
+        assert_eq!(
+            blocked(&w.input(&r), Some("db-2"), since, now, bound),
+            None,
+            "not yet"
+        );
+        let since = Some(t("2026-01-01T00:08:30Z"));
+        let b = blocked(&w.input(&r), Some("db-2"), since, now, bound).expect("blocked");
+        assert_eq!(b.reason, "InstanceNotBack");
+        assert!(
+            b.message
+                .contains("db-2 (FATAL:  could not access file \"nope\")"),
+            "{}",
+            b.message
+        );
+        assert!(!b.message.contains("db-3"), "{}", b.message);
+
+        // Not ready, but nothing to roll out: no rollout to block.
+        w.restarting = None;
+        w.probes.insert(
+            "db-2".into(),
+            Probe::Status(Box::new(PgStatus::stopped("db-2", false))),
+        );
+        assert_eq!(blocked(&w.input(&r), None, since, now, bound), None);
     }
 
     #[test]

@@ -250,6 +250,34 @@ pub fn compute(
     status
 }
 
+/// Sets `RolloutBlocked`: True with the reason and message of `blocked`, else False.
+pub fn set_rollout_blocked(
+    status: &mut PostgresClusterStatus,
+    blocked: Option<super::rollout::Blocked>,
+    generation: Option<i64>,
+    now: Time,
+) {
+    let condition = match blocked {
+        Some(b) => new_condition(
+            conditions::ROLLOUT_BLOCKED,
+            true,
+            b.reason,
+            b.message,
+            generation,
+            now.clone(),
+        ),
+        None => new_condition(
+            conditions::ROLLOUT_BLOCKED,
+            false,
+            "NotBlocked",
+            "no rolling update is waiting for an instance that did not come back",
+            generation,
+            now.clone(),
+        ),
+    };
+    set_condition(&mut status.conditions, condition, now);
+}
+
 /// The reason of `ConfigurationApplied=False`.
 pub const REASON_PARAMETERS_REFUSED: &str = "ParametersRefused";
 

@@ -333,7 +333,8 @@ pub async fn write_through_rw(
 /// A writer through `-rw` that records every commit PostgreSQL acknowledged.
 pub struct Writer {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<i64>>,
+    started: std::time::Instant,
+    task: tokio::task::JoinHandle<Vec<(i64, std::time::Instant)>>,
 }
 
 impl Writer {
@@ -365,20 +366,39 @@ impl Writer {
                     let sql = "insert into acked(id) values ($1)";
                     match tokio::time::timeout(Duration::from_secs(5), c.execute(sql, &[&id])).await
                     {
-                        Ok(Ok(1)) => acked.push(id),
+                        Ok(Ok(1)) => acked.push((id, std::time::Instant::now())),
                         _ => break,
                     }
                 }
             }
             acked
         });
-        Self { stop, task }
+        Self {
+            stop,
+            started: std::time::Instant::now(),
+            task,
+        }
     }
 
     /// Stops writing; every id PostgreSQL acknowledged.
     pub async fn stop(self) -> Result<Vec<i64>> {
+        Ok(self.stop_timed().await?.0)
+    }
+
+    /// Stops writing; every id PostgreSQL acknowledged, and the longest time without an
+    /// acknowledged commit (from the start to the first, between two, or to the stop).
+    pub async fn stop_timed(self) -> Result<(Vec<i64>, Duration)> {
         self.stop.store(true, Ordering::Relaxed);
-        Ok(self.task.await?)
+        let stopped = std::time::Instant::now();
+        let acked = self.task.await?;
+        let mut longest = Duration::ZERO;
+        let mut last = self.started;
+        for (_, at) in &acked {
+            longest = longest.max(at.duration_since(last));
+            last = *at;
+        }
+        longest = longest.max(stopped.saturating_duration_since(last));
+        Ok((acked.into_iter().map(|(id, _)| id).collect(), longest))
     }
 }
 
