@@ -4,6 +4,8 @@
 //!   through `-rw` by a client opening a new connection, asynchronous and synchronous
 //!   (`dataDurability: required`) replication, median and max over 10 runs each;
 //! - switchover: request (annotation) -> first write accepted through `-rw`;
+//! - pod deletion: the primary's Pod deleted (`kubectl delete pod`, with an idle session
+//!   connected to it) -> first write accepted through `-rw`;
 //! - commits lost: a writer commits through `-rw` during the synchronous failovers and
 //!   every acknowledged commit is looked up on the final primary.
 //!
@@ -147,6 +149,35 @@ async fn main() -> Result {
     rows.push((
         "switchover (request -> write via -rw)".into(),
         switchovers.len().to_string(),
+        secs(median),
+        secs(max),
+    ));
+    let mut deletions = Vec::new();
+    for _ in 0..5 {
+        let c = env.wait_ready("async", 3).await?;
+        let primary = c
+            .status
+            .and_then(|s| s.current_primary)
+            .ok_or("no primary")?;
+        // An idle session on the primary: a smart shutdown would wait for it.
+        let idle = connect(&env.pod_ip(&primary).await?, &password).await?;
+        let started = Instant::now();
+        env.delete_pod(&primary).await?;
+        write_through_rw(
+            &env,
+            "async",
+            &password,
+            "insert into probe values (default)",
+        )
+        .await?;
+        deletions.push(started.elapsed());
+        drop(idle);
+    }
+    env.wait_ready("async", 3).await?;
+    let (median, max) = stats(&deletions);
+    rows.push((
+        "pod deletion of the primary, idle session open (delete -> write via -rw)".into(),
+        deletions.len().to_string(),
         secs(median),
         secs(max),
     ));

@@ -103,10 +103,18 @@ async fn e2e_failover_after_the_primary_is_killed_and_after_its_pod_is_deleted()
     wait_event(&env, "ha", "FailoverStarted").await?;
     wait_event(&env, "ha", "FailoverCompleted").await?;
 
-    // 2. Deleting the primary's pod: the same, and the pod comes back as a standby.
+    // 2. Deleting the primary's pod, with an idle session open on it (a smart shutdown
+    // would wait for it): the same, and the pod comes back as a standby.
+    let idle = connect(&env.pod_ip(&second).await?, &password).await?;
+    let deleted = std::time::Instant::now();
     env.delete_pod(&second).await?;
     let third = wait_new_primary(&env, "ha", &second).await?;
-    write_through_rw(&env, "ha", &password, "insert into t values (102)").await?;
+    let written = write_through_rw(&env, "ha", &password, "insert into t values (102)").await?;
+    println!(
+        "pod deletion -> new primary and a write through -rw: {:?} (write {written:?})",
+        deleted.elapsed()
+    );
+    drop(idle);
     env.wait_ready("ha", 3).await?;
     assert_ne!(env.current_primary("ha").await?, second);
     assert_eq!(env.rw("ha"), Some(env.pod_ip(&third).await?));

@@ -956,9 +956,14 @@ impl Instance {
         }
     }
 
-    /// Stops PostgreSQL for good (SIGTERM of the manager).
+    /// Stops PostgreSQL for good (SIGTERM of the manager: a Pod deleted or drained). As a
+    /// step-down: a CHECKPOINT, then a fast shutdown. A smart one would wait, up to the stop
+    /// timeout, for every idle session to leave while a primary still holds its Lease, so a
+    /// deleted primary would hand over only after ~10 s; the fast one ends the sessions at
+    /// once, and the walsenders still ship every WAL record to the standbys before the
+    /// postmaster exits. The Lease is released right after.
     pub async fn shutdown(&self) -> Result<(), Error> {
-        self.stop().await
+        self.step_down().await
     }
 }
 
