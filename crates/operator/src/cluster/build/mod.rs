@@ -5,6 +5,7 @@
 mod pdb;
 mod pod;
 mod pvc;
+pub mod quantity;
 mod rbac;
 mod secret;
 mod service;
