@@ -4,13 +4,15 @@
 //!   when the built object is not already contained in the live one. A reconcile that
 //!   finds everything in place therefore sends no write at all, and fields that others
 //!   add (a user's extra label, server defaults) are neither fought over nor counted as drift.
+//!   Quantities compare by value: the API server stores them in canonical form (a PVC
+//!   asked for `1.5Gi` holds `1536Mi`), which is no drift either.
 //! - Secrets are created once and their data never rewritten (passwords are generated
 //!   once); Pods are created once, since their spec is immutable (restarts for new
 //!   settings are the rolling update's job). For both, drifted labels and a missing
 //!   ownerReference are repaired with a metadata-only patch.
 //! - Instances the plan removed lose their Pod, then their PVC.
 
-use super::build::Children;
+use super::build::{Children, quantity};
 use super::dereference::Observed;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -61,17 +63,34 @@ pub struct Outcome {
 
 /// True when every field of `desired` is present with the same value in `live`.
 /// Objects compare key by key (extra keys in `live` are fine), lists element by element
-/// (same length), scalars by equality.
+/// (same length), scalars by equality — except quantities, which compare by value
+/// (see [`is_quantity_field`]).
 pub fn is_contained(desired: &Value, live: &Value) -> bool {
+    contained(desired, live, None, None)
+}
+
+/// [`is_contained`] of a value under the key `key` of an object under `parent`.
+fn contained(desired: &Value, live: &Value, parent: Option<&str>, key: Option<&str>) -> bool {
     match (desired, live) {
         (Value::Object(d), Value::Object(l)) => d
             .iter()
-            .all(|(k, v)| v.is_null() || l.get(k).is_some_and(|lv| is_contained(v, lv))),
+            .all(|(k, v)| v.is_null() || l.get(k).is_some_and(|lv| contained(v, lv, key, Some(k)))),
         (Value::Array(d), Value::Array(l)) => {
-            d.len() == l.len() && d.iter().zip(l).all(|(a, b)| is_contained(a, b))
+            // The elements of a list are under the list's key.
+            d.len() == l.len() && d.iter().zip(l).all(|(a, b)| contained(a, b, parent, key))
+        }
+        (Value::String(d), Value::String(l)) if is_quantity_field(parent, key) => {
+            quantity::same_value(d, l)
         }
         _ => desired == live,
     }
+}
+
+/// Whether the field `key` of an object under `parent` holds a quantity: the values of
+/// `requests` and `limits` (a PVC's `spec.resources`, a container's `resources`) and an
+/// emptyDir's `sizeLimit`.
+fn is_quantity_field(parent: Option<&str>, key: Option<&str>) -> bool {
+    matches!(parent, Some("requests" | "limits")) || key == Some("sizeLimit")
 }
 
 fn find<'a, K: ResourceExt>(live: &'a [K], name: &str) -> Option<&'a K> {
@@ -407,6 +426,62 @@ mod tests {
         let fewer = json!({"spec": {"selector": {"role": "primary"}, "ports": []}});
         assert!(!is_contained(&desired, &changed));
         assert!(!is_contained(&desired, &fewer));
+    }
+
+    fn pvc(size: &str) -> Value {
+        json!({
+            "metadata": {"name": "db-1"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": size}}
+            }
+        })
+    }
+
+    #[test]
+    fn a_quantity_the_api_server_rewrote_is_not_drift() {
+        for (asked, stored) in [("1.5Gi", "1536Mi"), ("2048Mi", "2Gi"), ("1000M", "1G")] {
+            let mut live = pvc(stored);
+            live["spec"]["volumeMode"] = json!("Filesystem");
+            assert!(
+                is_contained(&pvc(asked), &live),
+                "{asked} stored as {stored}"
+            );
+        }
+        let container = |cpu: &str, memory: &str| {
+            json!({"spec": {"containers": [{"name": "postgres", "resources": {
+                "requests": {"cpu": cpu, "memory": memory},
+                "limits": {"memory": memory}
+            }}]}})
+        };
+        assert!(is_contained(
+            &container("0.5", "1.5Gi"),
+            &container("500m", "1536Mi")
+        ));
+        let empty_dir =
+            |size: &str| json!({"volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": size}}]});
+        assert!(is_contained(&empty_dir("1024Mi"), &empty_dir("1Gi")));
+    }
+
+    #[test]
+    fn another_quantity_is_drift() {
+        assert!(!is_contained(&pvc("2Gi"), &pvc("1Gi")));
+        assert!(!is_contained(&pvc("1G"), &pvc("1Gi")));
+        assert!(!is_contained(&pvc("1536Mi"), &pvc("1537Mi")));
+        // Text that is not a quantity compares as text.
+        assert!(!is_contained(&pvc("1 Gi"), &pvc("1Gi")));
+        assert!(is_contained(&pvc("1 Gi"), &pvc("1 Gi")));
+    }
+
+    #[test]
+    fn only_quantity_fields_compare_by_value() {
+        // The same texts anywhere else are different values.
+        let labels = |v: &str| json!({"metadata": {"labels": {"size": v}}});
+        assert!(!is_contained(&labels("1000M"), &labels("1G")));
+        let selector = |v: &str| json!({"spec": {"selector": {"requests": v}}});
+        assert!(!is_contained(&selector("1000M"), &selector("1G")));
+        let pdb = |v: &str| json!({"spec": {"maxUnavailable": v}});
+        assert!(!is_contained(&pdb("1000m"), &pdb("1")));
     }
 
     #[test]

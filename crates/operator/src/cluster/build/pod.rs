@@ -1,7 +1,7 @@
 //! The instance Pod: `pgop instance run` as PID 1, its data volume, ports, probes and a
 //! security context that passes the Pod Security "restricted" profile.
 
-use super::{Common, InstanceSpec, Settings};
+use super::{Common, InstanceSpec, Settings, quantity};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
@@ -274,9 +274,30 @@ pub fn pod(
 }
 
 /// FNV-1a (64 bit) of the spec's JSON, in hex: stable across runs and builds, which is all
-/// a change detector needs.
+/// a change detector needs. The containers' resources are hashed in canonical form, so
+/// that another way of writing the same quantity (`1.5Gi` for `1536Mi`, `0.5` for `500m`)
+/// replaces no Pod; a spec written in canonical form hashes as it always did.
 pub fn spec_hash(spec: &Option<PodSpec>) -> String {
-    let json = serde_json::to_string(spec).unwrap_or_default();
+    let mut spec = spec.clone();
+    if let Some(spec) = spec.as_mut() {
+        let containers = spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten());
+        for resources in containers.filter_map(|c| c.resources.as_mut()) {
+            for quantities in [&mut resources.requests, &mut resources.limits]
+                .into_iter()
+                .flatten()
+            {
+                for value in quantities.values_mut() {
+                    if let Some(canonical) = quantity::canonical(&value.0) {
+                        value.0 = canonical;
+                    }
+                }
+            }
+        }
+    }
+    let json = serde_json::to_string(&spec).unwrap_or_default();
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in json.bytes() {
         hash ^= u64::from(byte);

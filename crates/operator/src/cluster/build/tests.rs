@@ -263,3 +263,46 @@ fn pods_carry_the_prometheus_scrape_hints_outside_the_spec_hash() {
         Some(super::pod::spec_hash(&p.spec).as_str())
     );
 }
+
+/// The spec hash of `main-2` built from the fixture with these resources.
+fn hash_with_resources(cpu: &str, memory: &str) -> String {
+    let mut cluster = fixture();
+    cluster.spec.resources = Some(
+        serde_json::from_value(serde_json::json!({
+            "requests": {"cpu": cpu, "memory": memory},
+            "limits": {"memory": memory}
+        }))
+        .expect("resources"),
+    );
+    let pods = children(&cluster, &instances(), &passwords(), &Settings::default())
+        .expect("builds")
+        .pods;
+    let pod = pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("main-2"))
+        .expect("pod built");
+    super::pod::spec_hash(&pod.spec)
+}
+
+#[test]
+fn the_spec_hash_sees_quantities_by_value() {
+    let canonical = hash_with_resources("500m", "1536Mi");
+    assert_eq!(hash_with_resources("0.5", "1.5Gi"), canonical);
+    assert_eq!(hash_with_resources("+500m", "1572864Ki"), canonical);
+    assert_ne!(hash_with_resources("500m", "1537Mi"), canonical);
+    assert_ne!(hash_with_resources("1", "1536Mi"), canonical);
+}
+
+#[test]
+fn a_spec_in_canonical_form_hashes_as_before() {
+    // FNV-1a of the spec's JSON as it is, the hash before quantities were canonicalized:
+    // Pods built from canonical resources (the fixture's) are not replaced on upgrade.
+    let p = pod("main-2");
+    let json = serde_json::to_string(&p.spec).expect("serializes");
+    let mut raw: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in json.bytes() {
+        raw ^= u64::from(byte);
+        raw = raw.wrapping_mul(0x0100_0000_01b3);
+    }
+    assert_eq!(super::pod::spec_hash(&p.spec), format!("{raw:016x}"));
+}
