@@ -4,8 +4,10 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Pod};
+use kube::api::{Api, ListParams};
 use kube::client::ClientBuilder;
+use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -47,6 +49,19 @@ fn counting_client(
         .build())
 }
 
+/// The steady state without an instance manager: the operator finds the primary
+/// unavailable and, with no standby answering either, records that it cannot fail over.
+fn steady(c: &PostgresCluster) -> bool {
+    phase(c) == Some(ClusterPhase::Ready)
+        && c.status.as_ref().is_some_and(|s| {
+            pgop_api::conditions::find_condition(
+                &s.conditions,
+                pgop_api::conditions::PRIMARY_AVAILABLE,
+            )
+            .is_some_and(|p| p.message.contains("no standby may replace it"))
+        })
+}
+
 #[tokio::test]
 async fn a_reconcile_that_finds_everything_in_place_writes_nothing() -> Result {
     let (plane, client, ns) = setup("noop").await?;
@@ -60,17 +75,7 @@ async fn a_reconcile_that_finds_everything_in_place_writes_nothing() -> Result {
     }
     // No instance manager runs here, so the operator finds the primary unavailable and,
     // with no standby answering either, records that it cannot fail over: the steady state.
-    wait_cluster(&client, n, "calm", "phase Ready, failover blocked", |c| {
-        phase(c) == Some(ClusterPhase::Ready)
-            && c.status.as_ref().is_some_and(|s| {
-                pgop_api::conditions::find_condition(
-                    &s.conditions,
-                    pgop_api::conditions::PRIMARY_AVAILABLE,
-                )
-                .is_some_and(|p| p.message.contains("no standby may replace it"))
-            })
-    })
-    .await?;
+    wait_cluster(&client, n, "calm", "phase Ready, failover blocked", steady).await?;
     op.stop().await;
 
     let requests = Requests::default();
@@ -103,6 +108,145 @@ async fn a_reconcile_that_finds_everything_in_place_writes_nothing() -> Result {
             .any(|w| w.starts_with("PATCH ") && w.ends_with("/services/calm-ro")),
         "{writes:?}"
     );
+    ns.delete().await?;
+    Ok(())
+}
+
+/// The API server keeps quantities in canonical form: a PVC asked for `1.5Gi` holds
+/// `1536Mi`, `2048Mi` becomes `2Gi`, `1000M` becomes `1G`. Compared by value, such a PVC
+/// (and the Pods built from non-canonical `spec.resources`) is in place: a reconcile
+/// writes nothing, and no pass ever repairs anything.
+#[tokio::test]
+async fn quantities_stored_in_canonical_form_are_not_drift() -> Result {
+    let (plane, client, ns) = setup("quantity").await?;
+    let n = ns.name().to_string();
+    let n = n.as_str();
+    // (cluster, spec.storage.size, what the API server stores)
+    let sizes = [
+        ("half", "1.5Gi", "1536Mi"),
+        ("binary", "2048Mi", "2Gi"),
+        ("decimal", "1000M", "1G"),
+    ];
+    let op = Operator::start(&client, n);
+    for (name, size, _) in sizes {
+        let mut c = cluster(name, 2);
+        c.spec.storage.size = size.to_string();
+        c.spec.resources = Some(serde_json::from_value(serde_json::json!({
+            "requests": {"cpu": "0.5", "memory": size},
+            "limits": {"memory": size}
+        }))?);
+        create(&client, n, &c).await?;
+    }
+    for (name, ..) in sizes {
+        let pods = [format!("{name}-1"), format!("{name}-2")];
+        wait_names::<Pod>(&client, n, name, &[&pods[0], &pods[1]]).await?;
+        for pod in &pods {
+            make_ready(&client, n, pod, true).await?;
+        }
+    }
+    for (name, ..) in sizes {
+        wait_cluster(&client, n, name, "phase Ready, failover blocked", steady).await?;
+    }
+    op.stop().await;
+
+    // The API server did rewrite the sizes: a comparison by text would see drift.
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), n);
+    for (name, _, canonical) in sizes {
+        for pvc in [format!("{name}-1"), format!("{name}-2")] {
+            let stored = pvcs
+                .get(&pvc)
+                .await?
+                .spec
+                .and_then(|s| s.resources)
+                .and_then(|r| r.requests)
+                .and_then(|r| r.get("storage").map(|q| q.0.clone()));
+            assert_eq!(stored.as_deref(), Some(canonical), "PVC {pvc}");
+        }
+    }
+
+    let requests = Requests::default();
+    let ctx = Arc::new(pgop_operator::Context::new(
+        counting_client(plane, &requests)?,
+        pgop_operator::Settings::default(),
+    ));
+    for (name, ..) in sizes {
+        let cluster = get(&client, n, name).await?;
+        pgop_operator::cluster::reconcile(Arc::new(cluster), ctx.clone()).await?;
+    }
+    assert!(requests.all() > 0, "the reconciles read the children");
+    assert_eq!(
+        requests.writes(),
+        Vec::<String>::new(),
+        "a no-op reconcile must not write"
+    );
+    // Neither did any pass of the running operator repair a PVC (or anything else).
+    let repaired: Vec<String> = Api::<Event>::namespaced(client.clone(), n)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("Repaired"))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.involved_object.name.unwrap_or_default(),
+                e.message.unwrap_or_default()
+            )
+        })
+        .collect();
+    assert_eq!(repaired, Vec::<String>::new(), "Repaired Events");
+    ns.delete().await?;
+    Ok(())
+}
+
+/// The canonical form computed by the operator is the API server's own, for every
+/// notation: PVCs asking for these sizes hold exactly `quantity::canonical` of them.
+/// Texts that merely look canonical, the API server keeps as written (a `+`, an `E`
+/// exponent, leading zeros of a binary number): those hold the same value, and their
+/// canonical form is the same.
+#[tokio::test]
+async fn the_canonical_form_is_the_api_servers() -> Result {
+    use pgop_operator::cluster::build::quantity;
+    let (_plane, client, ns) = setup("canonical").await?;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
+    let rewritten = [
+        "1.5Gi", "2048Mi", "1000M", "10Gi", "1024Ki", "1.5Ki", "0.5Ki", "1023Mi", "1.5G", "4000",
+        "1500M", "1e3", "1000e0", "1.5e3", "15e-1", "0.5", "500m", "0.1m", "1.5Ti", "3072Gi",
+        "2.5", "1000000k", "12345678", "+1.5Gi", "+2048Mi",
+    ];
+    let kept_as_written = ["+1G", "1E3", "+7Gi", "007Mi"];
+    for (i, size) in rewritten.iter().chain(&kept_as_written).enumerate() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("size-{i}")},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": size}}
+            }
+        }))?;
+        let stored = pvcs
+            .create(&Default::default(), &pvc)
+            .await?
+            .spec
+            .and_then(|s| s.resources)
+            .and_then(|r| r.requests)
+            .and_then(|r| r.get("storage").map(|q| q.0.clone()))
+            .ok_or("no storage request")?;
+        if kept_as_written.contains(size) {
+            assert_eq!(&stored, size);
+        } else {
+            assert_eq!(
+                Some(stored.as_str()),
+                quantity::canonical(size).as_deref(),
+                "{size}"
+            );
+        }
+        assert!(quantity::same_value(&stored, size), "{size}: {stored}");
+        assert_eq!(
+            quantity::canonical(&stored),
+            quantity::canonical(size),
+            "{size}"
+        );
+    }
     ns.delete().await?;
     Ok(())
 }
