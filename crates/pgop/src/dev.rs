@@ -37,17 +37,106 @@ pub struct Args {
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// Ctrl-C (or SIGTERM) at any moment: the handlers are installed before anything starts,
+/// and every phase checks for it, so an interrupted start still stops what it started and
+/// removes its directory.
+struct Interrupt {
+    flag: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    notify: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl Interrupt {
+    fn install() -> Result<Self, Error> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| format!("failed to handle SIGINT: {e}"))?;
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| format!("failed to handle SIGTERM: {e}"))?;
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let notify = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (f, n) = (flag.clone(), notify.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
+            }
+            f.store(true, std::sync::atomic::Ordering::SeqCst);
+            n.notify_waiters();
+        });
+        Ok(Self { flag, notify })
+    }
+
+    fn interrupted(&self) -> bool {
+        self.flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        let notified = self.notify.notified();
+        if !self.interrupted() {
+            notified.await;
+        }
+    }
+}
+
+/// What `pgop dev` started, stopped in reverse order: operator, pods (their managers stop
+/// PostgreSQL), control plane (which removes its directory).
+struct Running {
+    plane: Option<ControlPlane>,
+    node: Option<LocalNode>,
+    operator: Option<(
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl Running {
+    async fn stop(&mut self) {
+        if let Some((stop, op)) = self.operator.take() {
+            let _ = stop.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(10), op).await;
+        }
+        if let Some(node) = self.node.take() {
+            node.stop().await;
+        }
+        if let Some(plane) = self.plane.take() {
+            plane.stop();
+        }
+    }
+}
+
 pub async fn run(args: Args) -> Result<(), Error> {
+    let interrupt = Interrupt::install()?;
+    let mut running = Running {
+        plane: None,
+        node: None,
+        operator: None,
+    };
+    let result = run_until_stopped(args, &interrupt, &mut running).await;
+    eprintln!("pgop dev: stopping ...");
+    running.stop().await;
+    result
+}
+
+async fn run_until_stopped(
+    args: Args,
+    interrupt: &Interrupt,
+    running: &mut Running,
+) -> Result<(), Error> {
     eprintln!(
         "pgop dev: starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler ..."
     );
     let started = std::time::Instant::now();
-    let plane = ControlPlane::start(
-        Options::default()
-            .with_controller_manager()
-            .with_scheduler(),
-    )
-    .await?;
+    let plane = running.plane.insert(
+        ControlPlane::start(
+            Options::default()
+                .with_controller_manager()
+                .with_scheduler(),
+        )
+        .await?,
+    );
+    if interrupt.interrupted() {
+        return Ok(());
+    }
     let mut kubeconfig = plane.kubeconfig().to_path_buf();
     if let Some(path) = &args.write_kubeconfig {
         std::fs::copy(plane.kubeconfig(), path)
@@ -60,17 +149,14 @@ pub async fn run(args: Args) -> Result<(), Error> {
         plane.server()
     );
 
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut operator = None;
-    let mut node = None;
     if !args.control_plane_only {
         let client = plane.client()?;
         pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
         let exe =
             std::env::current_exe().map_err(|e| format!("failed to find the pgop binary: {e}"))?;
-        node = Some(
+        running.node = Some(
             LocalNode::start(
-                &plane,
+                plane,
                 NodeOptions {
                     name: "pgop-local".into(),
                     namespace: None,
@@ -105,14 +191,21 @@ pub async fn run(args: Args) -> Result<(), Error> {
         if let Some(addr) = bound.metrics_address() {
             println!("operator metrics: http://{addr}/metrics (and /healthz, /readyz)");
         }
-        operator = Some(tokio::spawn(async move {
-            let run = bound.run(async move {
-                let _ = stop_rx.await;
-            });
-            if let Err(err) = run.await {
-                tracing::error!(error = %pgop_operator::error_chain(&err), "the operator stopped");
-            }
-        }));
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        running.operator = Some((
+            stop_tx,
+            tokio::spawn(async move {
+                let run = bound.run(async move {
+                    let _ = stop_rx.await;
+                });
+                if let Err(err) = run.await {
+                    tracing::error!(error = %pgop_operator::error_chain(&err), "the operator stopped");
+                }
+            }),
+        ));
+        if interrupt.interrupted() {
+            return Ok(());
+        }
         let manifest = match &args.cluster {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| format!("failed to read {}: {e}", path.display()))?,
@@ -149,12 +242,16 @@ pub async fn run(args: Args) -> Result<(), Error> {
                 ready = true;
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                () = interrupt.wait() => return Ok(()),
+            }
         }
+        let node = &running.node;
         println!();
         print!(
             "{}",
-            kubectl(&plane, &["get", "pgc,pods", "-n", "default", "-o", "wide"]).await
+            kubectl(plane, &["get", "pgc,pods", "-n", "default", "-o", "wide"]).await
         );
         println!();
         if ready {
@@ -200,11 +297,20 @@ pub async fn run(args: Args) -> Result<(), Error> {
                 );
             }
         } else {
-            println!(
-                "The cluster is not Ready after {}s; the pod logs are under {}/node/pgop-local/pods/",
-                args.ready_timeout,
-                plane.dir().display()
-            );
+            let pods = node.as_ref().map(LocalNode::pods_dir);
+            match pods.filter(|p| p.is_dir()) {
+                Some(pods) => println!(
+                    "The cluster is not Ready after {}s; each pod's logs are in a directory under {} \
+                     (<container>.log), and `kubectl describe pgc {name}` shows its conditions and Events",
+                    args.ready_timeout,
+                    pods.display()
+                ),
+                None => println!(
+                    "The cluster is not Ready after {}s and no pod has started; `kubectl describe pgc \
+                     {name}` shows its conditions and Events, the operator's log is above",
+                    args.ready_timeout
+                ),
+            }
         }
     }
     println!("kubeconfig: {}", kubeconfig.display());
@@ -214,16 +320,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     println!();
     println!("Ctrl-C stops everything and removes this directory:");
     println!("directory: {}", plane.dir().display());
-    wait_for_shutdown().await?;
-    eprintln!("pgop dev: stopping ...");
-    let _ = stop_tx.send(());
-    if let Some(op) = operator {
-        let _ = tokio::time::timeout(Duration::from_secs(10), op).await;
-    }
-    if let Some(node) = node {
-        node.stop().await;
-    }
-    plane.stop();
+    interrupt.wait().await;
     Ok(())
 }
 
@@ -255,9 +352,4 @@ fn postgres_user() -> Result<(i64, i64), Error> {
         "no local postgres user to run instances as (apt-get install postgresql-15), or pass --instance-uid",
     )?;
     Ok((i64::from(uid), i64::from(gid)))
-}
-
-async fn wait_for_shutdown() -> Result<(), Error> {
-    crate::operator::shutdown_signal().await;
-    Ok(())
 }

@@ -23,12 +23,25 @@ impl Drop for Dev {
     }
 }
 
-fn start_dev() -> Result<Dev> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pgop"))
+/// The tests of this binary run one at a time: each runs a control plane and a cluster.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn spawn_dev() -> Result<Child> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_pgop"))
         .args(["dev", "--ready-timeout", "120"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .spawn()?;
+        .spawn()?)
+}
+
+fn start_dev() -> Result<Dev> {
+    let mut child = spawn_dev()?;
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let mut kubeconfig = None;
     let mut dir = None;
@@ -145,8 +158,112 @@ fn http_get(host: &str, path: &str) -> Result<String> {
     Ok(response)
 }
 
+/// SIGINT to `pgop dev`, as Ctrl-C in its terminal; its exit status within 60 s.
+fn interrupt(child: &mut Child) -> Result<std::process::ExitStatus> {
+    let pid = child.id();
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            return Err("pgop dev did not exit within 60 s of Ctrl-C".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What a `pgop dev` with this pid left behind: its control planes' directories
+/// (`$TMPDIR/pgop-testenv/<pid>-<n>`) and every live process started for them.
+fn leftovers(pid: u32) -> (Vec<PathBuf>, Vec<u32>) {
+    let base = std::env::temp_dir().join("pgop-testenv");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(&base)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("{pid}-")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let marker = format!("PGOP_TESTENV_DIR={}/{pid}-", base.display());
+    let procs: Vec<u32> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|p| {
+                    std::fs::read(format!("/proc/{p}/environ"))
+                        .map(|env| {
+                            env.split(|b| *b == 0)
+                                .any(|kv| kv.starts_with(marker.as_bytes()))
+                        })
+                        .unwrap_or(false)
+                })
+                .filter(|p| alive(*p))
+                .collect()
+        })
+        .unwrap_or_default();
+    (dirs, procs)
+}
+
+/// Nothing of `pid` is left within a few seconds of its exit.
+fn nothing_left(pid: u32, when: &str) -> Result {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (dirs, procs) = leftovers(pid);
+        if dirs.is_empty() && procs.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let names: Vec<String> = procs.iter().map(|p| format!("{p} {}", comm(*p))).collect();
+            return Err(format!("Ctrl-C {when} left {dirs:?} and processes {names:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ctrl_c_while_the_control_plane_starts_leaves_nothing_behind() -> Result {
+    let _serial = serial();
+    let mut child = spawn_dev()?;
+    let pid = child.id();
+    // The control plane takes a few seconds to start: interrupt it halfway.
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = interrupt(&mut child)?;
+    assert!(status.success(), "pgop dev exited with {status}");
+    nothing_left(pid, "while starting")
+}
+
+#[test]
+fn ctrl_c_while_waiting_for_ready_leaves_nothing_behind() -> Result {
+    let _serial = serial();
+    let mut child = spawn_dev()?;
+    let pid = child.id();
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        let line = lines
+            .next()
+            .ok_or("pgop dev ended before applying its cluster")??;
+        if line.contains("waiting until it is Ready") {
+            break;
+        }
+    }
+    // Pods are being created and PostgreSQL initialised now.
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = interrupt(&mut child)?;
+    assert!(status.success(), "pgop dev exited with {status}");
+    nothing_left(pid, "while waiting for Ready")
+}
+
 #[test]
 fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
+    let _serial = serial();
     let mut dev = start_dev()?;
     let namespaces = kubectl(&dev.kubeconfig, &["get", "namespaces", "-o", "name"])?;
     assert!(namespaces.contains("namespace/default"), "{namespaces}");
@@ -226,12 +343,15 @@ fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
         Vec::<u32>::new()
     );
     assert!(!dev.dir.exists(), "{} was left behind", dev.dir.display());
-    Ok(())
+    nothing_left(pid, "once Ready")
 }
 
 #[tokio::test]
+// The lock only orders this binary's tests; each runs on its own runtime.
+#[allow(clippy::await_holding_lock)]
 async fn killing_dev_outright_leaves_no_process_and_the_next_start_sweeps_its_directory() -> Result
 {
+    let _serial = serial();
     let mut dev = start_dev()?;
     let children = children_of(dev.child.id());
     assert!(children.len() >= 4, "{children:?}");

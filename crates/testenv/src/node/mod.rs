@@ -184,6 +184,14 @@ impl LocalNode {
         &self.shared.hosts_file
     }
 
+    /// The directory that holds one directory per pod ([`LocalNode::pod_dir`]).
+    pub fn pods_dir(&self) -> PathBuf {
+        container::pod_dir(&self.shared.root, "")
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.shared.root.clone())
+    }
+
     /// The local directory of a pod (its logs: `<container>.log`).
     pub fn pod_dir(&self, pod_uid: &str) -> PathBuf {
         container::pod_dir(&self.shared.root, pod_uid)
