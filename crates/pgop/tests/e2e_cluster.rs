@@ -190,6 +190,88 @@ async fn e2e_a_refused_parameter_is_reported_in_a_condition_and_heals_when_remov
     env.stop().await
 }
 
+/// A generated Secret deleted by hand is generated anew, and PostgreSQL takes its new
+/// password: the application logs in with it (not with the old one), and after the
+/// replication Secret too is generated anew the standby still streams and the replication
+/// role logs in with the new password.
+#[tokio::test]
+async fn e2e_a_deleted_secret_is_generated_anew_and_postgresql_takes_its_password() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("e2e-secret").await?;
+    env.create(
+        "sec",
+        serde_json::json!({"replicas": 2, "storage": {"size": "1Gi"}}),
+    )
+    .await?;
+    env.wait_ready("sec", 2).await?;
+    let old = env.password("sec").await?;
+    write_through_rw(&env, "sec", &old, "create table t(id int)").await?;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), env.n());
+    let replication_password = |s: &Secret| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get("password"))
+            .map(|p| String::from_utf8_lossy(&p.0).into_owned())
+    };
+    let old_replication = replication_password(&secrets.get("sec-replication").await?);
+
+    for name in ["sec-app", "sec-replication"] {
+        secrets.delete(name, &DeleteParams::default()).await?;
+    }
+    let new = wait::until("sec-app generated anew", TIMEOUT, || async {
+        match env.password("sec").await {
+            Ok(p) if p != old => Ok(p),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    let new_replication = wait::until("sec-replication generated anew", TIMEOUT, || async {
+        match secrets.get_opt("sec-replication").await {
+            Ok(Some(s)) if replication_password(&s) != old_replication => {
+                replication_password(&s).ok_or_else(|| "no password".to_string())
+            }
+            other => Err(format!("{:?}", other.map(|s| s.is_some()))),
+        }
+    })
+    .await?;
+    // The primary's manager sets the new passwords.
+    let written = write_through_rw(&env, "sec", &new, "insert into t values (1)").await?;
+    println!("the new app password works after {written:?}");
+    let primary = env.current_primary("sec").await?;
+    let ip = env.pod_ip(&primary).await?;
+    assert!(
+        connect(&ip, &old).await.is_err(),
+        "the old password is gone"
+    );
+    let standby = env
+        .pod_ips("sec")
+        .await?
+        .into_iter()
+        .find(|(n, _)| *n != primary)
+        .ok_or("no standby")?;
+    wait_rows(&standby.0, &standby.1, &new, "t", 1).await?;
+    let replica_login = wait::until(
+        "streaming_replica logs in with its new password",
+        TIMEOUT,
+        || async {
+            let login = tokio_postgres::Config::new()
+                .host(&ip)
+                .port(5432)
+                .user("streaming_replica")
+                .dbname("postgres")
+                .password(&new_replication)
+                .connect_timeout(std::time::Duration::from_secs(5))
+                .connect(tokio_postgres::NoTls)
+                .await;
+            login.map(drop).map_err(|e| e.to_string())
+        },
+    )
+    .await;
+    replica_login?;
+    env.wait_ready("sec", 2).await?;
+    env.stop().await
+}
+
 /// The instance runs with the spec's restart-only parameters and has none pending: it
 /// started with them, no restart was needed.
 async fn started_with_the_spec(name: &str, c: &tokio_postgres::Client) -> Result {

@@ -72,6 +72,8 @@ pub enum Error {
     ExitedAtStart,
     #[error("refusing to restart: {0}")]
     RestartRefused(String),
+    #[error("failed to set a role's password from the cluster's Secret")]
+    SetPassword(#[source] tokio_postgres::Error),
 }
 
 /// Everything about the instance that does not change while it runs.
@@ -138,6 +140,10 @@ struct Desired {
     /// standby needs at least as high (from pg_controldata), used where the spec's are
     /// lower. Not kept in later renderings: the rolling restart lowers them in order.
     standby_floors: BTreeMap<String, i64>,
+    /// The application and replication passwords as the cluster's Secrets hold them now.
+    passwords: (String, String),
+    /// The passwords last set in PostgreSQL by this manager (as the primary).
+    passwords_set: Option<(String, String)>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -171,6 +177,10 @@ impl Instance {
             forward_logs: options.forward_logs,
         });
         supervisor.set_restart_on_crash(options.restart_crashed_primary);
+        let passwords = (
+            options.credentials.app_password.clone(),
+            options.credentials.replication_password.clone(),
+        );
         Self {
             options,
             supervisor,
@@ -189,6 +199,8 @@ impl Instance {
                 restart_refused: None,
                 start_error: None,
                 standby_floors: BTreeMap::new(),
+                passwords,
+                passwords_set: None,
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -217,8 +229,53 @@ impl Instance {
             host: host.to_string(),
             port: self.options.layout.port,
             user: self.options.credentials.replication_user.clone(),
-            password: self.options.credentials.replication_password.clone(),
+            password: self.desired().passwords.1.clone(),
         }
+    }
+
+    /// The passwords the cluster's `-app` and `-replication` Secrets hold now. A standby
+    /// streams with the new replication password from its next configuration; the primary
+    /// sets both in PostgreSQL ([`Instance::apply_passwords`]).
+    pub fn set_passwords(&self, app: &str, replication: &str) {
+        self.desired().passwords = (app.to_string(), replication.to_string());
+    }
+
+    /// Primary: sets the Secrets' passwords on the application and replication roles when
+    /// they differ from what this manager last set (once after every start of the manager),
+    /// so that a Secret deleted and generated anew never disagrees with PostgreSQL.
+    pub async fn apply_passwords(&self) -> Result<(), Error> {
+        let passwords = {
+            let d = self.desired();
+            if d.passwords_set.as_ref() == Some(&d.passwords) {
+                return Ok(());
+            }
+            d.passwords.clone()
+        };
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        let c = &self.options.credentials;
+        for (role, password) in [
+            (&c.app_user, &passwords.0),
+            (&c.replication_user, &passwords.1),
+        ] {
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[role])
+                .await
+                .map_err(Error::SetPassword)?
+                .is_some();
+            if exists {
+                client
+                    .batch_execute(&format!(
+                        "ALTER ROLE {} PASSWORD {}",
+                        sql::quote_ident(role),
+                        sql::quote_literal(password)
+                    ))
+                    .await
+                    .map_err(Error::SetPassword)?;
+            }
+        }
+        tracing::info!("the roles' passwords are the Secrets' passwords");
+        self.desired().passwords_set = Some(passwords);
+        Ok(())
     }
 
     /// The state of the data directory.

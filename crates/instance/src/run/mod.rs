@@ -347,6 +347,13 @@ async fn reconcile(
     if instance.fenced() {
         return Ok(Next::Idle);
     }
+    // The Secrets may have been generated anew (deleted by hand): their passwords win.
+    match read_credentials(client, settings).await {
+        Ok(c) => instance.set_passwords(&c.app_password, &c.replication_password),
+        Err(err) => {
+            tracing::warn!(error = %error_chain(&err), "failed to read the cluster's Secrets; keeping the passwords known")
+        }
+    }
     let status = cluster.status.clone().unwrap_or_default();
     let me = settings.pod_name.as_str();
     let named = status
@@ -508,6 +515,9 @@ async fn reconcile(
         .map_err(manage)?;
     if plan.primary.as_deref() == Some(me) {
         instance.ensure_slots(&plan.slots).await.map_err(manage)?;
+        if instance.mode() == Mode::Primary {
+            instance.apply_passwords().await.map_err(manage)?;
+        }
     }
     let spec = &cluster.spec;
     let report = instance
