@@ -17,6 +17,13 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// The longest time without an acknowledged commit allowed while the primary is never
+/// touched. The primary's own postmaster start time is the exact check that it was never
+/// restarted; this bound catches a primary that stopped serving, with room for a loaded
+/// 2-core machine (where one commit can stall a second or two). Measured gaps are printed;
+/// on an idle machine they stay well under 2 s (docs/ha.md).
+const MAX_GAP: Duration = Duration::from_secs(5);
+
 /// A file that exists but is no library: PostgreSQL's dry run (`postgres -C`, the library
 /// exists) accepts it, and the postmaster then refuses to start ("invalid ELF header").
 const NOT_A_LIBRARY: &str = "/etc/passwd";
@@ -124,6 +131,7 @@ async fn e2e_the_restart_annotation_restarts_one_instance_at_a_time_with_one_swi
     let ready = env.wait_ready("rs", 3).await?;
     let (acked, gap) = writer.stop_timed().await?;
     assert!(!acked.is_empty());
+    let gap = gap.ok_or("no commit acknowledged")?;
 
     // One at a time: the standbys first (each started well after the one before, since a
     // step waits for the previous instance to be back), the old primary last.
@@ -199,7 +207,9 @@ async fn e2e_a_value_the_dry_run_refuses_blocks_the_rollout_before_any_restart()
     env.wait_cluster("dry", "RolloutBlocked False", TIMEOUT, not_blocked)
         .await?;
     let (_, gap) = writer.stop_timed().await?;
-    assert!(gap < Duration::from_secs(2), "longest write gap {gap:?}");
+    let gap = gap.ok_or("no commit acknowledged")?;
+    println!("longest write gap while the rollout was refused: {gap:?}");
+    assert!(gap < MAX_GAP, "longest write gap {gap:?}");
     assert_eq!(env.current_primary("dry").await?, primary);
     env.stop().await
 }
@@ -269,7 +279,9 @@ async fn e2e_an_instance_that_cannot_start_blocks_the_rollout_and_heals_when_the
     env.wait_cluster("blk", "RolloutBlocked False", TIMEOUT, not_blocked)
         .await?;
     let (acked, gap) = writer.stop_timed().await?;
-    assert!(gap < Duration::from_secs(2), "longest write gap {gap:?}");
+    let gap = gap.ok_or("no commit acknowledged")?;
+    println!("longest write gap while a standby could not start: {gap:?}");
+    assert!(gap < MAX_GAP, "longest write gap {gap:?}");
     rows_on_standby(&env, "blk", &standby, &password, acked.len()).await?;
     env.stop().await
 }
@@ -330,6 +342,7 @@ async fn e2e_a_primary_that_cannot_start_hands_over_to_a_standby() -> Result {
     .await?;
     env.wait_ready("ns", 2).await?;
     let (acked, gap) = writer.stop_timed().await?;
+    let gap = gap.ok_or("no commit acknowledged")?;
     println!("longest write gap with a primary that cannot start: {gap:?}");
     assert!(
         gap < Duration::from_secs(10),

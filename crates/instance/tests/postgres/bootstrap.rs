@@ -55,8 +55,10 @@ async fn an_interrupted_clone_is_detected_and_redone() -> TestResult {
 }
 
 /// A crashed postmaster is restarted by the supervisor; shutdown (SIGTERM of the manager)
-/// stops PostgreSQL cleanly within the stop timeout even while a client holds a session
-/// open (smart shutdown would wait for it forever; fast shutdown follows).
+/// stops PostgreSQL cleanly even while a client holds a session open: the shutdown is fast
+/// (the session is ended, a smart shutdown would wait for it), and the stop ladder bounds it
+/// in any case (fast, then immediate after the stop timeout, then SIGKILL). The bound below
+/// is that ladder with room for a loaded machine, not a speed target.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_postmaster_restarts_and_shutdown_is_clean_within_the_timeout() -> TestResult {
     let node = Node::with_stop_timeout("stop-1", Duration::from_secs(2));
@@ -77,7 +79,7 @@ async fn a_crashed_postmaster_restarts_and_shutdown_is_clean_within_the_timeout(
     let started = Instant::now();
     node.instance.shutdown().await?;
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(6), "shutdown took {took:?}");
+    assert!(took < Duration::from_secs(30), "shutdown took {took:?}");
     assert!(node.instance.pid().is_none());
     // SAFETY: as above; signal 0 only checks that the process group exists.
     let alive = unsafe { libc::kill(-(second as i32), 0) } == 0;

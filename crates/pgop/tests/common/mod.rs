@@ -333,7 +333,6 @@ pub async fn write_through_rw(
 /// A writer through `-rw` that records every commit PostgreSQL acknowledged.
 pub struct Writer {
     stop: Arc<AtomicBool>,
-    started: std::time::Instant,
     task: tokio::task::JoinHandle<Vec<(i64, std::time::Instant)>>,
 }
 
@@ -373,11 +372,7 @@ impl Writer {
             }
             acked
         });
-        Self {
-            stop,
-            started: std::time::Instant::now(),
-            task,
-        }
+        Self { stop, task }
     }
 
     /// Stops writing; every id PostgreSQL acknowledged.
@@ -386,18 +381,21 @@ impl Writer {
     }
 
     /// Stops writing; every id PostgreSQL acknowledged, and the longest time without an
-    /// acknowledged commit (from the start to the first, between two, or to the stop).
-    pub async fn stop_timed(self) -> Result<(Vec<i64>, Duration)> {
+    /// acknowledged commit once the first one was (between two, or from the last to the
+    /// stop). `None` when nothing was acknowledged.
+    pub async fn stop_timed(self) -> Result<(Vec<i64>, Option<Duration>)> {
         self.stop.store(true, Ordering::Relaxed);
         let stopped = std::time::Instant::now();
         let acked = self.task.await?;
-        let mut longest = Duration::ZERO;
-        let mut last = self.started;
-        for (_, at) in &acked {
-            longest = longest.max(at.duration_since(last));
-            last = *at;
-        }
-        longest = longest.max(stopped.saturating_duration_since(last));
+        let longest = acked.first().map(|(_, first)| {
+            let mut longest = Duration::ZERO;
+            let mut last = *first;
+            for (_, at) in &acked {
+                longest = longest.max(at.duration_since(last));
+                last = *at;
+            }
+            longest.max(stopped.saturating_duration_since(last))
+        });
         Ok((acked.into_iter().map(|(id, _)| id).collect(), longest))
     }
 }
