@@ -574,14 +574,7 @@ mod tests {
 
     #[test]
     fn archiving_owns_archive_mode_and_command_and_defaults_the_timeout() {
-        let layout = Layout {
-            instance: "demo-1".into(),
-            cluster: "demo".into(),
-            pgdata: "/data".into(),
-            listen_addresses: "10.0.0.1".into(),
-            port: 5432,
-            socket_dir: "/run/postgresql".into(),
-        };
+        let layout = layout();
         let command = "'/pgop' instance wal-archive --store-config '/run/x.json' %p";
         let none = BTreeMap::new();
         let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &none);
@@ -610,11 +603,8 @@ mod tests {
     fn owned_parameters_win_and_values_are_quoted() {
         let layout = Layout {
             instance: "demo-2".into(),
-            cluster: "demo".into(),
-            pgdata: "/data".into(),
             listen_addresses: "10.0.0.2".into(),
-            port: 5432,
-            socket_dir: "/run/postgresql".into(),
+            ..layout()
         };
         let user = BTreeMap::from([
             ("port".to_string(), "1".to_string()),

@@ -466,18 +466,11 @@ async fn e2e_rolling_updates_go_standbys_first_with_one_switchover() -> Result {
     );
     // The primary's postmaster started before either standby's (Events of one reason about
     // one instance fold into one series, so they cannot tell the order here).
-    let mut started: Vec<(f64, String)> = Vec::new();
-    for (name, ip) in env.pod_ips("roll").await? {
-        let c = connect(&ip, &password).await?;
-        let at: f64 = c
-            .query_one(
-                "select extract(epoch from pg_postmaster_start_time())::float8",
-                &[],
-            )
-            .await?
-            .get(0);
-        started.push((at, name));
-    }
+    let mut started: Vec<(f64, String)> = start_times(&env, "roll", &password)
+        .await?
+        .into_iter()
+        .map(|(name, at)| (at, name))
+        .collect();
     started.sort_by(|a, b| a.0.total_cmp(&b.0));
     assert_eq!(
         started.first().map(|(_, n)| n.as_str()),

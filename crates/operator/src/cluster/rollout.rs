@@ -2,7 +2,8 @@
 //! setting; parameters PostgreSQL applies only at start), one instance at a time, as a
 //! pure decision.
 //!
-//! Order: the standbys one by one (each back ready before the next), then a switchover to
+//! Order: the standbys one by one (each back, ready and streaming before the next), then a
+//! switchover to
 //! the standby with the most WAL, then the old primary, now a standby. The primary is thus
 //! restarted in place only when it is the sole instance. Nothing moves while a failover or
 //! switchover is in progress, while the primary is unavailable, or while any instance is
@@ -183,6 +184,16 @@ pub fn blocked(
     })
 }
 
+/// Whether an instance is healthy for a rollout step: PostgreSQL answers, and a standby
+/// streams from its primary.
+fn healthy(s: &PgStatus) -> bool {
+    match s.role {
+        PgRole::Primary => true,
+        PgRole::Replica => s.streaming,
+        PgRole::Stopped => false,
+    }
+}
+
 pub fn next(input: &Input) -> Step {
     let roles = input.roles;
     if roles.in_transition() {
@@ -197,7 +208,7 @@ pub fn next(input: &Input) -> Step {
                 .probes
                 .get(name)
                 .and_then(Probe::status)
-                .is_some_and(|s| s.running && s.role != PgRole::Stopped);
+                .is_some_and(|s| s.running && healthy(s));
         if pod.is_some() && !back {
             return Step::Restart {
                 instance: name.to_string(),
@@ -213,9 +224,7 @@ pub fn next(input: &Input) -> Step {
         let pg = input.probes.get(name).and_then(Probe::status);
         match (pod, pg) {
             (Some(pod), Some(pg))
-                if pod.metadata.deletion_timestamp.is_none()
-                    && pod_ready(pod)
-                    && pg.role != PgRole::Stopped =>
+                if pod.metadata.deletion_timestamp.is_none() && pod_ready(pod) && healthy(pg) =>
             {
                 live.push((name, pod, pg))
             }
@@ -364,16 +373,7 @@ mod tests {
         }
 
         fn next(&self, roles: &Roles) -> Step {
-            next(&Input {
-                instances: &self.instances,
-                pods: &self.pods,
-                probes: &self.probes,
-                roles,
-                desired_hashes: &self.hashes,
-                generation: self.generation,
-                restarting: self.restarting.as_deref(),
-                restart_requested_at: self.requested_at,
-            })
+            next(&self.input(roles))
         }
 
         fn input<'a>(&'a self, roles: &'a Roles) -> Input<'a> {
@@ -430,6 +430,38 @@ mod tests {
         );
         w.started_at("db-1", "2026-01-01T00:01:20Z");
         assert_eq!(w.next(&r), Step::Idle);
+    }
+
+    #[test]
+    fn a_restarted_standby_is_back_only_once_it_streams_again() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        w.restarting = Some("db-2".into());
+        for n in ["db-2", "db-3"] {
+            if let Some(Probe::Status(s)) = w.probes.get_mut(n) {
+                s.pending_restart = true;
+            }
+        }
+        if let Some(Probe::Status(s)) = w.probes.get_mut("db-2") {
+            s.pending_restart = false;
+            s.streaming = false;
+        }
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-2".into()
+            },
+            "answering, but not streaming yet: db-3 waits"
+        );
+        if let Some(Probe::Status(s)) = w.probes.get_mut("db-2") {
+            s.streaming = true;
+        }
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-3".into()
+            }
+        );
     }
 
     #[test]

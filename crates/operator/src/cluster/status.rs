@@ -382,17 +382,11 @@ mod tests {
         .expect("pod")
     }
 
-    /// The status with the plan's primary healthy and in place.
-    fn compute_with(
-        cluster: &PostgresCluster,
-        plan: &Plan,
-        pods: &[Pod],
-        now: Time,
-    ) -> PostgresClusterStatus {
-        let primary = instance_name("main", plan.primary);
-        let roles = Roles {
-            current: primary.clone(),
-            target: primary,
+    /// Roles with `primary` running and in place.
+    fn running(primary: &str) -> Roles {
+        Roles {
+            current: primary.into(),
+            target: primary.into(),
             phase: None,
             primary: crate::cluster::roles::Availability {
                 available: true,
@@ -401,7 +395,17 @@ mod tests {
             },
             notes: Vec::new(),
             clear_switchover_request: false,
-        };
+        }
+    }
+
+    /// The status with the plan's primary healthy and in place.
+    fn compute_with(
+        cluster: &PostgresCluster,
+        plan: &Plan,
+        pods: &[Pod],
+        now: Time,
+    ) -> PostgresClusterStatus {
+        let roles = running(&instance_name("main", plan.primary));
         let probes = BTreeMap::new();
         let seen = Observations {
             pods,
@@ -483,18 +487,7 @@ mod tests {
         use pgop_api::instance_status::{InvalidParameter, PgStatus};
         let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
         let pods = [pod("main-1", true), pod("main-2", true)];
-        let roles = Roles {
-            current: "main-1".into(),
-            target: "main-1".into(),
-            phase: None,
-            primary: crate::cluster::roles::Availability {
-                available: true,
-                reason: "PrimaryRunning",
-                message: "runs".into(),
-            },
-            notes: Vec::new(),
-            clear_switchover_request: false,
-        };
+        let roles = running("main-1");
         let answering = |invalid: Vec<InvalidParameter>| {
             let mut status = PgStatus::stopped("main-2", false);
             status.invalid_parameters = invalid;

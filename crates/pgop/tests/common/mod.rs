@@ -287,6 +287,32 @@ pub async fn connect_within(
     Ok(client)
 }
 
+/// When the postmaster behind `c` started, in seconds since the epoch.
+pub async fn postmaster_started(c: &tokio_postgres::Client) -> Result<f64> {
+    Ok(c.query_one(
+        "select extract(epoch from pg_postmaster_start_time())::float8",
+        &[],
+    )
+    .await?
+    .get(0))
+}
+
+/// Every instance's postmaster start time (epoch seconds), by instance.
+pub async fn start_times(
+    env: &Env,
+    cluster: &str,
+    password: &str,
+) -> Result<std::collections::BTreeMap<String, f64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (name, ip) in env.pod_ips(cluster).await? {
+        out.insert(
+            name,
+            postmaster_started(&connect(&ip, password).await?).await?,
+        );
+    }
+    Ok(out)
+}
+
 pub async fn count_on(host: &str, password: &str, table: &str) -> Result<i64> {
     let c = connect(host, password).await?;
     Ok(c.query_one(&format!("select count(*) from {table}"), &[])
