@@ -396,6 +396,12 @@ async fn role_of(manager: &Manager) -> Option<String> {
     Some(status["role"].as_str()?.to_string())
 }
 
+/// A primary that is ready: bootstrapped to the end (roles and database created), not only
+/// answering as a primary, which it already does in the middle of its bootstrap.
+async fn ready_primary(manager: &Manager) -> Option<()> {
+    (role_of(manager).await? == "primary" && manager.get("/readyz")?.0 == 200).then_some(())
+}
+
 /// Two `pgop instance run` processes (pod IPs 127.0.0.2 and .3): the second clones the
 /// first; when the first's node is lost and the status names the second, it promotes; the
 /// first, started again, rejoins through pg_rewind as a standby of the second.
@@ -743,19 +749,26 @@ async fn a_primary_fences_itself_when_its_lease_is_taken_and_restarts_a_crash_af
     .await?;
     let mut manager = Manager::spawn(plane, ns.name(), "demo-1", "127.0.0.1", free_port()?)?;
     let wait = Duration::from_secs(60);
-    eventually("demo-1 primary", wait, || async {
-        (role_of(&manager).await? == "primary").then_some(())
+    // Ready, not only answering: a Lease taken in the middle of the bootstrap makes the
+    // manager bootstrap again once it has it back.
+    eventually("demo-1 primary and ready", wait, || async {
+        ready_primary(&manager).await
     })
     .await;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), ns.name());
-    let mut lease = leases.get("demo").await?;
-    if let Some(spec) = lease.spec.as_mut() {
-        spec.holder_identity = Some("intruder".into());
+    // The holder renews every 2 s: a write that meets its renewal is read and written again.
+    loop {
+        let mut lease = leases.get("demo").await?;
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = Some("intruder".into());
+        }
+        match leases.replace("demo", &PostParams::default(), &lease).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(other) => return Err(other.into()),
+        }
     }
-    leases
-        .replace("demo", &PostParams::default(), &lease)
-        .await?;
     let stolen = Instant::now();
     eventually("PostgreSQL stopped", Duration::from_secs(5), || async {
         (role_of(&manager).await? == "stopped").then_some(())
@@ -765,7 +778,7 @@ async fn a_primary_fences_itself_when_its_lease_is_taken_and_restarts_a_crash_af
     eprintln!("fence: stopped {fenced:?} after the Lease was taken");
     assert!(fenced < Duration::from_secs(4), "{fenced:?}");
     let back = eventually("demo-1 primary again", Duration::from_secs(30), || async {
-        (role_of(&manager).await? == "primary").then_some(stolen.elapsed())
+        ready_primary(&manager).await.map(|()| stolen.elapsed())
     })
     .await;
     eprintln!("fence: primary again after {back:?}");
