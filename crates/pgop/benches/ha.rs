@@ -5,7 +5,7 @@
 //!   (`dataDurability: required`) replication, median and max over 10 runs each;
 //! - switchover: request (annotation) -> first write accepted through `-rw`;
 //! - pod deletion: the primary's Pod deleted (`kubectl delete pod`, with an idle session
-//!   connected to it) -> first write accepted through `-rw`;
+//!   connected to it) -> first write accepted through `-rw` by the new primary;
 //! - commits lost: a writer commits through `-rw` during the synchronous failovers and
 //!   every acknowledged commit is looked up on the final primary.
 //!
@@ -160,23 +160,34 @@ async fn main() -> Result {
             .and_then(|s| s.current_primary)
             .ok_or("no primary")?;
         // An idle session on the primary: a smart shutdown would wait for it.
-        let idle = connect(&env.pod_ip(&primary).await?, &password).await?;
+        let old_ip = env.pod_ip(&primary).await?;
+        let idle = connect(&old_ip, &password).await?;
         let started = Instant::now();
         env.delete_pod(&primary).await?;
-        write_through_rw(
-            &env,
-            "async",
-            &password,
-            "insert into probe values (default)",
-        )
-        .await?;
+        // The old primary keeps taking writes until its shutdown begins: the clock stops at
+        // the first write accepted by the new one.
+        loop {
+            if let Some(rw) = env.rw("async")
+                && rw != old_ip
+                && let Ok(c) = connect_within(&rw, &password, Duration::from_millis(500)).await
+                && c.batch_execute("insert into probe values (default)")
+                    .await
+                    .is_ok()
+            {
+                break;
+            }
+            if started.elapsed() > TIMEOUT {
+                return Err("no write on a new primary after the pod deletion".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         deletions.push(started.elapsed());
         drop(idle);
     }
     env.wait_ready("async", 3).await?;
     let (median, max) = stats(&deletions);
     rows.push((
-        "pod deletion of the primary, idle session open (delete -> write via -rw)".into(),
+        "pod deletion of the primary, idle session open (delete -> write via -rw on the new primary)".into(),
         deletions.len().to_string(),
         secs(median),
         secs(max),
