@@ -14,6 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod floors;
+mod passwords;
 mod store;
 
 pub use store::{
@@ -233,51 +235,6 @@ impl Instance {
         }
     }
 
-    /// The passwords the cluster's `-app` and `-replication` Secrets hold now. A standby
-    /// streams with the new replication password from its next configuration; the primary
-    /// sets both in PostgreSQL ([`Instance::apply_passwords`]).
-    pub fn set_passwords(&self, app: &str, replication: &str) {
-        self.desired().passwords = (app.to_string(), replication.to_string());
-    }
-
-    /// Primary: sets the Secrets' passwords on the application and replication roles when
-    /// they differ from what this manager last set (once after every start of the manager),
-    /// so that a Secret deleted and generated anew never disagrees with PostgreSQL.
-    pub async fn apply_passwords(&self) -> Result<(), Error> {
-        let passwords = {
-            let d = self.desired();
-            if d.passwords_set.as_ref() == Some(&d.passwords) {
-                return Ok(());
-            }
-            d.passwords.clone()
-        };
-        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
-        let c = &self.options.credentials;
-        for (role, password) in [
-            (&c.app_user, &passwords.0),
-            (&c.replication_user, &passwords.1),
-        ] {
-            let exists = client
-                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[role])
-                .await
-                .map_err(Error::SetPassword)?
-                .is_some();
-            if exists {
-                client
-                    .batch_execute(&format!(
-                        "ALTER ROLE {} PASSWORD {}",
-                        sql::quote_ident(role),
-                        sql::quote_literal(password)
-                    ))
-                    .await
-                    .map_err(Error::SetPassword)?;
-            }
-        }
-        tracing::info!("the roles' passwords are the Secrets' passwords");
-        self.desired().passwords_set = Some(passwords);
-        Ok(())
-    }
-
     /// The state of the data directory.
     pub fn data_state(&self) -> DataState {
         bootstrap::inspect(&self.options.layout.pgdata)
@@ -344,7 +301,7 @@ impl Instance {
             let floored;
             let parameters =
                 if matches!(d.mode, Mode::Standby { .. }) && !d.standby_floors.is_empty() {
-                    floored = with_floors(&d.parameters, &d.standby_floors);
+                    floored = floors::with_floors(&d.parameters, &d.standby_floors);
                     &floored
                 } else {
                     &d.parameters
@@ -455,7 +412,7 @@ impl Instance {
         let mut cmd = crate::pg::binaries::command(&o.binaries, "pg_controldata", o.run_as);
         cmd.arg("-D").arg(&o.layout.pgdata);
         match bootstrap::run("pg_controldata", cmd).await {
-            Ok(out) => controldata_floors(&String::from_utf8_lossy(&out.stdout)),
+            Ok(out) => floors::controldata_floors(&String::from_utf8_lossy(&out.stdout)),
             Err(err) => {
                 tracing::warn!(error = %crate::error_chain(&err), "pg_controldata failed; starting the standby with the spec's values only");
                 BTreeMap::new()
@@ -1021,97 +978,5 @@ impl Instance {
     /// postmaster exits. The Lease is released right after.
     pub async fn shutdown(&self) -> Result<(), Error> {
         self.step_down().await
-    }
-}
-
-/// The parameters a hot standby needs at least at its primary's value, as pg_controldata
-/// names them, and PostgreSQL's defaults.
-const STANDBY_FLOORS: &[(&str, &str, i64)] = &[
-    ("max_connections setting:", "max_connections", 100),
-    ("max_worker_processes setting:", "max_worker_processes", 8),
-    (
-        "max_prepared_xacts setting:",
-        "max_prepared_transactions",
-        0,
-    ),
-    (
-        "max_locks_per_xact setting:",
-        "max_locks_per_transaction",
-        64,
-    ),
-];
-
-/// The floors in pg_controldata's output.
-fn controldata_floors(output: &str) -> BTreeMap<String, i64> {
-    let mut floors = BTreeMap::new();
-    for line in output.lines() {
-        for (label, name, _) in STANDBY_FLOORS {
-            if let Some(value) = line.strip_prefix(label)
-                && let Ok(value) = value.trim().parse::<i64>()
-            {
-                floors.insert((*name).to_string(), value);
-            }
-        }
-    }
-    floors
-}
-
-/// `parameters` with each floored parameter raised to its floor where the spec's value
-/// (or PostgreSQL's default) is lower.
-fn with_floors(
-    parameters: &BTreeMap<String, String>,
-    floors: &BTreeMap<String, i64>,
-) -> BTreeMap<String, String> {
-    let mut out = parameters.clone();
-    for (_, name, default) in STANDBY_FLOORS {
-        let Some(floor) = floors.get(*name) else {
-            continue;
-        };
-        let key = parameters
-            .keys()
-            .find(|k| k.eq_ignore_ascii_case(name))
-            .cloned()
-            .unwrap_or_else(|| (*name).to_string());
-        let current = match parameters.get(&key) {
-            Some(v) => match v.trim().parse::<i64>() {
-                Ok(v) => v,
-                Err(_) => continue,
-            },
-            None => *default,
-        };
-        if *floor > current {
-            out.insert(key, floor.to_string());
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_standby_starts_with_at_least_its_primarys_hot_standby_values() {
-        let out = "max_connections setting:              150\nmax_worker_processes setting:         8\nmax_wal_senders setting:              10\nmax_prepared_xacts setting:           0\nmax_locks_per_xact setting:           64\n";
-        let floors = controldata_floors(out);
-        assert_eq!(floors.get("max_connections"), Some(&150));
-        assert_eq!(floors.len(), 4);
-        let spec = BTreeMap::from([
-            ("max_connections".to_string(), "120".to_string()),
-            ("work_mem".to_string(), "8MB".to_string()),
-        ]);
-        let floored = with_floors(&spec, &floors);
-        assert_eq!(floored["max_connections"], "150");
-        assert_eq!(floored["work_mem"], "8MB");
-        assert!(
-            !floored.contains_key("max_worker_processes"),
-            "at the default already"
-        );
-        let higher = BTreeMap::from([("max_connections".to_string(), "200".to_string())]);
-        assert_eq!(with_floors(&higher, &floors)["max_connections"], "200");
-        assert_eq!(
-            with_floors(&BTreeMap::new(), &floors)["max_connections"],
-            "150"
-        );
     }
 }

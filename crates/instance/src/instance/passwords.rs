@@ -1,0 +1,51 @@
+//! The roles' passwords kept equal to the cluster's Secrets.
+
+use super::{Error, Instance};
+use crate::pg::sql;
+
+impl Instance {
+    /// The passwords the cluster's `-app` and `-replication` Secrets hold now. A standby
+    /// streams with the new replication password from its next configuration; the primary
+    /// sets both in PostgreSQL ([`Instance::apply_passwords`]).
+    pub fn set_passwords(&self, app: &str, replication: &str) {
+        self.desired().passwords = (app.to_string(), replication.to_string());
+    }
+
+    /// Primary: sets the Secrets' passwords on the application and replication roles when
+    /// they differ from what this manager last set (once after every start of the manager),
+    /// so that a Secret deleted and generated anew never disagrees with PostgreSQL.
+    pub async fn apply_passwords(&self) -> Result<(), Error> {
+        let passwords = {
+            let d = self.desired();
+            if d.passwords_set.as_ref() == Some(&d.passwords) {
+                return Ok(());
+            }
+            d.passwords.clone()
+        };
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        let c = &self.options.credentials;
+        for (role, password) in [
+            (&c.app_user, &passwords.0),
+            (&c.replication_user, &passwords.1),
+        ] {
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[role])
+                .await
+                .map_err(Error::SetPassword)?
+                .is_some();
+            if exists {
+                client
+                    .batch_execute(&format!(
+                        "ALTER ROLE {} PASSWORD {}",
+                        sql::quote_ident(role),
+                        sql::quote_literal(password)
+                    ))
+                    .await
+                    .map_err(Error::SetPassword)?;
+            }
+        }
+        tracing::info!("the roles' passwords are the Secrets' passwords");
+        self.desired().passwords_set = Some(passwords);
+        Ok(())
+    }
+}
