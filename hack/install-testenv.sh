@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes control plane that testenv runs (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl) from the Go module proxy.
+# Builds the real Kubernetes binaries that testenv runs from the Go module proxy: the control
+# plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) and, for the
+# real-node tier, kubelet, kube-proxy, crictl, CoreDNS and Helm.
 #
 #   hack/install-testenv.sh          build what is missing, print the bin directory
 #
@@ -48,7 +49,7 @@ else
 fi
 
 # --- Kubernetes -------------------------------------------------------------------------
-k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 missing=()
 for c in "${k8s_cmds[@]}"; do
   have "$c" "v$KUBERNETES_VERSION" || missing+=("$c")
@@ -100,6 +101,42 @@ else
     mv "$bin/$c.tmp" "$bin/$c"
   done
   log "kubernetes built: $("$bin/kube-apiserver" --version)"
+fi
+
+# --- the real-node tier's other tools -----------------------------------------------------
+# go_tool NAME VERSION MODULE PACKAGE [LDFLAGS]: builds PACKAGE of MODULE@vVERSION in its own
+# throwaway module (so that each tool keeps its own dependency versions).
+go_tool() {
+  local name=$1 version=$2 module=$3 package=$4 ldflags=${5:-}
+  local d=$work/$name-$version
+  rm -rf "$d" && mkdir -p "$d" && cd "$d"
+  go mod init "pgop.local/testenv-$name" >/dev/null 2>&1
+  go get "$module@v$version"
+  go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/$name.tmp" "$package"
+  mv "$bin/$name.tmp" "$bin/$name"
+  printf '%s\n' "$version" >"$bin/.$name.version"
+}
+built() { [ -x "$bin/$1" ] && [ "$(cat "$bin/.$1.version" 2>/dev/null)" = "$2" ]; }
+
+if built crictl "$CRI_TOOLS_VERSION"; then
+  log "crictl v$CRI_TOOLS_VERSION already built"
+else
+  log "building crictl v$CRI_TOOLS_VERSION"
+  go_tool crictl "$CRI_TOOLS_VERSION" sigs.k8s.io/cri-tools sigs.k8s.io/cri-tools/cmd/crictl \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS_VERSION"
+fi
+if built coredns "$COREDNS_VERSION"; then
+  log "coredns v$COREDNS_VERSION already built"
+else
+  log "building coredns v$COREDNS_VERSION (a cold build takes several minutes)"
+  go_tool coredns "$COREDNS_VERSION" github.com/coredns/coredns github.com/coredns/coredns
+fi
+if built helm "$HELM_VERSION"; then
+  log "helm v$HELM_VERSION already built"
+else
+  log "building helm v$HELM_VERSION"
+  go_tool helm "$HELM_VERSION" helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm \
+    "-X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION"
 fi
 
 echo "$bin"

@@ -29,6 +29,16 @@ pub fn kubernetes_version() -> &'static str {
     pinned("KUBERNETES_VERSION")
 }
 
+/// The pinned CoreDNS version, e.g. `1.14.7`.
+pub fn coredns_version() -> &'static str {
+    pinned("COREDNS_VERSION")
+}
+
+/// The pinned Helm version.
+pub fn helm_version() -> &'static str {
+    pinned("HELM_VERSION")
+}
+
 /// The pinned etcd version, e.g. `3.6.16`.
 pub fn etcd_version() -> &'static str {
     pinned("ETCD_VERSION")
@@ -42,6 +52,11 @@ pub enum Binary {
     KubeControllerManager,
     KubeScheduler,
     Kubectl,
+    Kubelet,
+    KubeProxy,
+    Crictl,
+    Coredns,
+    Helm,
 }
 
 impl Binary {
@@ -52,6 +67,11 @@ impl Binary {
             Binary::KubeControllerManager => "kube-controller-manager",
             Binary::KubeScheduler => "kube-scheduler",
             Binary::Kubectl => "kubectl",
+            Binary::Kubelet => "kubelet",
+            Binary::KubeProxy => "kube-proxy",
+            Binary::Crictl => "crictl",
+            Binary::Coredns => "coredns",
+            Binary::Helm => "helm",
         }
     }
 }

@@ -61,6 +61,10 @@ pub struct Options {
     pub scheduler: bool,
     /// Where the binaries are; default [`binaries::bin_dir`].
     pub bin_dir: Option<PathBuf>,
+    /// Prepare for real nodes ([`crate::nodes::RealNodes`]): the API server advertises
+    /// the address the nodes reach it at, so that the `kubernetes` Service has endpoints
+    /// that Pods can use.
+    pub real_nodes: bool,
 }
 
 impl Options {
@@ -71,6 +75,11 @@ impl Options {
 
     pub fn with_scheduler(mut self) -> Self {
         self.scheduler = true;
+        self
+    }
+
+    pub fn with_real_nodes(mut self) -> Self {
+        self.real_nodes = true;
         self
     }
 
@@ -90,6 +99,10 @@ pub struct ControlPlane {
     config: kube::Config,
     server: String,
     kubeconfig: PathBuf,
+    pki: pki::Pki,
+    authority: pki::Authority,
+    api_port: u16,
+    real_nodes: bool,
     workdir: WorkDir,
 }
 
@@ -160,7 +173,7 @@ impl ControlPlane {
         let dir = workdir.path().to_path_buf();
         let pki_dir = dir.join("pki");
         std::fs::create_dir_all(&pki_dir).map_err(Error::CreateWorkDir)?;
-        let pki = pki::write(&pki_dir)?;
+        let (pki, authority) = pki::write(&pki_dir)?;
         let p = free_ports(5)?;
         let ports = Ports {
             etcd_client: p[0],
@@ -179,6 +192,10 @@ impl ControlPlane {
             config,
             server,
             kubeconfig,
+            pki: pki.clone(),
+            authority,
+            api_port: ports.apiserver,
+            real_nodes: options.real_nodes,
             workdir,
         };
 
@@ -202,14 +219,16 @@ impl ControlPlane {
             .arg(format!("--cert-dir={}", dir.join("apiserver").display()))
             .arg(format!("--secure-port={}", ports.apiserver))
             .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
             .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
             .arg(format!(
                 "--tls-private-key-file={}",
                 pki.serving_key.display()
             ))
             .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
-            .arg("--authorization-mode=RBAC")
+            // The Node authorizer and NodeRestriction give real kubelets exactly a node's
+            // rights, as on a production cluster.
+            .arg("--authorization-mode=Node,RBAC")
+            .arg("--enable-admission-plugins=NodeRestriction")
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
             .arg(format!(
                 "--service-account-key-file={}",
@@ -221,9 +240,21 @@ impl ControlPlane {
             ))
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .arg("--allow-privileged=true")
-            // The `kubernetes` Service's Endpoints cannot hold a loopback address.
-            .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false");
+        if options.real_nodes {
+            // Real nodes reach the API server at this address (a proxy in their network
+            // namespaces forwards it to the loopback port), so the `kubernetes` Service
+            // gets it as its endpoint.
+            cmd.arg(format!(
+                "--advertise-address={}",
+                pki::NODE_FACING_API_ADDRESS
+            ))
+            .arg("--endpoint-reconciler-type=lease");
+        } else {
+            // The `kubernetes` Service's Endpoints cannot hold a loopback address.
+            cmd.arg("--advertise-address=127.0.0.1")
+                .arg("--endpoint-reconciler-type=none");
+        }
         plane.spawn("kube-apiserver", cmd)?;
         let api = plane.client()?;
         plane
@@ -380,6 +411,24 @@ impl ControlPlane {
     /// The API server's URL, `https://127.0.0.1:<port>`.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The API server's loopback port.
+    pub fn api_port(&self) -> u16 {
+        self.api_port
+    }
+
+    /// Whether the plane was started [`Options::with_real_nodes`].
+    pub fn takes_real_nodes(&self) -> bool {
+        self.real_nodes
+    }
+
+    pub(crate) fn pki(&self) -> &pki::Pki {
+        &self.pki
+    }
+
+    pub(crate) fn authority(&self) -> &pki::Authority {
+        &self.authority
     }
 
     /// The control plane's temporary directory (certificates, logs, etcd data).

@@ -23,6 +23,7 @@ mod namespace;
 pub mod node;
 mod pki;
 mod process;
+pub mod real_nodes;
 pub mod s3;
 mod shared;
 pub mod wait;

@@ -40,11 +40,13 @@ fn spawner() -> &'static Mutex<mpsc::Sender<(Command, SpawnReply)>> {
 struct Registry {
     pids: Vec<u32>,
     dirs: Vec<PathBuf>,
+    cgroups: Vec<String>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     pids: Vec::new(),
     dirs: Vec::new(),
+    cgroups: Vec::new(),
 });
 
 extern "C" fn cleanup_at_exit() {
@@ -61,6 +63,10 @@ extern "C" fn cleanup_at_exit() {
                 libc::waitpid(pid, std::ptr::null_mut(), 0);
             }
         }
+    }
+    // Real nodes' containers, which no process of ours is a parent of.
+    for name in reg.cgroups.drain(..) {
+        crate::real_nodes::cgroup::destroy(&name);
     }
     for dir in reg.dirs.drain(..) {
         kill_tagged(OWNER_ENV, &dir.display().to_string());
@@ -88,6 +94,15 @@ pub(crate) fn register_dir(dir: &Path) {
 
 pub(crate) fn forget_dir(dir: &Path) {
     with_registry(|r| r.dirs.retain(|d| d != dir));
+}
+
+/// Destroys the cgroup tree `name` at process exit unless [`forget_cgroup`] was called.
+pub(crate) fn register_cgroup(name: &str) {
+    with_registry(|r| r.cgroups.push(name.to_string()));
+}
+
+pub(crate) fn forget_cgroup(name: &str) {
+    with_registry(|r| r.cgroups.retain(|c| c != name));
 }
 
 fn signal_group(pid: u32, signal: libc::c_int) {

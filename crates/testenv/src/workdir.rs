@@ -26,6 +26,7 @@ impl WorkDir {
         let root = root();
         std::fs::create_dir_all(&root)?;
         sweep_dead(&root);
+        crate::real_nodes::cgroup::sweep_dead();
         let pid = std::process::id();
         loop {
             let n = SEQ.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,203 @@
+//! One cgroup tree per real node, in every mounted hierarchy: `/<run>-<node>` holds the
+//! node's daemons (in `system/`), the shims containerd starts (they inherit its cgroup)
+//! and, through the kubelet's `cgroupRoot`, every Pod's containers (`kubepods/...`).
+//! Stopping a node freezes the tree, kills what is in it and removes it, so no container
+//! outlives its node, whoever started it.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const ROOT: &str = "/sys/fs/cgroup";
+
+/// Names of the tree of every node of every harness run start with this.
+pub const PREFIX: &str = "pgop-testenv-";
+
+/// Every mounted hierarchy (cgroup v1 controllers, the named `systemd` one and the
+/// unified one of a hybrid setup).
+fn hierarchies() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(ROOT) else {
+        return Vec::new();
+    };
+    let mut all: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        // cpu,cpuacct style symlinks point at a hierarchy listed under its own name.
+        .filter(|p| !p.is_symlink() && p.join("cgroup.procs").exists())
+        .collect();
+    all.sort();
+    all
+}
+
+/// A node's cgroup tree, `/<name>` in every hierarchy.
+#[derive(Debug)]
+pub struct Tree {
+    name: String,
+}
+
+impl Tree {
+    /// Creates `/<name>` and `/<name>/system` everywhere (cpusets get the parent's CPUs
+    /// and memory nodes, which a new v1 cpuset lacks).
+    pub fn create(name: &str) -> io::Result<Self> {
+        let tree = Tree {
+            name: name.to_string(),
+        };
+        crate::process::register_cgroup(name);
+        let hierarchies = hierarchies();
+        if hierarchies.is_empty() {
+            return Err(io::Error::other(format!(
+                "no cgroup hierarchy is mounted under {ROOT}"
+            )));
+        }
+        for h in hierarchies {
+            for dir in [h.join(name), h.join(name).join("system")] {
+                match std::fs::create_dir(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(io::Error::new(
+                            e.kind(),
+                            format!("creating cgroup {}: {e}", dir.display()),
+                        ));
+                    }
+                }
+                if h.ends_with("cpuset") {
+                    for file in ["cpuset.cpus", "cpuset.mems"] {
+                        let parent = dir.parent().unwrap_or(&h).join(file);
+                        let value = std::fs::read_to_string(parent)?;
+                        std::fs::write(dir.join(file), value.trim())?;
+                    }
+                }
+            }
+        }
+        Ok(tree)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The shell words that move the current shell into `system/` of every hierarchy
+    /// (run by each node process before it execs its program).
+    pub fn join_script(&self) -> String {
+        format!(
+            "for f in {ROOT}/*/{name}/system/cgroup.procs; do echo $$ > \"$f\"; done",
+            name = self.name
+        )
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        destroy(&self.name);
+        crate::process::forget_cgroup(&self.name);
+    }
+}
+
+/// Freezes the tree, SIGKILLs every process in it, thaws it, waits (up to 10 s) until it
+/// is empty and removes every directory, deepest first.
+pub fn destroy(name: &str) {
+    let freezer = Path::new(ROOT).join("freezer").join(name);
+    let frozen = std::fs::write(freezer.join("freezer.state"), "FROZEN").is_ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = pids_in(name);
+        if pids.is_empty() {
+            break;
+        }
+        for pid in &pids {
+            // SAFETY: kill(2) on a process inside a cgroup tree this harness made.
+            unsafe {
+                libc::kill(*pid, libc::SIGKILL);
+            }
+        }
+        if frozen {
+            let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(
+                cgroup = name,
+                left = pids.len(),
+                "processes survived SIGKILL"
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for h in hierarchies() {
+        remove_tree(&h.join(name));
+    }
+}
+
+fn pids_in(name: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for h in hierarchies() {
+        collect(&h.join(name), &mut pids);
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+fn collect(dir: &Path, pids: &mut Vec<i32>) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                collect(&e.path(), pids);
+            }
+        }
+    }
+}
+
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    // A cgroup directory is removed with rmdir (its control files go with it).
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Trees of runs whose process is gone (named `PREFIX<pid>-...`).
+pub fn sweep_dead() {
+    let Ok(entries) = std::fs::read_dir(Path::new(ROOT).join("freezer")) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(pid) = name
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !crate::process::pid_alive(pid) {
+            destroy(&name);
+        }
+    }
+}
+
+/// Names of the trees that exist now (for tests that check nothing is left).
+pub fn existing(prefix: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for h in hierarchies() {
+        if let Ok(entries) = std::fs::read_dir(&h) {
+            names.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .filter(|n| n.starts_with(prefix)),
+            );
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
+}

@@ -1,0 +1,786 @@
+//! Real Kubernetes nodes on this machine: each node is a containerd, a kubelet and a
+//! kube-proxy in network, mount and UTS namespaces of its own, running real containers
+//! with runc, joined to a control plane started [`crate::Options::with_real_nodes`].
+//!
+//! ```text
+//!  harness (host namespace)              switch namespace              node namespaces
+//!  kube-apiserver 127.0.0.1:P  <-proxy-  10.250.0.1:P on br0  --veth--  eth0 10.250.0.11  cni0 10.244.0.1/24
+//!                                        routes 10.244.i/24              eth0 10.250.0.12  cni0 10.244.1.1/24
+//! ```
+//!
+//! - **Containment.** No namespace of the nodes has a link to the machine's network: the
+//!   switch and the nodes have no default route, and the Service CIDR is an `unreachable`
+//!   route in every node, so a packet that kube-proxy did not rewrite dies on its node.
+//!   The one way out is the API proxy ([`proxy`]), which only connects to the API
+//!   server's loopback port. [`RealNodes::start`] checks this before any Pod starts.
+//! - **Cleanup.** The namespaces are anonymous and held by the nodes' processes, so they
+//!   vanish with them, and with them every veth, iptables rule, mount and Pod network.
+//!   Every process of a node (its daemons, the shims, the containers) lives in the node's
+//!   cgroup tree ([`cgroup`]), which is frozen, killed and removed on drop, at exit, and by
+//!   the sweep of a later run when this one was SIGKILLed.
+
+pub mod cgroup;
+mod config;
+mod proxy;
+
+pub use config::{CLUSTER_CIDR, CLUSTER_DNS, SERVICE_CIDR, node_ip, normalized_image, pod_cidr};
+
+use crate::binaries::{self, Binary};
+use crate::control_plane::ControlPlane;
+use crate::process::{ManagedProcess, OWNER_ENV};
+use crate::workdir::WorkDir;
+use k8s_openapi::api::core::v1::Node;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "real nodes need root (namespaces, cgroups, mounts); run the tests as root \
+         (`sudo hack/test.sh`)"
+    )]
+    NotRoot,
+    #[error("the control plane was not started with Options::with_real_nodes()")]
+    PlaneNotReady,
+    #[error(
+        "{what} not found ({path}); install it with `{install}`",
+        path = path.display()
+    )]
+    Missing {
+        what: String,
+        path: PathBuf,
+        install: &'static str,
+    },
+    #[error(transparent)]
+    MissingBinary(#[from] binaries::MissingBinary),
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed ({status}): {output}")]
+    Command {
+        command: String,
+        status: String,
+        output: String,
+    },
+    #[error("{name} exited ({status}); last lines of {log}:\n{tail}")]
+    Exited {
+        name: String,
+        status: String,
+        log: String,
+        tail: String,
+    },
+    #[error("{what} within {timeout:?}{detail}")]
+    Timeout {
+        what: String,
+        timeout: Duration,
+        detail: String,
+    },
+    #[error("containment check failed: {0}")]
+    NotContained(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Io { what, source }
+}
+
+/// The Debian packages real nodes need, named in errors.
+pub const NODE_PACKAGES: &str =
+    "apt-get install containerd runc containernetworking-plugins iptables iproute2 util-linux";
+
+/// What [`RealNodes::start`] needs besides the control plane.
+#[derive(Clone, Debug)]
+pub struct NodesOptions {
+    /// How many nodes (named `node-0`, `node-1`, ...).
+    pub count: usize,
+    /// Image archives (OCI or Docker archive) imported into every node's containerd.
+    pub images: Vec<PathBuf>,
+    /// The image containerd runs as every Pod's sandbox (must be among `images`).
+    pub sandbox_image: String,
+    /// Where kubelet, kube-proxy and crictl are; default [`binaries::bin_dir`].
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// One node's processes and cgroup tree.
+struct RealNode {
+    name: String,
+    dir: PathBuf,
+    /// kube-proxy, kubelet, containerd, then the namespace holder: stopped newest first.
+    processes: Vec<ManagedProcess>,
+    tree: Option<cgroup::Tree>,
+}
+
+impl RealNode {
+    fn holder_pid(&self) -> u32 {
+        self.processes.first().map(ManagedProcess::pid).unwrap_or(0)
+    }
+
+    fn stop(&mut self) {
+        // The daemons first, so that nothing restarts a container while the tree dies.
+        while self.processes.len() > 1 {
+            if let Some(mut p) = self.processes.pop() {
+                p.signal(libc::SIGKILL);
+                p.wait_or_kill(Duration::from_secs(2));
+            }
+        }
+        // Shims, containers and the holder: with the holder the namespaces go.
+        drop(self.tree.take());
+        for mut p in self.processes.drain(..) {
+            p.wait_or_kill(Duration::from_secs(2));
+        }
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Running real nodes. Dropping stops them and leaves nothing behind.
+pub struct RealNodes {
+    // Drop order: nodes, then the proxy, then the switch, then the directory.
+    nodes: Vec<RealNode>,
+    proxy: Option<proxy::ApiProxy>,
+    switch: Option<ManagedProcess>,
+    switch_tree: Option<cgroup::Tree>,
+    crictl: PathBuf,
+    workdir: WorkDir,
+}
+
+impl std::fmt::Debug for RealNodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealNodes")
+            .field("nodes", &self.names())
+            .field("dir", &self.workdir.path())
+            .finish()
+    }
+}
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn run(cmd: &mut Command) -> Result<String, Error> {
+    let shown = format!("{cmd:?}");
+    let out = cmd.output().map_err(io(format!("running {shown}")))?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: shown,
+            status: out.status.to_string(),
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .trim()
+            .to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `ip ...` inside the network namespace of process `pid`.
+fn ip_in(pid: u32, args: &str) -> Result<String, Error> {
+    run(Command::new("nsenter")
+        .arg(format!("--target={pid}"))
+        .arg("--net")
+        .arg("--")
+        .arg("ip")
+        .args(args.split_whitespace()))
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    PATH.split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+}
+
+fn require_programs() -> Result<(), Error> {
+    for program in [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "runc",
+        "ctr",
+        "iptables",
+        "ip",
+        "nsenter",
+        "unshare",
+    ] {
+        if which(program).is_none() {
+            return Err(Error::Missing {
+                what: program.to_string(),
+                path: PathBuf::from(PATH),
+                install: NODE_PACKAGES,
+            });
+        }
+    }
+    for plugin in ["bridge", "host-local", "loopback", "portmap"] {
+        let path = Path::new("/usr/lib/cni").join(plugin);
+        if !path.is_file() {
+            return Err(Error::Missing {
+                what: format!("the CNI plugin {plugin}"),
+                path,
+                install: NODE_PACKAGES,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The script a namespace holder runs: its namespaces' set-up, then it sleeps until
+/// killed (PID 1 of nothing: only a holder of the namespaces, which die with it and the
+/// node's other processes).
+fn holder_script(tree: &cgroup::Tree, hostname: &str, dir: &Path, node: bool) -> String {
+    let mut s = format!("set -e\n{}\nip link set lo up\n", tree.join_script());
+    if node {
+        let d = dir.display();
+        s.push_str(&format!(
+            "hostname {hostname}
+echo 1 > /proc/sys/net/ipv4/ip_forward
+echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
+mkdir -p /run/netns /run/containerd /var/lib/cni {d}/var-lib-cni
+mount -t tmpfs -o mode=0755 pgop-netns /run/netns
+mount -t tmpfs -o mode=0711 pgop-containerd /run/containerd
+mount --bind {d}/var-lib-cni /var/lib/cni
+"
+        ));
+    }
+    s.push_str("echo ready\nexec sleep infinity\n");
+    s
+}
+
+impl RealNodes {
+    /// Starts `options.count` nodes against `plane` and waits until every one is Ready.
+    pub async fn start(plane: &ControlPlane, options: NodesOptions) -> Result<Self, Error> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(Error::NotRoot);
+        }
+        if !plane.takes_real_nodes() {
+            return Err(Error::PlaneNotReady);
+        }
+        require_programs()?;
+        let bin_dir = options.bin_dir.clone().unwrap_or_else(binaries::bin_dir);
+        let kubelet = binaries::locate_in(&bin_dir, Binary::Kubelet)?;
+        let kube_proxy = binaries::locate_in(&bin_dir, Binary::KubeProxy)?;
+        let crictl = binaries::locate_in(&bin_dir, Binary::Crictl)?;
+        for image in &options.images {
+            if !image.is_file() {
+                return Err(Error::Missing {
+                    what: "an image archive".into(),
+                    path: image.clone(),
+                    install: "hack/build-images.sh",
+                });
+            }
+        }
+        cgroup::sweep_dead();
+
+        let workdir = WorkDir::create().map_err(io("creating the nodes' directory"))?;
+        let run_id = workdir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        let mut nodes = RealNodes {
+            nodes: Vec::new(),
+            proxy: None,
+            switch: None,
+            switch_tree: None,
+            crictl,
+            workdir,
+        };
+        let owner = nodes.workdir.path().display().to_string();
+
+        // The switch: a bridge for the nodes, and the API proxy's address.
+        let switch_dir = nodes.workdir.path().join("switch");
+        std::fs::create_dir_all(&switch_dir).map_err(io("creating the switch's directory"))?;
+        let tree = cgroup::Tree::create(&format!("{}{run_id}-switch", cgroup::PREFIX))
+            .map_err(io("creating the switch's cgroup"))?;
+        let switch = spawn_holder(&tree, "switch", &switch_dir, false, &owner).await?;
+        let switch_pid = switch.pid();
+        nodes.switch = Some(switch);
+        nodes.switch_tree = Some(tree);
+        ip_in(switch_pid, "link add br0 type bridge")?;
+        ip_in(
+            switch_pid,
+            &format!(
+                "addr add {}/{} dev br0",
+                crate::pki::NODE_FACING_API_ADDRESS,
+                config::NODE_NETWORK_PREFIX
+            ),
+        )?;
+        ip_in(switch_pid, "link set br0 up")?;
+        let api: Ipv4Addr = crate::pki::NODE_FACING_API_ADDRESS
+            .parse()
+            .map_err(|_| Error::NotContained("the node-facing API address is invalid".into()))?;
+        let listener = proxy::listen_in(switch_pid, SocketAddr::from((api, plane.api_port())))
+            .map_err(io("binding the API proxy in the switch's namespace"))?;
+        nodes.proxy =
+            Some(proxy::ApiProxy::start(listener, plane.api_port()).map_err(io("API proxy"))?);
+        let server = format!("https://{api}:{}", plane.api_port());
+
+        for index in 0..options.count {
+            let name = format!("node-{index}");
+            let dir = nodes.workdir.path().join(&name);
+            std::fs::create_dir_all(dir.join("cni"))
+                .map_err(io(format!("creating {}", dir.display())))?;
+            let tree = cgroup::Tree::create(&format!("{}{run_id}-{name}", cgroup::PREFIX))
+                .map_err(io(format!("creating {name}'s cgroup")))?;
+            let holder = spawn_holder(&tree, &name, &dir, true, &owner).await?;
+            let pid = holder.pid();
+            nodes.nodes.push(RealNode {
+                name: name.clone(),
+                dir: dir.clone(),
+                processes: vec![holder],
+                tree: Some(tree),
+            });
+            ip_in(
+                switch_pid,
+                &format!("link add n{index} type veth peer name eth0 netns {pid}"),
+            )?;
+            ip_in(switch_pid, &format!("link set n{index} master br0 up"))?;
+            ip_in(
+                switch_pid,
+                &format!(
+                    "route add {} via {}",
+                    config::pod_cidr(index),
+                    config::node_ip(index)
+                ),
+            )?;
+            ip_in(
+                pid,
+                &format!(
+                    "addr add {}/{} dev eth0",
+                    config::node_ip(index),
+                    config::NODE_NETWORK_PREFIX
+                ),
+            )?;
+            ip_in(pid, "link set eth0 up")?;
+            ip_in(
+                pid,
+                &format!("route add unreachable {}", config::SERVICE_CIDR),
+            )?;
+        }
+        for index in 0..options.count {
+            let pid = nodes.nodes[index].holder_pid();
+            for other in (0..options.count).filter(|o| *o != index) {
+                ip_in(
+                    pid,
+                    &format!(
+                        "route add {} via {}",
+                        config::pod_cidr(other),
+                        config::node_ip(other)
+                    ),
+                )?;
+            }
+        }
+        nodes.check_containment()?;
+
+        // Node daemons.
+        let pki = plane.pki().clone();
+        for index in 0..options.count {
+            let node = &mut nodes.nodes[index];
+            let dir = node.dir.clone();
+            let name = node.name.clone();
+            let tree_join = node
+                .tree
+                .as_ref()
+                .map(cgroup::Tree::join_script)
+                .unwrap_or_default();
+            let holder = node.holder_pid();
+            let write = |file: &str, text: String| {
+                std::fs::write(dir.join(file), text).map_err(io(format!("writing {file}")))
+            };
+            write(
+                "containerd.toml",
+                config::containerd(&dir, &options.sandbox_image),
+            )?;
+            write("cni/10-pgop-testenv.conflist", config::cni(&dir, index))?;
+            write("resolv.conf", "options ndots:1\n".to_string())?;
+            let (cert, key) = plane
+                .authority()
+                .issue_client(
+                    &dir,
+                    "kubelet",
+                    &format!("system:node:{name}"),
+                    &["system:nodes"],
+                )
+                .map_err(|e| Error::Io {
+                    what: format!("issuing {name}'s kubelet certificate: {e}"),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            write(
+                "kubelet.kubeconfig",
+                config::kubeconfig(&server, &pki.ca_cert, &cert, &key),
+            )?;
+            let (cert, key) = plane
+                .authority()
+                .issue_client(&dir, "kube-proxy", "system:kube-proxy", &[])
+                .map_err(|e| Error::Io {
+                    what: format!("issuing {name}'s kube-proxy certificate: {e}"),
+                    source: std::io::Error::other(e.to_string()),
+                })?;
+            write(
+                "kube-proxy.kubeconfig",
+                config::kubeconfig(&server, &pki.ca_cert, &cert, &key),
+            )?;
+            let cgroup_root = node
+                .tree
+                .as_ref()
+                .map(|t| t.name().to_string())
+                .unwrap_or_default();
+            write(
+                "kubelet.yaml",
+                config::kubelet(&dir, &pki.ca_cert, &cgroup_root),
+            )?;
+            write(
+                "kube-proxy.yaml",
+                config::kube_proxy(&dir, &name, config::node_ip(index)),
+            )?;
+
+            let containerd = in_node(holder, &tree_join, &owner, "containerd", |c| {
+                c.arg(format!(
+                    "--config={}",
+                    dir.join("containerd.toml").display()
+                ));
+            });
+            node.processes.push(
+                ManagedProcess::spawn("containerd", containerd, &dir.join("containerd.log"))
+                    .map_err(io("starting containerd"))?,
+            );
+        }
+        for index in 0..options.count {
+            nodes.wait_containerd(index).await?;
+            for image in &options.images {
+                nodes.import(index, image)?;
+            }
+        }
+        for index in 0..options.count {
+            let node = &mut nodes.nodes[index];
+            let dir = node.dir.clone();
+            let holder = node.holder_pid();
+            let tree_join = node
+                .tree
+                .as_ref()
+                .map(cgroup::Tree::join_script)
+                .unwrap_or_default();
+            let kubelet_cmd = in_node(
+                holder,
+                &tree_join,
+                &owner,
+                &kubelet.display().to_string(),
+                |c| {
+                    c.arg(format!("--config={}", dir.join("kubelet.yaml").display()))
+                        .arg(format!(
+                            "--kubeconfig={}",
+                            dir.join("kubelet.kubeconfig").display()
+                        ))
+                        .arg(format!("--root-dir={}", dir.join("kubelet").display()))
+                        .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
+                        .arg(format!("--hostname-override={}", node.name))
+                        .arg(format!("--node-ip={}", config::node_ip(index)))
+                        .arg("--v=1");
+                },
+            );
+            node.processes.push(
+                ManagedProcess::spawn("kubelet", kubelet_cmd, &dir.join("kubelet.log"))
+                    .map_err(io("starting the kubelet"))?,
+            );
+            let proxy_cmd = in_node(
+                holder,
+                &tree_join,
+                &owner,
+                &kube_proxy.display().to_string(),
+                |c| {
+                    c.arg(format!(
+                        "--config={}",
+                        dir.join("kube-proxy.yaml").display()
+                    ));
+                },
+            );
+            node.processes.push(
+                ManagedProcess::spawn("kube-proxy", proxy_cmd, &dir.join("kube-proxy.log"))
+                    .map_err(io("starting kube-proxy"))?,
+            );
+        }
+        nodes.wait_ready(plane).await?;
+        Ok(nodes)
+    }
+
+    /// The nodes' names, in index order.
+    pub fn names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// The nodes' directory (configs, logs, kubelet and containerd state).
+    pub fn dir(&self) -> &Path {
+        self.workdir.path()
+    }
+
+    /// The cgroup trees of this run (for tests that check nothing is left behind).
+    pub fn cgroup_prefix(&self) -> String {
+        let run_id = self
+            .workdir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        format!("{}{run_id}-", cgroup::PREFIX)
+    }
+
+    /// Every process of the harness's own (holders and daemons), for leak checks.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.processes.iter().map(ManagedProcess::pid))
+            .collect();
+        pids.extend(self.switch.as_ref().map(ManagedProcess::pid));
+        pids
+    }
+
+    /// Runs `ip` with `args` in node `index`'s network namespace (for tests).
+    pub fn ip(&self, index: usize, args: &str) -> Result<String, Error> {
+        ip_in(self.nodes[index].holder_pid(), args)
+    }
+
+    /// Runs `crictl` against node `index`'s containerd.
+    pub fn crictl(&self, index: usize, args: &[&str]) -> Result<String, Error> {
+        let sock = self.nodes[index].dir.join("containerd.sock");
+        run(Command::new(&self.crictl)
+            .arg(format!("--runtime-endpoint=unix://{}", sock.display()))
+            .arg(format!("--image-endpoint=unix://{}", sock.display()))
+            .args(args))
+    }
+
+    /// Checks, from inside every node's network namespace, that nothing routes off the
+    /// machine: an address on the Internet and the machine's own uplink address are
+    /// unreachable, and so is an address of the Service CIDR that kube-proxy does not
+    /// rewrite.
+    pub fn check_containment(&self) -> Result<(), Error> {
+        let mut holders: Vec<(String, u32)> = self
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.holder_pid()))
+            .collect();
+        if let Some(s) = &self.switch {
+            holders.push(("switch".into(), s.pid()));
+        }
+        for (name, pid) in holders {
+            let routes = ip_in(pid, "-4 route show")?;
+            if routes.lines().any(|l| l.starts_with("default")) {
+                return Err(Error::NotContained(format!(
+                    "{name} has a default route:\n{routes}"
+                )));
+            }
+            for target in ["1.1.1.1", "8.8.8.8", "192.0.2.1"] {
+                if ip_in(pid, &format!("route get {target}")).is_ok() {
+                    return Err(Error::NotContained(format!(
+                        "{name} has a route to {target}:\n{routes}"
+                    )));
+                }
+            }
+            if name != "switch" {
+                match ip_in(pid, "route get 10.0.0.99") {
+                    Err(Error::Command { output, .. })
+                        if output.contains("unreachable") || output.contains("No route") => {}
+                    other => {
+                        return Err(Error::NotContained(format!(
+                            "{name}: the Service CIDR is not unreachable: {other:?}"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_containerd(&mut self, index: usize) -> Result<(), Error> {
+        let sock = self.nodes[index].dir.join("containerd.sock");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_processes()?;
+            if sock.exists()
+                && run(Command::new("ctr")
+                    .arg(format!("--address={}", sock.display()))
+                    .arg("version"))
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: format!("containerd of {} was not up", self.nodes[index].name),
+                    timeout: READY_TIMEOUT,
+                    detail: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Imports an image archive into node `index`'s containerd (namespace `k8s.io`, where
+    /// the kubelet looks), so that Pods with `imagePullPolicy: IfNotPresent` find it.
+    pub fn import(&self, index: usize, archive: &Path) -> Result<(), Error> {
+        let sock = self.nodes[index].dir.join("containerd.sock");
+        run(Command::new("ctr")
+            .arg(format!("--address={}", sock.display()))
+            .args(["-n", "k8s.io", "images", "import", "--no-unpack=false"])
+            .arg(archive))?;
+        Ok(())
+    }
+
+    fn check_processes(&mut self) -> Result<(), Error> {
+        for node in &mut self.nodes {
+            for p in &mut node.processes {
+                if let Some(status) = p.try_exited() {
+                    return Err(Error::Exited {
+                        name: format!("{} of {}", p.name(), node.name),
+                        status: status.to_string(),
+                        log: p.log_path().display().to_string(),
+                        tail: p.log_tail(30),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, plane: &ControlPlane) -> Result<(), Error> {
+        let api: kube::Api<Node> = kube::Api::all(plane.client().map_err(|e| Error::Io {
+            what: "a client for the control plane".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_processes()?;
+            let mut waiting = Vec::new();
+            for name in self.names() {
+                let ready = api.get_opt(&name).await.ok().flatten().is_some_and(|n| {
+                    n.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+                });
+                if !ready {
+                    waiting.push(name);
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let tails = self
+                    .nodes
+                    .iter()
+                    .filter(|n| waiting.contains(&n.name))
+                    .flat_map(|n| n.processes.iter().skip(1))
+                    .map(|p| format!("--- {}:\n{}", p.log_path().display(), p.log_tail(15)))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(Error::Timeout {
+                    what: format!("nodes {waiting:?} were not Ready"),
+                    timeout: READY_TIMEOUT,
+                    detail: format!("\n{tails}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for RealNodes {
+    fn drop(&mut self) {
+        // Nodes in parallel: each waits for its own processes.
+        std::thread::scope(|s| {
+            for node in &mut self.nodes {
+                s.spawn(move || node.stop());
+            }
+        });
+        self.nodes.clear();
+        drop(self.proxy.take());
+        if let Some(mut switch) = self.switch.take() {
+            switch.signal(libc::SIGKILL);
+            switch.wait_or_kill(Duration::from_secs(2));
+        }
+        drop(self.switch_tree.take());
+    }
+}
+
+/// A command that runs `program` inside a node's namespaces and cgroup tree, tagged as
+/// the harness's own.
+fn in_node(
+    holder: u32,
+    tree_join: &str,
+    owner: &str,
+    program: &str,
+    args: impl FnOnce(&mut Command),
+) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--target={holder}"))
+        .args(["--net", "--mount", "--uts", "--"])
+        .arg("sh")
+        .arg("-c")
+        .arg(format!("{tree_join}\nexec \"$0\" \"$@\""))
+        .arg(program);
+    args(&mut c);
+    c.env("PATH", PATH).env(OWNER_ENV, owner);
+    c
+}
+
+/// Starts a namespace holder and waits until its set-up is done.
+async fn spawn_holder(
+    tree: &cgroup::Tree,
+    hostname: &str,
+    dir: &Path,
+    node: bool,
+    owner: &str,
+) -> Result<ManagedProcess, Error> {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--net",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+        "--",
+    ])
+    .arg("sh")
+    .arg("-c")
+    .arg(holder_script(tree, hostname, dir, node))
+    .env("PATH", PATH)
+    .env(OWNER_ENV, owner);
+    let log = dir.join("holder.log");
+    let mut holder = ManagedProcess::spawn(&format!("{hostname} namespaces"), c, &log)
+        .map_err(io("starting a namespace holder"))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if holder.log_tail(5).lines().any(|l| l == "ready") {
+            return Ok(holder);
+        }
+        if let Some(status) = holder.try_exited() {
+            return Err(Error::Exited {
+                name: holder.name().to_string(),
+                status: status.to_string(),
+                log: log.display().to_string(),
+                tail: holder.log_tail(20),
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("{hostname}'s namespaces were not set up"),
+                timeout: Duration::from_secs(20),
+                detail: String::new(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
