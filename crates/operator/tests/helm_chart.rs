@@ -1,0 +1,830 @@
+//! The Helm chart `charts/pgop`: its CRDs are `pgop crd`'s, `deploy/operator/` is its
+//! rendering with the default values, `helm lint --strict` is clean, and its renderings
+//! under several value sets say what they should and are accepted, server-side and with
+//! strict field validation, by a real kube-apiserver. The operator runs under the
+//! namespace-scoped RBAC it renders (the cluster-wide one is `rbac.rs`'s).
+//!
+//! Helm is built by `hack/install-testenv.sh` into the testenv bin directory.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Client;
+use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::discovery::{self, Scope};
+use pgop_api::PostgresCluster;
+use pgop_api::cluster::ClusterPhase;
+use pgop_testenv::TestNamespace;
+use serde_yaml::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn chart() -> PathBuf {
+    root().join("charts/pgop")
+}
+
+/// The helm that `hack/install-testenv.sh` builds, or an error naming that script.
+fn helm() -> Result<PathBuf> {
+    let path = pgop_testenv::binaries::bin_dir().join("helm");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "helm not found at {}; build it with `{}`",
+            path.display(),
+            pgop_testenv::INSTALL_COMMAND
+        )
+        .into())
+    }
+}
+
+/// Runs helm; its stdout, or an error with its stderr.
+fn run_helm(args: &[&str]) -> Result<String, String> {
+    let helm = helm().map_err(|e| e.to_string())?;
+    let out = Command::new(&helm)
+        .args(args)
+        .output()
+        .map_err(|e| format!("failed to run {}: {e}", helm.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "helm {} failed ({}):\n{stdout}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// `values` written to a file of its own (removed on drop), for `helm -f`.
+struct ValuesFile(PathBuf);
+
+impl ValuesFile {
+    fn new(label: &str, values: &str) -> Result<Self> {
+        let path = std::env::temp_dir().join(format!(
+            "pgop-helm-chart-{}-{label}-values.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, values)?;
+        Ok(Self(path))
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+impl Drop for ValuesFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `helm template RELEASE charts/pgop --namespace NS -f VALUES`, as one YAML value per
+/// document.
+fn template(release: &str, namespace: &str, values: &str) -> Result<Vec<Value>, String> {
+    let file = ValuesFile::new(release, values).map_err(|e| e.to_string())?;
+    let chart = chart();
+    let out = run_helm(&[
+        "template",
+        release,
+        chart.to_str().unwrap_or_default(),
+        "--namespace",
+        namespace,
+        "-f",
+        file.path(),
+    ])?;
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&out) {
+        let value: Value = serde::Deserialize::deserialize(doc)
+            .map_err(|e| format!("helm template printed invalid YAML: {e}\n{out}"))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn kind_of(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or_default()
+}
+
+/// "Kind namespace/name" (or "Kind name" when cluster-scoped) of every document, sorted.
+fn objects(docs: &[Value]) -> Vec<String> {
+    let mut out: Vec<String> = docs
+        .iter()
+        .map(|d| {
+            let name = d["metadata"]["name"].as_str().unwrap_or_default();
+            match d["metadata"]["namespace"].as_str() {
+                Some(ns) => format!("{} {ns}/{name}", kind_of(d)),
+                None => format!("{} {name}", kind_of(d)),
+            }
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| kind_of(d) == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind} in {:?}", objects(docs));
+    found[0]
+}
+
+fn pod_spec(docs: &[Value]) -> &Value {
+    &one(docs, "Deployment")["spec"]["template"]["spec"]
+}
+
+fn container(docs: &[Value]) -> &Value {
+    let containers = pod_spec(docs)["containers"]
+        .as_sequence()
+        .expect("containers");
+    assert_eq!(containers.len(), 1);
+    &containers[0]
+}
+
+fn args(docs: &[Value]) -> Vec<String> {
+    container(docs)["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("a string argument").to_string())
+        .collect()
+}
+
+fn env(docs: &[Value], name: &str) -> Value {
+    container(docs)["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"].as_str() == Some(name))
+        .cloned()
+        .unwrap_or_else(|| panic!("no env {name}"))
+}
+
+fn yaml(text: &str) -> Value {
+    serde_yaml::from_str(text).expect("valid YAML in the test")
+}
+
+/// Server-side applies every document (strict field validation: an unknown field is an
+/// error), then reads each back.
+async fn apply(client: &Client, docs: &[Value]) -> Result {
+    let params = PatchParams::apply("pgop-helm-chart-test")
+        .force()
+        .validation_strict();
+    for doc in docs {
+        let obj: DynamicObject = serde_yaml::from_value(doc.clone())?;
+        let what = objects(std::slice::from_ref(doc)).join("");
+        let api = dynamic_api(client, &obj).await?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&obj))
+            .await
+            .map_err(|e| format!("failed to apply {what}: {e}"))?;
+        api.get(&name)
+            .await
+            .map_err(|e| format!("{what} is not there after applying it: {e}"))?;
+    }
+    Ok(())
+}
+
+async fn dynamic_api(client: &Client, obj: &DynamicObject) -> Result<Api<DynamicObject>> {
+    let types = obj
+        .types
+        .as_ref()
+        .ok_or("a document without apiVersion/kind")?;
+    let gvk = GroupVersionKind::try_from(types)?;
+    let (resource, caps) = discovery::pinned_kind(client, &gvk).await.map_err(|e| {
+        format!(
+            "unknown kind {}/{} {}: {e}",
+            gvk.group, gvk.version, gvk.kind
+        )
+    })?;
+    Ok(match (caps.scope, obj.metadata.namespace.as_deref()) {
+        (Scope::Cluster, None) => Api::all_with(client.clone(), &resource),
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        (scope, ns) => {
+            return Err(format!("{} is {scope:?} but its namespace is {ns:?}", gvk.kind).into());
+        }
+    })
+}
+
+#[test]
+fn the_chart_crds_are_pgop_crd() -> Result {
+    let path = chart().join("crds/crds.yaml");
+    let committed = std::fs::read_to_string(&path)
+        .map_err(|e| format!("failed to read {}: {e}", path.display()))?;
+    assert!(
+        committed == pgop_api::crds_yaml()?,
+        "charts/pgop/crds/crds.yaml differs from `pgop crd`; regenerate it with hack/render-deploy.sh"
+    );
+    // Nothing else in crds/: Helm installs every file there.
+    let files: Vec<String> = std::fs::read_dir(chart().join("crds"))?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(files, ["crds.yaml"]);
+    Ok(())
+}
+
+#[test]
+fn the_chart_app_version_is_the_pgop_version() -> Result {
+    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(chart().join("Chart.yaml"))?)?;
+    assert_eq!(
+        chart["appVersion"].as_str(),
+        Some(VERSION),
+        "Chart.yaml appVersion"
+    );
+    assert_eq!(
+        chart["version"].as_str(),
+        Some("0.1.0"),
+        "Chart.yaml version"
+    );
+    Ok(())
+}
+
+#[test]
+fn deploy_operator_is_the_chart_rendered_with_its_defaults() -> Result {
+    let out = std::env::temp_dir().join(format!("pgop-render-deploy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(root().join("hack/render-deploy.sh"))
+        .arg("--manifests")
+        .arg(&out)
+        .env("HELM", helm()?)
+        .status()?;
+    assert!(status.success(), "hack/render-deploy.sh --manifests failed");
+    let list = |dir: &Path| -> Result<Vec<String>> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()?;
+        names.sort();
+        Ok(names)
+    };
+    let committed_dir = root().join("deploy/operator");
+    let names = list(&out)?;
+    assert_eq!(names, ["deployment.yaml", "rbac.yaml", "service.yaml"]);
+    assert_eq!(list(&committed_dir)?, names, "files in deploy/operator/");
+    for name in &names {
+        let rendered = std::fs::read_to_string(out.join(name))?;
+        let committed = std::fs::read_to_string(committed_dir.join(name))?;
+        assert!(
+            rendered == committed,
+            "deploy/operator/{name} differs from the chart's rendering; regenerate it with hack/render-deploy.sh"
+        );
+    }
+    std::fs::remove_dir_all(&out)?;
+    Ok(())
+}
+
+/// Every value in values.yaml has a row in the chart README's table (a value or one of
+/// its parents, e.g. `resources`), and every row names a value.
+#[test]
+fn every_value_is_in_the_chart_readme() -> Result {
+    /// Every path, and whether it is a leaf (not a non-empty mapping).
+    fn paths(prefix: &str, value: &Value, out: &mut Vec<(String, bool)>) {
+        for (k, v) in value.as_mapping().into_iter().flatten() {
+            let key = k.as_str().unwrap_or_default();
+            let path = if prefix.is_empty() {
+                key.to_string()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            let leaf = v.as_mapping().is_none_or(|m| m.is_empty());
+            out.push((path.clone(), leaf));
+            paths(&path, v, out);
+        }
+    }
+    let values: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(chart().join("values.yaml"))?)?;
+    let mut all = Vec::new();
+    paths("", &values, &mut all);
+    let readme = std::fs::read_to_string(chart().join("README.md"))?;
+    let rows: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`').map(|(key, _)| key))
+        .collect();
+    for (path, _) in all.iter().filter(|(_, leaf)| *leaf) {
+        let documented = rows
+            .iter()
+            .any(|row| path == row || path.starts_with(&format!("{row}.")));
+        assert!(
+            documented,
+            "{path} is not in the charts/pgop/README.md table"
+        );
+    }
+    for row in &rows {
+        assert!(
+            all.iter().any(|(p, _)| p == row),
+            "README row `{row}` is not a value"
+        );
+    }
+    Ok(())
+}
+
+/// The value sets below, by name.
+const DEFAULTS: &str = "{}\n";
+const TWO_REPLICAS_AND_PODMONITOR: &str = "
+replicas: 2
+metrics:
+  port: 9090
+  service: {port: 9000}
+  podMonitor:
+    enabled: true
+    interval: 15s
+    scrapeTimeout: 10s
+    labels: {release: prometheus}
+";
+const CUSTOM_POD: &str = "
+image: {repository: registry.example/pgop, tag: 1.2.3, pullPolicy: Always}
+imagePullSecrets: [{name: regcred}]
+instances: {image: registry.example/pgop-postgres:15, runAsUser: 1001, runAsGroup: 1002}
+logLevel: info,pgop_operator=debug
+concurrency: 8
+leaderElection: {enabled: false}
+serviceAccount: {annotations: {example.com/role: pgop}}
+metrics: {scrapeAnnotations: false, service: {enabled: false}}
+podAnnotations: {example.com/team: databases}
+podLabels: {example.com/tier: control}
+resources:
+  requests: {cpu: 100m, memory: 64Mi}
+  limits: {cpu: '1', memory: 256Mi}
+nodeSelector: {kubernetes.io/os: linux, example.com/pool: system}
+tolerations:
+- {key: dedicated, operator: Equal, value: system, effect: NoSchedule}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
+";
+
+fn namespaced(watch: &str) -> String {
+    format!("watchNamespace: {watch}\n")
+}
+
+#[test]
+fn helm_lint_is_clean_with_every_value_set() -> Result {
+    let chart = chart();
+    let chart = chart.to_str().unwrap_or_default();
+    let sets = [
+        ("defaults", DEFAULTS.to_string()),
+        ("podmonitor", TWO_REPLICAS_AND_PODMONITOR.to_string()),
+        ("namespaced", namespaced("databases")),
+        ("custom", CUSTOM_POD.to_string()),
+    ];
+    for (label, values) in sets {
+        let file = ValuesFile::new(&format!("lint-{label}"), &values)?;
+        let out = run_helm(&["lint", "--strict", chart, "-f", file.path()])?;
+        assert!(
+            out.contains("1 chart(s) linted, 0 chart(s) failed") && !out.contains("[WARNING]"),
+            "helm lint --strict with the {label} values:\n{out}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn values_the_operator_cannot_honour_are_refused() -> Result {
+    helm()?;
+    let refused = [
+        // The operator watches one namespace or all, never a list.
+        ("watchNamespaces: [a, b]\n", "set watchNamespace (a string)"),
+        ("watchNamespace: [a, b]\n", "watchNamespace"),
+        // Two replicas without a Lease would both reconcile.
+        (
+            "replicas: 2\nleaderElection: {enabled: false}\n",
+            "replicas > 1 needs leaderElection.enabled",
+        ),
+        ("replicas: 0\n", "replicas"),
+        ("instances: {runAsUser: 0}\n", "runAsUser"),
+        ("metrics: {port: 70000}\n", "port"),
+        ("image: {pullPolicy: Sometimes}\n", "pullPolicy"),
+    ];
+    for (values, expected) in refused {
+        match template("refused", "pgop-system", values) {
+            Ok(docs) => panic!("rendered with {values:?}: {:?}", objects(&docs)),
+            Err(e) => assert!(e.contains(expected), "{values:?}: {e}"),
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn defaults_render_the_published_install_and_apply() -> Result {
+    let (_plane, admin, ns) = setup("helm-defaults").await?;
+    let n = ns.name();
+    let docs = template(n, n, DEFAULTS)?;
+    let full = format!("{n}-operator");
+    assert_eq!(
+        objects(&docs),
+        [
+            format!("ClusterRole {full}"),
+            format!("ClusterRoleBinding {full}"),
+            format!("Deployment {n}/{full}"),
+            format!("Service {n}/{full}-metrics"),
+            format!("ServiceAccount {n}/{full}"),
+        ]
+    );
+    let binding = one(&docs, "ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"],
+        yaml(&format!(
+            "[{{kind: ServiceAccount, name: {full}, namespace: {n}}}]"
+        ))
+    );
+
+    let deployment = one(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], yaml("1"));
+    let image = format!("pgop:{VERSION}");
+    let c = container(&docs);
+    assert_eq!(c["image"].as_str(), Some(image.as_str()));
+    assert_eq!(c["imagePullPolicy"].as_str(), Some("IfNotPresent"));
+    assert_eq!(c["command"], yaml("[pgop, operator]"));
+    assert_eq!(
+        args(&docs),
+        [
+            "--metrics-bind-address=0.0.0.0:8080".to_string(),
+            format!("--image={image}"),
+            "--concurrency=4".to_string(),
+            "--leader-elect=true".to_string(),
+            format!("--leader-election-name={full}"),
+        ]
+    );
+    assert_eq!(
+        c["ports"],
+        yaml("[{name: metrics, containerPort: 8080, protocol: TCP}]")
+    );
+    assert_eq!(env(&docs, "RUST_LOG")["value"].as_str(), Some("info"));
+    assert_eq!(
+        env(&docs, "POD_NAMESPACE")["valueFrom"],
+        yaml("{fieldRef: {fieldPath: metadata.namespace}}")
+    );
+    assert_eq!(
+        env(&docs, "POD_NAME")["valueFrom"],
+        yaml("{fieldRef: {fieldPath: metadata.name}}")
+    );
+    assert_eq!(
+        c["resources"],
+        yaml("{requests: {cpu: 50m, memory: 32Mi}, limits: {memory: 128Mi}}")
+    );
+    assert_eq!(
+        c["securityContext"],
+        yaml(
+            "{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}"
+        )
+    );
+    let pod = pod_spec(&docs);
+    assert_eq!(
+        pod["securityContext"],
+        yaml("{runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}")
+    );
+    assert_eq!(pod["serviceAccountName"].as_str(), Some(full.as_str()));
+    for absent in [
+        "nodeSelector",
+        "tolerations",
+        "affinity",
+        "imagePullSecrets",
+    ] {
+        assert!(pod.get(absent).is_none(), "{absent} in {pod:?}");
+    }
+    let template = &deployment["spec"]["template"]["metadata"];
+    assert_eq!(
+        template["annotations"],
+        yaml(
+            "{prometheus.io/scrape: 'true', prometheus.io/port: '8080', prometheus.io/path: /metrics}"
+        )
+    );
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    assert_eq!(
+        *selector,
+        yaml(&format!(
+            "{{app.kubernetes.io/name: pgop-operator, app.kubernetes.io/instance: {n}}}"
+        ))
+    );
+    assert_eq!(template["labels"], *selector);
+    let service = one(&docs, "Service");
+    assert_eq!(service["spec"]["selector"], *selector);
+    assert_eq!(
+        service["spec"]["ports"],
+        yaml("[{name: metrics, port: 8080, targetPort: metrics, protocol: TCP}]")
+    );
+
+    apply(&admin, &docs).await?;
+    ns.delete().await?;
+    Ok(())
+}
+
+/// A minimal PodMonitor CRD: the Prometheus Operator's is not installed in testenv. Its
+/// schema declares only the fields the chart writes, with their types, so that a strict
+/// apply still catches a misspelt or mistyped field there.
+fn podmonitor_crd() -> Result<
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+> {
+    let duration = "{type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}";
+    Ok(serde_yaml::from_str(&format!(
+        "
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: podmonitors.monitoring.coreos.com}}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {{kind: PodMonitor, plural: podmonitors, singular: podmonitor, listKind: PodMonitorList}}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        required: [spec]
+        properties:
+          spec:
+            type: object
+            required: [selector]
+            properties:
+              selector:
+                type: object
+                properties:
+                  matchLabels: {{type: object, additionalProperties: {{type: string}}}}
+              podMetricsEndpoints:
+                type: array
+                items:
+                  type: object
+                  properties:
+                    port: {{type: string}}
+                    path: {{type: string}}
+                    interval: {duration}
+                    scrapeTimeout: {duration}
+                    honorLabels: {{type: boolean}}
+"
+    ))?)
+}
+
+#[tokio::test]
+async fn two_replicas_and_a_podmonitor_render_and_apply() -> Result {
+    let (_plane, admin, ns) = setup("helm-podmonitor").await?;
+    let n = ns.name();
+    let docs = template(n, n, TWO_REPLICAS_AND_PODMONITOR)?;
+    let full = format!("{n}-operator");
+    assert!(objects(&docs).contains(&format!("PodMonitor {n}/{full}")));
+    let deployment = one(&docs, "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], yaml("2"));
+    let a = args(&docs);
+    assert!(a.contains(&"--leader-elect=true".to_string()), "{a:?}");
+    assert!(
+        a.contains(&"--metrics-bind-address=0.0.0.0:9090".to_string()),
+        "{a:?}"
+    );
+    let c = container(&docs);
+    assert_eq!(c["ports"][0]["containerPort"], yaml("9090"));
+    assert_eq!(
+        deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"].as_str(),
+        Some("9090")
+    );
+    assert_eq!(
+        one(&docs, "Service")["spec"]["ports"],
+        yaml("[{name: metrics, port: 9000, targetPort: metrics, protocol: TCP}]")
+    );
+    let monitor = one(&docs, "PodMonitor");
+    assert_eq!(
+        monitor["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
+    assert_eq!(
+        monitor["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        monitor["spec"]["podMetricsEndpoints"],
+        yaml(
+            "[{port: metrics, path: /metrics, interval: 15s, scrapeTimeout: 10s, honorLabels: true}]"
+        )
+    );
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"].as_str(),
+        Some("prometheus")
+    );
+
+    // Everything but the PodMonitor applies as is; the PodMonitor is refused only because
+    // the API server does not know its kind, and is accepted once its CRD is installed.
+    let (monitors, rest): (Vec<Value>, Vec<Value>) =
+        docs.into_iter().partition(|d| kind_of(d) == "PodMonitor");
+    apply(&admin, &rest).await?;
+    let unknown = apply(&admin, &monitors).await;
+    let unknown = unknown
+        .expect_err("a PodMonitor without its CRD")
+        .to_string();
+    assert!(
+        unknown.starts_with("unknown kind monitoring.coreos.com/v1 PodMonitor")
+            && unknown.contains("404"),
+        "{unknown}"
+    );
+    pgop_testenv::crds::install(&admin, [podmonitor_crd()?]).await?;
+    apply(&admin, &monitors).await?;
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn custom_image_resources_and_scheduling_render_and_apply() -> Result {
+    let (_plane, admin, ns) = setup("helm-custom").await?;
+    let n = ns.name();
+    let docs = template(n, n, CUSTOM_POD)?;
+    let full = format!("{n}-operator");
+    assert_eq!(
+        objects(&docs),
+        [
+            format!("ClusterRole {full}"),
+            format!("ClusterRoleBinding {full}"),
+            format!("Deployment {n}/{full}"),
+            format!("ServiceAccount {n}/{full}"),
+        ],
+        "no metrics Service"
+    );
+    assert_eq!(
+        one(&docs, "ServiceAccount")["metadata"]["annotations"],
+        yaml("{example.com/role: pgop}")
+    );
+    let c = container(&docs);
+    assert_eq!(c["image"].as_str(), Some("registry.example/pgop:1.2.3"));
+    assert_eq!(c["imagePullPolicy"].as_str(), Some("Always"));
+    assert_eq!(
+        args(&docs),
+        [
+            "--metrics-bind-address=0.0.0.0:8080",
+            "--image=registry.example/pgop-postgres:15",
+            "--concurrency=8",
+            "--leader-elect=false",
+            "--instance-uid=1001",
+            "--instance-gid=1002",
+        ]
+    );
+    assert_eq!(
+        env(&docs, "RUST_LOG")["value"].as_str(),
+        Some("info,pgop_operator=debug")
+    );
+    assert_eq!(
+        c["resources"],
+        yaml("{requests: {cpu: 100m, memory: 64Mi}, limits: {cpu: '1', memory: 256Mi}}")
+    );
+    let pod = pod_spec(&docs);
+    assert_eq!(pod["imagePullSecrets"], yaml("[{name: regcred}]"));
+    assert_eq!(
+        pod["nodeSelector"],
+        yaml("{kubernetes.io/os: linux, example.com/pool: system}")
+    );
+    assert_eq!(
+        pod["tolerations"],
+        yaml("[{key: dedicated, operator: Equal, value: system, effect: NoSchedule}]")
+    );
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["values"],
+        yaml("[amd64, arm64]")
+    );
+    let deployment = one(&docs, "Deployment");
+    let template = &deployment["spec"]["template"]["metadata"];
+    assert_eq!(
+        template["annotations"],
+        yaml("{example.com/team: databases}"),
+        "no prometheus.io annotations"
+    );
+    assert_eq!(
+        template["labels"]["example.com/tier"].as_str(),
+        Some("control")
+    );
+    assert!(
+        deployment["spec"]["selector"]["matchLabels"]
+            .get("example.com/tier")
+            .is_none(),
+        "pod labels stay out of the selector"
+    );
+
+    apply(&admin, &docs).await?;
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_them() -> Result {
+    let (plane, admin, home) = setup("helm-ns-home").await?;
+    let watched = TestNamespace::create(plane.config(), "helm-ns-watched").await?;
+    let (h, w) = (home.name(), watched.name());
+    let full = format!("{h}-operator");
+    let docs = template(h, h, &namespaced(w))?;
+    assert_eq!(
+        objects(&docs),
+        [
+            format!("Deployment {h}/{full}"),
+            format!("Role {h}/{full}-leader-election"),
+            format!("Role {w}/{full}"),
+            format!("RoleBinding {h}/{full}-leader-election"),
+            format!("RoleBinding {w}/{full}"),
+            format!("Service {h}/{full}-metrics"),
+            format!("ServiceAccount {h}/{full}"),
+        ],
+        "nothing cluster-wide"
+    );
+    assert!(args(&docs).contains(&format!("--namespace={w}")));
+    for binding in docs.iter().filter(|d| kind_of(d) == "RoleBinding") {
+        assert_eq!(
+            binding["subjects"],
+            yaml(&format!(
+                "[{{kind: ServiceAccount, name: {full}, namespace: {h}}}]"
+            ))
+        );
+        assert_eq!(binding["roleRef"]["kind"].as_str(), Some("Role"));
+    }
+    // The watched namespace's Role has the ClusterRole's rules; the home one only the
+    // leader Lease.
+    let cluster_wide = template(h, h, DEFAULTS)?;
+    let role = |ns: &str| {
+        docs.iter()
+            .find(|d| kind_of(d) == "Role" && d["metadata"]["namespace"].as_str() == Some(ns))
+            .expect("a Role")
+    };
+    assert_eq!(role(w)["rules"], one(&cluster_wide, "ClusterRole")["rules"]);
+    assert_eq!(
+        role(h)["rules"],
+        yaml(&format!(
+            "[{{apiGroups: [coordination.k8s.io], resources: [leases], resourceNames: [{full}], verbs: [get, update]}},
+              {{apiGroups: [coordination.k8s.io], resources: [leases], verbs: [create]}}]"
+        ))
+    );
+    // Watching its own namespace: one Role, which covers the Lease too.
+    let own = template(h, h, &namespaced(h))?;
+    assert_eq!(
+        objects(&own)
+            .into_iter()
+            .filter(|o| o.starts_with("Role"))
+            .collect::<Vec<_>>(),
+        [
+            format!("Role {h}/{full}"),
+            format!("RoleBinding {h}/{full}")
+        ]
+    );
+
+    apply(&admin, &docs).await?;
+
+    // The operator, as that ServiceAccount, with the flags the chart passes: it may do
+    // nothing outside the watched namespace (and its Lease), and all it needs inside.
+    let mut config = plane.config().clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{h}:{full}"));
+    let operator_client = Client::try_from(config)?;
+    assert!(
+        Api::<PostgresCluster>::all(operator_client.clone())
+            .list(&Default::default())
+            .await
+            .is_err(),
+        "no cluster-wide list"
+    );
+    assert!(
+        Api::<PostgresCluster>::namespaced(operator_client.clone(), h)
+            .list(&Default::default())
+            .await
+            .is_err(),
+        "nothing in its own namespace but the Lease"
+    );
+    let op = Operator::start_with(
+        &operator_client,
+        pgop_operator::Options {
+            namespace: Some(w.to_string()),
+            leader_election: Some(pgop_operator::LeaderElection {
+                namespace: h.to_string(),
+                name: full.clone(),
+                identity: "pgop-operator-0".to_string(),
+            }),
+            ..pgop_operator::Options::default()
+        },
+    );
+    create(&admin, w, &cluster("scoped", 2)).await?;
+    wait_names::<Pod>(&admin, w, "scoped", &["scoped-1", "scoped-2"]).await?;
+    wait_names::<Secret>(&admin, w, "scoped", &["scoped-app", "scoped-replication"]).await?;
+    for pod in ["scoped-1", "scoped-2"] {
+        make_ready(&admin, w, pod, true).await?;
+    }
+    wait_cluster(&admin, w, "scoped", "phase Ready", |c| {
+        phase(c) == Some(ClusterPhase::Ready)
+    })
+    .await?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin.clone(), h);
+    let lease = leases.get(&full).await?;
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("pgop-operator-0")
+    );
+    op.stop().await;
+    watched.delete().await?;
+    home.delete().await?;
+    Ok(())
+}
