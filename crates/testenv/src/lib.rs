@@ -18,6 +18,7 @@
 pub mod binaries;
 mod control_plane;
 pub mod crds;
+pub mod images;
 mod kubeconfig;
 mod namespace;
 pub mod node;

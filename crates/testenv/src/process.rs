@@ -136,7 +136,18 @@ pub struct ManagedProcess {
 
 impl ManagedProcess {
     /// Starts `cmd` with stdout and stderr appended to `log`.
-    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> io::Result<Self> {
+    pub fn spawn(name: &str, cmd: Command, log: &Path) -> io::Result<Self> {
+        Self::spawn_with_death_signal(name, cmd, log, libc::SIGKILL)
+    }
+
+    /// [`Self::spawn`], with `signal` sent to the child when this process dies (SIGKILL
+    /// for most; a child that cleans up after itself asks for SIGTERM).
+    pub fn spawn_with_death_signal(
+        name: &str,
+        mut cmd: Command,
+        log: &Path,
+        death_signal: libc::c_int,
+    ) -> io::Result<Self> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -151,7 +162,7 @@ impl ManagedProcess {
                 if libc::setpgid(0, 0) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, death_signal) != 0 {
                     return Err(io::Error::last_os_error());
                 }
                 // The parent may have died before prctl took effect.

@@ -129,7 +129,8 @@ pub fn destroy(name: &str) {
     }
 }
 
-fn pids_in(name: &str) -> Vec<i32> {
+/// Every process in the tree `name`.
+pub fn pids_in(name: &str) -> Vec<i32> {
     let mut pids = Vec::new();
     for h in hierarchies() {
         collect(&h.join(name), &mut pids);

@@ -21,7 +21,11 @@
 
 pub mod cgroup;
 mod config;
+mod dns;
 mod proxy;
+mod volumes;
+
+pub use volumes::STORAGE_CLASS;
 
 pub use config::{CLUSTER_CIDR, CLUSTER_DNS, SERVICE_CIDR, node_ip, normalized_image, pod_cidr};
 
@@ -106,6 +110,9 @@ pub struct NodesOptions {
     pub sandbox_image: String,
     /// Where kubelet, kube-proxy and crictl are; default [`binaries::bin_dir`].
     pub bin_dir: Option<PathBuf>,
+    /// CoreDNS's image (among `images`): when set, CoreDNS runs as the cluster's DNS
+    /// and [`RealNodes::start`] waits until it answers.
+    pub dns_image: Option<String>,
 }
 
 /// One node's processes and cgroup tree.
@@ -146,7 +153,8 @@ impl Drop for RealNode {
 
 /// Running real nodes. Dropping stops them and leaves nothing behind.
 pub struct RealNodes {
-    // Drop order: nodes, then the proxy, then the switch, then the directory.
+    // Drop order: the provisioner, the nodes, the proxy, the switch, the directory.
+    provisioner: Option<volumes::Provisioner>,
     nodes: Vec<RealNode>,
     proxy: Option<proxy::ApiProxy>,
     switch: Option<ManagedProcess>,
@@ -234,13 +242,41 @@ fn require_programs() -> Result<(), Error> {
     Ok(())
 }
 
-/// The script a namespace holder runs: its namespaces' set-up, then it sleeps until
-/// killed (PID 1 of nothing: only a holder of the namespaces, which die with it and the
-/// node's other processes).
+/// The script a namespace holder runs: its namespaces' set-up, then it waits. Killed by
+/// the harness (drop), it takes its namespaces with it. Sent SIGTERM, which is what the
+/// kernel sends it when the harness's process dies (Ctrl-C, SIGKILL), it first kills
+/// everything in its node's cgroup tree (containers, shims and daemons that are not its
+/// children) and removes the tree and the node's directory, so that a dead run leaves
+/// nothing behind even before a later run's sweep.
 fn holder_script(tree: &cgroup::Tree, hostname: &str, dir: &Path, node: bool) -> String {
-    let mut s = format!("set -e\n{}\nip link set lo up\n", tree.join_script());
+    let name = tree.name();
+    let d = dir.display();
+    let mut s = format!(
+        "set -e
+{join}
+cleanup() {{
+  set +e
+  for f in /sys/fs/cgroup/*/cgroup.procs; do echo $$ > \"$f\"; done
+  echo FROZEN > /sys/fs/cgroup/freezer/{name}/freezer.state
+  for i in $(seq 100); do
+    pids=$(cat $(find /sys/fs/cgroup/*/{name} -name cgroup.procs) 2>/dev/null)
+    [ -z \"$pids\" ] && break
+    kill -9 $pids 2>/dev/null
+    echo THAWED > /sys/fs/cgroup/freezer/{name}/freezer.state
+    sleep 0.1
+  done
+  find /sys/fs/cgroup/*/{name} -depth -type d -exec rmdir {{}} \\; 2>/dev/null
+  # Volumes and container root filesystems are mounted in this namespace, deepest first.
+  awk '$2 ~ \"^{d}/\" {{print $2}}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
+  rm -rf {d}
+  exit 0
+}}
+trap cleanup TERM INT
+ip link set lo up
+",
+        join = tree.join_script(),
+    );
     if node {
-        let d = dir.display();
         s.push_str(&format!(
             "hostname {hostname}
 echo 1 > /proc/sys/net/ipv4/ip_forward
@@ -252,7 +288,7 @@ mount --bind {d}/var-lib-cni /var/lib/cni
 "
         ));
     }
-    s.push_str("echo ready\nexec sleep infinity\n");
+    s.push_str("echo ready\nsleep infinity &\nwait\n");
     s
 }
 
@@ -289,6 +325,7 @@ impl RealNodes {
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
         let mut nodes = RealNodes {
+            provisioner: None,
             nodes: Vec::new(),
             proxy: None,
             switch: None,
@@ -511,6 +548,24 @@ impl RealNodes {
             );
         }
         nodes.wait_ready(plane).await?;
+        let client = plane.client().map_err(|e| Error::Io {
+            what: "a client for the control plane".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        volumes::ensure_storage_class(&client).await?;
+        let roots = nodes
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.dir.join("volumes")))
+            .collect();
+        nodes.provisioner = Some(
+            volumes::Provisioner::start(plane.config().clone(), roots)
+                .map_err(io("starting the volume provisioner"))?,
+        );
+        if let Some(image) = &options.dns_image {
+            dns::install(&client, image).await?;
+            nodes.wait_dns(&client).await?;
+        }
         Ok(nodes)
     }
 
@@ -544,6 +599,31 @@ impl RealNodes {
             .collect();
         pids.extend(self.switch.as_ref().map(ManagedProcess::pid));
         pids
+    }
+
+    /// Every process of node `index` (its daemons, shims and containers): pid, command
+    /// name and resident memory in KiB, read from `/proc`.
+    pub fn processes(&self, index: usize) -> Vec<(i32, String, u64)> {
+        let Some(tree) = self.nodes.get(index).and_then(|n| n.tree.as_ref()) else {
+            return Vec::new();
+        };
+        cgroup::pids_in(tree.name())
+            .into_iter()
+            .filter_map(|pid| {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+                let field = |key: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(key))
+                        .map(|v| v.trim().to_string())
+                };
+                let comm = field("Name:")?;
+                let rss = field("VmRSS:")
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                    .unwrap_or(0);
+                Some((pid, comm, rss))
+            })
+            .collect()
     }
 
     /// Runs `ip` with `args` in node `index`'s network namespace (for tests).
@@ -653,6 +733,32 @@ impl RealNodes {
         Ok(())
     }
 
+    async fn wait_dns(&mut self, client: &kube::Client) -> Result<(), Error> {
+        let api: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+            kube::Api::namespaced(client.clone(), "kube-system");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_processes()?;
+            let ready = api
+                .get_opt("coredns")
+                .await?
+                .and_then(|d| d.status)
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0);
+            if ready > 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Timeout {
+                    what: "CoreDNS was not ready".into(),
+                    timeout: READY_TIMEOUT,
+                    detail: String::new(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     async fn wait_ready(&mut self, plane: &ControlPlane) -> Result<(), Error> {
         let api: kube::Api<Node> = kube::Api::all(plane.client().map_err(|e| Error::Io {
             what: "a client for the control plane".into(),
@@ -699,6 +805,7 @@ impl RealNodes {
 
 impl Drop for RealNodes {
     fn drop(&mut self) {
+        drop(self.provisioner.take());
         // Nodes in parallel: each waits for its own processes.
         std::thread::scope(|s| {
             for node in &mut self.nodes {
@@ -759,8 +866,13 @@ async fn spawn_holder(
     .env("PATH", PATH)
     .env(OWNER_ENV, owner);
     let log = dir.join("holder.log");
-    let mut holder = ManagedProcess::spawn(&format!("{hostname} namespaces"), c, &log)
-        .map_err(io("starting a namespace holder"))?;
+    let mut holder = ManagedProcess::spawn_with_death_signal(
+        &format!("{hostname} namespaces"),
+        c,
+        &log,
+        libc::SIGTERM,
+    )
+    .map_err(io("starting a namespace holder"))?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if holder.log_tail(5).lines().any(|l| l == "ready") {

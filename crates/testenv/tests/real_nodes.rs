@@ -1,0 +1,287 @@
+//! Real nodes (containerd, runc, kubelet, kube-proxy in namespaces of their own) against
+//! a testenv control plane. Needs root and the packages in `real_nodes::NODE_PACKAGES`.
+
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, PostParams};
+use pgop_testenv::real_nodes::{NodesOptions, RealNodes};
+use pgop_testenv::{ControlPlane, Options};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn images() -> pgop_testenv::images::Images {
+    pgop_testenv::images::built().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn options(count: usize, images: &pgop_testenv::images::Images, dns: bool) -> NodesOptions {
+    NodesOptions {
+        count,
+        images: images.archives(),
+        sandbox_image: images.pause.name.clone(),
+        bin_dir: None,
+        dns_image: dns.then(|| images.coredns.name.clone()),
+    }
+}
+
+/// A Pod of the pgop image (Debian: bash, perl) running `script` with bash.
+fn pod(image: &str, name: &str, node: &str, script: &str, labels: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "c", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["bash", "-c", script],
+                "terminationMessagePolicy": "FallbackToLogsOnError"
+            }]
+        }
+    }))
+    .expect("pod")
+}
+
+/// Waits until the pod has terminated; returns (exit code, termination message).
+async fn finished(pods: &Api<Pod>, name: &str) -> (i32, String) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let p = pods.get(name).await.expect("get pod");
+        let terminated = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone());
+        if let Some(t) = terminated {
+            return (t.exit_code, t.message.unwrap_or_default());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not finish: {:?}",
+            p.status
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn running_ip(pods: &Api<Pod>, name: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let p = pods.get(name).await.expect("get pod");
+        let status = p.status.clone().unwrap_or_default();
+        let ready = status
+            .container_statuses
+            .as_ref()
+            .and_then(|c| c.first())
+            .is_some_and(|c| c.ready);
+        if let (true, Some(ip)) = (ready, status.pod_ip.clone()) {
+            return ip;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} is not running: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_on_two_nodes_reach_each_other_through_services_and_dns_and_nothing_else() {
+    let plane = ControlPlane::start(
+        Options::default()
+            .with_controller_manager()
+            .with_scheduler()
+            .with_real_nodes(),
+    )
+    .await
+    .expect("control plane");
+    let images = images();
+    let started = Instant::now();
+    let nodes = RealNodes::start(&plane, options(2, &images, true))
+        .await
+        .expect("real nodes");
+    println!("2 nodes and CoreDNS ready in {:?}", started.elapsed());
+    let client = plane.client().expect("client");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let services: Api<Service> = Api::namespaced(client, "default");
+
+    let web = pod(
+        &images.pgop.name,
+        "web",
+        "node-0",
+        "exec perl -MIO::Socket::INET -e '$s = IO::Socket::INET->new(LocalPort => 8080, \
+         Listen => 16, ReuseAddr => 1) or die $!; \
+         while ($c = $s->accept) { print $c \"pgop-ok\\n\"; close $c }'",
+        json!({"app": "web"}),
+    );
+    pods.create(&PostParams::default(), &web)
+        .await
+        .expect("web");
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+    }))
+    .expect("service");
+    let svc = services
+        .create(&PostParams::default(), &svc)
+        .await
+        .expect("create service");
+    let cluster_ip = svc.spec.and_then(|s| s.cluster_ip).expect("cluster IP");
+    let web_ip = running_ip(&pods, "web").await;
+
+    // From the other node and from the same node: by Pod IP, by ClusterIP, by DNS name.
+    // Then the guard: nothing off the machine answers, not even the machine's gateway.
+    let script = format!(
+        "set -e
+get() {{ timeout 5 bash -c \"exec 3<>/dev/tcp/$1/$2 && head -n1 <&3\"; }}
+[ \"$(get {web_ip} 8080)\" = pgop-ok ]; echo pod-ip-ok
+[ \"$(get {cluster_ip} 80)\" = pgop-ok ]; echo cluster-ip-ok
+[ \"$(get web.default.svc.cluster.local 80)\" = pgop-ok ]; echo dns-ok
+for target in 192.0.2.1 1.1.1.1 10.0.0.99; do
+  if timeout 3 bash -c \"exec 3<>/dev/tcp/$target/80\" 2>/dev/null; then
+    echo escaped-to-$target; exit 3
+  fi
+done
+echo pod-ip-ok cluster-ip-ok dns-ok contained > /dev/termination-log"
+    );
+    for (name, node) in [("client-far", "node-1"), ("client-near", "node-0")] {
+        pods.create(
+            &PostParams::default(),
+            &pod(&images.pgop.name, name, node, &script, json!({})),
+        )
+        .await
+        .expect("client");
+    }
+    for name in ["client-far", "client-near"] {
+        let (code, message) = finished(&pods, name).await;
+        assert_eq!(
+            (code, message.trim()),
+            (0, "pod-ip-ok cluster-ip-ok dns-ok contained"),
+            "{name}: {message}"
+        );
+    }
+    nodes.check_containment().expect("still contained");
+    let prefix = nodes.cgroup_prefix();
+    let pids = nodes.pids();
+    let dir = nodes.dir().to_path_buf();
+    drop(nodes);
+    assert!(
+        pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty(),
+        "cgroups left: {:?}",
+        pgop_testenv::real_nodes::cgroup::existing(&prefix)
+    );
+    for pid in pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} outlived its node"
+        );
+    }
+    assert!(!dir.exists(), "{} is left", dir.display());
+}
+
+/// Set in the child process of the kill test: it plays the run that gets killed.
+const VICTIM_ENV: &str = "PGOP_TESTENV_REAL_NODES_VICTIM";
+
+/// Starts a plane, one node and a Pod, prints what the parent needs, then waits to be
+/// killed.
+async fn victim() {
+    let plane = ControlPlane::start(
+        Options::default()
+            .with_controller_manager()
+            .with_scheduler()
+            .with_real_nodes(),
+    )
+    .await
+    .expect("control plane");
+    let images = images();
+    let nodes = RealNodes::start(&plane, options(1, &images, false))
+        .await
+        .expect("real nodes");
+    let pods: Api<Pod> = Api::namespaced(plane.client().expect("client"), "default");
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            &images.pgop.name,
+            "sleeper",
+            "node-0",
+            "exec sleep 3600",
+            json!({}),
+        ),
+    )
+    .await
+    .expect("pod");
+    running_ip(&pods, "sleeper").await;
+    println!(
+        "VICTIM-READY {} {} {}",
+        nodes.dir().display(),
+        nodes.cgroup_prefix(),
+        nodes
+            .pids()
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    tokio::time::sleep(Duration::from_secs(600)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_run_leaves_no_container_process_cgroup_or_directory() {
+    if std::env::var_os(VICTIM_ENV).is_some() {
+        return victim().await;
+    }
+    use std::io::BufRead;
+    let exe = std::env::current_exe().expect("test binary");
+    let mut child = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "a_killed_run_leaves_no_container_process_cgroup_or_directory",
+            "--nocapture",
+        ])
+        .env(VICTIM_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("victim");
+    let stdout = child.stdout.take().expect("stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|l| l.starts_with("VICTIM-READY "))
+    })
+    .await
+    .expect("reader")
+    .expect("the victim started its node and Pod");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (dir, prefix) = (PathBuf::from(fields[1]), fields[2].to_string());
+    let pids: Vec<u32> = fields[3]
+        .split(',')
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert!(!pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty());
+
+    child.kill().expect("SIGKILL"); // no cleanup code of the victim runs
+    child.wait().expect("reap");
+    // The holders clean up on their own (the kernel sends them SIGTERM when the victim
+    // dies): no sweep by a later run is needed for the containers to go.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let cgroups = pgop_testenv::real_nodes::cgroup::existing(&prefix);
+        let alive: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| std::path::Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        let node_dir = dir.join("node-0");
+        if cgroups.is_empty() && alive.is_empty() && !node_dir.exists() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left after the kill: cgroups {cgroups:?}, processes {alive:?}, {} exists: {}",
+            node_dir.display(),
+            node_dir.exists()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
