@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs pgop's whole test suite: unit tests, and integration tests against a real
-# Kubernetes control plane (built first by hack/install-testenv.sh if it is missing), and
-# backup tests against a real S3 server (hack/install-s3-server.sh installs it).
+# Runs pgop's whole test suite: unit tests, integration tests against a real Kubernetes
+# control plane (built first by hack/install-testenv.sh if it is missing), backup tests
+# against a real S3 server (hack/install-s3-server.sh installs it), and the real-node tier
+# (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh).
+# Missing Debian packages are installed by hack/install-packages.sh. Needs root.
 #
 #   hack/test.sh [extra cargo test arguments]
 #
@@ -13,11 +15,21 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# The real-node tier runs containers (namespaces, cgroups, mounts): root only.
+if [ "$(id -u)" != 0 ]; then
+  echo "hack/test.sh needs root (the real-node tests run containerd, kubelets and runc): sudo hack/test.sh" >&2
+  exit 1
+fi
+hack/install-packages.sh test
 hack/install-testenv.sh >/dev/null
 # The backup tests start a real S3 server (s3s-fs), installed once into
 # ~/.cache/pgop/s3s-fs (a few minutes the first time).
 hack/install-s3-server.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
+# The images the real-node tests import into their nodes (docs/images.md), with the
+# debug build of pgop, which the tests build anyway (a release build from nothing takes
+# about 25 minutes on 2 cores).
+PGOP_IMAGE_PROFILE=${PGOP_IMAGE_PROFILE:-dev} hack/build-images.sh >/dev/null
 # --no-fail-fast unless the caller already passed it (before any `--`): cargo refuses
 # a flag given twice.
 no_fail_fast=(--no-fail-fast)

@@ -1,7 +1,7 @@
 //! The container images of hack/build-images.sh, run by a real container runtime.
 //!
-//! Builds the images (`hack/build-images.sh`: seconds when nothing changed; with
-//! `PGOP_IMAGES_NO_BUILD=1` it only requires the archives), starts a throwaway containerd
+//! Takes the images `hack/build-images.sh` built last (hack/test.sh builds them before
+//! the tests; a missing archive fails naming the script), starts a throwaway containerd
 //! (own root, state and socket in a temporary directory), imports the OCI archives with
 //! `ctr -n k8s.io images import`, as a node would, and checks:
 //! - the archives carry the names the kubelet looks up (`docker.io/library/pgop:<version>`);
@@ -20,10 +20,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
 fn images_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("PGOP_IMAGES_DIR") {
         return PathBuf::from(dir);
@@ -35,20 +31,8 @@ fn images_dir() -> PathBuf {
     cache.join("images")
 }
 
-/// Runs hack/build-images.sh (unless PGOP_IMAGES_NO_BUILD=1) and reads its images.env.
+/// Reads the images.env of the last hack/build-images.sh run.
 fn built_images() -> BTreeMap<String, String> {
-    if std::env::var_os("PGOP_IMAGES_NO_BUILD").is_none_or(|v| v.is_empty() || v == "0") {
-        let started = Instant::now();
-        // The script's own default target directory, not the test's: the image is built
-        // from the same binary as by hand.
-        let status = Command::new(repo().join("hack/build-images.sh"))
-            .env_remove("CARGO_TARGET_DIR")
-            .stdout(Stdio::null())
-            .status()
-            .expect("run hack/build-images.sh");
-        assert!(status.success(), "hack/build-images.sh failed: {status}");
-        eprintln!("hack/build-images.sh: {:.1?}", started.elapsed());
-    }
     let file = images_dir().join("images.env");
     let text = std::fs::read_to_string(&file).unwrap_or_else(|err| {
         panic!(
