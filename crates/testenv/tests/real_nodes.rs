@@ -161,6 +161,18 @@ echo pod-ip-ok cluster-ip-ok dns-ok contained > /dev/termination-log"
         );
     }
     nodes.check_containment().expect("still contained");
+    // The guard itself: a way off the node is found, then closed again.
+    nodes
+        .ip(0, "route add default via 10.250.0.1")
+        .expect("add a default route");
+    let breach = nodes
+        .check_containment()
+        .expect_err("a default route is a breach");
+    assert!(breach.to_string().contains("default route"), "{breach}");
+    nodes
+        .ip(0, "route del default")
+        .expect("remove the default route");
+    nodes.check_containment().expect("contained again");
     let prefix = nodes.cgroup_prefix();
     let pids = nodes.pids();
     let dir = nodes.dir().to_path_buf();
@@ -284,4 +296,46 @@ async fn a_killed_run_leaves_no_container_process_cgroup_or_directory() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_that_panics_while_holding_nodes_leaves_nothing_behind() {
+    let plane = ControlPlane::start(
+        Options::default()
+            .with_controller_manager()
+            .with_scheduler()
+            .with_real_nodes(),
+    )
+    .await
+    .expect("control plane");
+    let images = images();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = {
+        let options = options(1, &images, false);
+        let plane = &plane;
+        async move {
+            let nodes = RealNodes::start(plane, options).await.expect("real nodes");
+            let _ = tx.send((
+                nodes.cgroup_prefix(),
+                nodes.pids(),
+                nodes.dir().to_path_buf(),
+            ));
+            panic!("a test failing while it holds real nodes");
+        }
+    };
+    let panicked = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(task)).await;
+    assert!(panicked.is_err(), "the task panicked");
+    let (prefix, pids, dir) = rx.await.expect("the nodes started");
+    assert!(
+        pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty(),
+        "cgroups left: {:?}",
+        pgop_testenv::real_nodes::cgroup::existing(&prefix)
+    );
+    for pid in pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "process {pid} outlived the panic"
+        );
+    }
+    assert!(!dir.exists(), "{} is left", dir.display());
 }
