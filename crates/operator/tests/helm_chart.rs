@@ -485,7 +485,9 @@ async fn defaults_render_the_published_install_and_apply() -> Result {
     let pod = pod_spec(&docs);
     assert_eq!(
         pod["securityContext"],
-        yaml("{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}")
+        yaml(
+            "{runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532, seccompProfile: {type: RuntimeDefault}}"
+        )
     );
     assert_eq!(pod["serviceAccountName"].as_str(), Some(full.as_str()));
     for absent in [
