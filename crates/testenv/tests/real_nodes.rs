@@ -237,19 +237,16 @@ async fn victim() {
     tokio::time::sleep(Duration::from_secs(600)).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_run_leaves_no_container_process_cgroup_or_directory() {
+/// Runs `test` (this same test) as a victim in a child process, sends it `signal` once
+/// its node runs a Pod, and checks that nothing of the node is left.
+async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
     if std::env::var_os(VICTIM_ENV).is_some() {
         return victim().await;
     }
     use std::io::BufRead;
     let exe = std::env::current_exe().expect("test binary");
     let mut child = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "a_killed_run_leaves_no_container_process_cgroup_or_directory",
-            "--nocapture",
-        ])
+        .args(["--exact", test, "--nocapture"])
         .env(VICTIM_ENV, "1")
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -272,7 +269,12 @@ async fn a_killed_run_leaves_no_container_process_cgroup_or_directory() {
         .collect();
     assert!(!pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty());
 
-    child.kill().expect("SIGKILL"); // no cleanup code of the victim runs
+    // SIGKILL: no cleanup code of the victim runs. SIGINT: what Ctrl-C sends the test
+    // process (its children lead process groups of their own, so only it gets it), whose
+    // default action ends it without running destructors or exit hooks either.
+    let pid = i32::try_from(child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(pid, signal) };
     child.wait().expect("reap");
     // The holders clean up on their own (the kernel sends them SIGTERM when the victim
     // dies): no sweep by a later run is needed for the containers to go.
@@ -296,6 +298,24 @@ async fn a_killed_run_leaves_no_container_process_cgroup_or_directory() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_run_leaves_no_container_process_cgroup_or_directory() {
+    killed_run_leaves_nothing(
+        "a_killed_run_leaves_no_container_process_cgroup_or_directory",
+        libc::SIGKILL,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_run_ctrl_c_leaves_no_container_process_cgroup_or_directory() {
+    killed_run_leaves_nothing(
+        "an_interrupted_run_ctrl_c_leaves_no_container_process_cgroup_or_directory",
+        libc::SIGINT,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
