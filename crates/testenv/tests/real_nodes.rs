@@ -177,11 +177,13 @@ echo pod-ip-ok cluster-ip-ok dns-ok contained > /dev/termination-log"
     let pids = nodes.pids();
     let dir = nodes.dir().to_path_buf();
     drop(nodes);
-    assert!(
-        pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty(),
-        "cgroups left: {:?}",
-        pgop_testenv::real_nodes::cgroup::existing(&prefix)
-    );
+    assert_nothing_left(&prefix, &pids, &dir);
+}
+
+/// No cgroup tree of the run, no process of its nodes and no directory is left.
+fn assert_nothing_left(prefix: &str, pids: &[u32], dir: &std::path::Path) {
+    let cgroups = pgop_testenv::real_nodes::cgroup::existing(prefix);
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
     for pid in pids {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
@@ -346,16 +348,5 @@ async fn a_test_that_panics_while_holding_nodes_leaves_nothing_behind() {
     let panicked = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(task)).await;
     assert!(panicked.is_err(), "the task panicked");
     let (prefix, pids, dir) = rx.await.expect("the nodes started");
-    assert!(
-        pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty(),
-        "cgroups left: {:?}",
-        pgop_testenv::real_nodes::cgroup::existing(&prefix)
-    );
-    for pid in pids {
-        assert!(
-            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-            "process {pid} outlived the panic"
-        );
-    }
-    assert!(!dir.exists(), "{} is left", dir.display());
+    assert_nothing_left(&prefix, &pids, &dir);
 }

@@ -115,31 +115,6 @@ pub fn cni(dir: &Path, index: usize) -> String {
     )
 }
 
-pub fn kubeconfig(server: &str, ca: &Path, cert: &Path, key: &Path) -> String {
-    format!(
-        "apiVersion: v1
-kind: Config
-clusters:
-- name: testenv
-  cluster:
-    server: {server}
-    certificate-authority: {ca}
-users:
-- name: node
-  user:
-    client-certificate: {cert}
-    client-key: {key}
-contexts:
-- name: testenv
-  context: {{cluster: testenv, user: node}}
-current-context: testenv
-",
-        ca = ca.display(),
-        cert = cert.display(),
-        key = key.display(),
-    )
-}
-
 pub fn kubelet(dir: &Path, ca: &Path, cgroup_root: &str) -> String {
     let d = dir.display();
     format!(

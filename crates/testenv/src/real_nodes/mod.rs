@@ -455,7 +455,7 @@ impl RealNodes {
                 })?;
             write(
                 "kubelet.kubeconfig",
-                config::kubeconfig(&server, &pki.ca_cert, &cert, &key),
+                crate::kubeconfig::render_with(&server, &pki.ca_cert, &cert, &key),
             )?;
             let (cert, key) = plane
                 .authority()
@@ -466,7 +466,7 @@ impl RealNodes {
                 })?;
             write(
                 "kube-proxy.kubeconfig",
-                config::kubeconfig(&server, &pki.ca_cert, &cert, &key),
+                crate::kubeconfig::render_with(&server, &pki.ca_cert, &cert, &key),
             )?;
             let cgroup_root = node
                 .tree
