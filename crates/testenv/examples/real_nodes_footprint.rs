@@ -36,6 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             sandbox_image: images.pause.name.clone(),
             bin_dir: None,
             dns_image: None,
+            infra_node: false,
         },
     )
     .await?;

@@ -20,6 +20,7 @@ fn options(count: usize, images: &pgop_testenv::images::Images, dns: bool) -> No
         sandbox_image: images.pause.name.clone(),
         bin_dir: None,
         dns_image: dns.then(|| images.coredns.name.clone()),
+        infra_node: false,
     }
 }
 

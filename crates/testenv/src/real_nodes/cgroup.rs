@@ -94,6 +94,28 @@ impl Drop for Tree {
     }
 }
 
+/// Freezes (`true`) or thaws every process of the tree `name` (cgroup v1 freezer): a
+/// frozen node's daemons and containers stop where they are, as when a machine hangs.
+pub fn set_frozen(name: &str, frozen: bool) -> io::Result<()> {
+    let state = Path::new(ROOT)
+        .join("freezer")
+        .join(name)
+        .join("freezer.state");
+    std::fs::write(&state, if frozen { "FROZEN" } else { "THAWED" })?;
+    // Freezing completes asynchronously: wait until the state says so.
+    let want = if frozen { "FROZEN" } else { "THAWED" };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if std::fs::read_to_string(&state)?.trim() == want {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::other(format!("{name} did not become {want}")));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Freezes the tree, SIGKILLs every process in it, thaws it, waits (up to 10 s) until it
 /// is empty and removes every directory, deepest first.
 pub fn destroy(name: &str) {

@@ -115,8 +115,16 @@ pub fn cni(dir: &Path, index: usize) -> String {
     )
 }
 
-pub fn kubelet(dir: &Path, ca: &Path, cgroup_root: &str) -> String {
+pub fn kubelet(dir: &Path, ca: &Path, cgroup_root: &str, infra: bool) -> String {
     let d = dir.display();
+    let taints = if infra {
+        format!(
+            "registerWithTaints:\n- {{key: {}, value: 'true', effect: NoSchedule}}\n",
+            super::INFRA_LABEL
+        )
+    } else {
+        String::new()
+    };
     format!(
         "apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -148,7 +156,7 @@ evictionHard:
   nodefs.inodesFree: 1%
 localStorageCapacityIsolation: false
 nodeStatusReportFrequency: 10s
-",
+{taints}",
         ca = ca.display(),
         dns = CLUSTER_DNS,
     )

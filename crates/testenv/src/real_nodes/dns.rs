@@ -68,6 +68,18 @@ fn objects(image: &str) -> Vec<Value> {
                         "serviceAccountName": "coredns",
                         // Its own Service's address does not answer until it is ready.
                         "dnsPolicy": "Default",
+                        // On the infrastructure node when there is one, away from the
+                        // nodes fault tests break.
+                        "tolerations": [{"key": super::INFRA_LABEL, "operator": "Exists",
+                                         "effect": "NoSchedule"}],
+                        "affinity": {"nodeAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [{
+                                "weight": 100,
+                                "preference": {"matchExpressions": [{
+                                    "key": super::INFRA_LABEL, "operator": "In",
+                                    "values": ["true"]}]}
+                            }]
+                        }},
                         "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
                                             "runAsGroup": 65532,
                                             "seccompProfile": {"type": "RuntimeDefault"}},

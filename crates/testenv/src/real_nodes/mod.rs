@@ -113,7 +113,15 @@ pub struct NodesOptions {
     /// CoreDNS's image (among `images`): when set, CoreDNS runs as the cluster's DNS
     /// and [`RealNodes::start`] waits until it answers.
     pub dns_image: Option<String>,
+    /// Make the last node an infrastructure node: labelled [`INFRA_LABEL`]`=true` and
+    /// tainted [`INFRA_LABEL`]`=true:NoSchedule`, so that only Pods that tolerate it run
+    /// there (CoreDNS does, and prefers it). Fault tests keep the operator, DNS and their
+    /// clients there, away from the nodes they break.
+    pub infra_node: bool,
 }
+
+/// The label and taint key of the infrastructure node ([`NodesOptions::infra_node`]).
+pub const INFRA_LABEL: &str = "pgop.testenv/infra";
 
 /// One node's processes and cgroup tree.
 struct RealNode {
@@ -130,6 +138,10 @@ impl RealNode {
     }
 
     fn stop(&mut self) {
+        // A frozen node's processes cannot die until thawed.
+        if let Some(tree) = &self.tree {
+            let _ = cgroup::set_frozen(tree.name(), false);
+        }
         // The daemons first, so that nothing restarts a container while the tree dies.
         while self.processes.len() > 1 {
             if let Some(mut p) = self.processes.pop() {
@@ -473,9 +485,10 @@ impl RealNodes {
                 .as_ref()
                 .map(|t| t.name().to_string())
                 .unwrap_or_default();
+            let infra = options.infra_node && index + 1 == options.count;
             write(
                 "kubelet.yaml",
-                config::kubelet(&dir, &pki.ca_cert, &cgroup_root),
+                config::kubelet(&dir, &pki.ca_cert, &cgroup_root, infra),
             )?;
             write(
                 "kube-proxy.yaml",
@@ -508,6 +521,7 @@ impl RealNodes {
                 .as_ref()
                 .map(cgroup::Tree::join_script)
                 .unwrap_or_default();
+            let infra = options.infra_node && index + 1 == options.count;
             let kubelet_cmd = in_node(
                 holder,
                 &tree_join,
@@ -523,6 +537,7 @@ impl RealNodes {
                         .arg(format!("--cert-dir={}", dir.join("kubelet-pki").display()))
                         .arg(format!("--hostname-override={}", node.name))
                         .arg(format!("--node-ip={}", config::node_ip(index)))
+                        .args(infra.then(|| format!("--node-labels={INFRA_LABEL}=true")))
                         .arg("--v=1");
                 },
             );
@@ -624,6 +639,46 @@ impl RealNodes {
                 Some((pid, comm, rss))
             })
             .collect()
+    }
+
+    /// Freezes every process of node `index` — containerd, the kubelet, kube-proxy and
+    /// every container — as when a machine hangs: nothing runs, nothing answers, nothing
+    /// shuts down cleanly. [`Self::thaw`] lets them run on.
+    pub fn freeze(&self, index: usize) -> Result<(), Error> {
+        self.set_frozen(index, true)
+    }
+
+    /// Lets a frozen node run on from where it stopped.
+    pub fn thaw(&self, index: usize) -> Result<(), Error> {
+        self.set_frozen(index, false)
+    }
+
+    fn set_frozen(&self, index: usize, frozen: bool) -> Result<(), Error> {
+        let tree = self
+            .nodes
+            .get(index)
+            .and_then(|n| n.tree.as_ref())
+            .ok_or_else(|| Error::NotContained(format!("no node {index}")))?;
+        cgroup::set_frozen(tree.name(), frozen).map_err(io(format!(
+            "{} node {index}",
+            if frozen { "freezing" } else { "thawing" }
+        )))
+    }
+
+    /// Where node `index`'s kubelet keeps a Pod's emptyDir volume `volume` (readable from
+    /// the harness: the node's directory is on this machine's filesystem).
+    pub fn empty_dir(&self, index: usize, pod_uid: &str, volume: &str) -> PathBuf {
+        self.nodes[index]
+            .dir
+            .join("kubelet/pods")
+            .join(pod_uid)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(volume)
+    }
+
+    /// The index of the node called `name`.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
     }
 
     /// Runs `ip` with `args` in node `index`'s network namespace (for tests).

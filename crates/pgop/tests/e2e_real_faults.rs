@@ -1,0 +1,161 @@
+//! Faults that only real nodes can show (issue 13): a node that hangs. Three workload
+//! nodes and an infrastructure node (operator, CoreDNS and the clients, so that the fault
+//! does not take them too), pgop installed by its chart, a writer Pod writing through
+//! `-rw` by DNS name. Needs root.
+
+mod real;
+
+use kube::api::PostParams;
+use real::{RealEnv, Result, client_pod, eventually, finished, infra_placement, start_writer};
+use serde_json::json;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rejoins() -> Result {
+    let env = RealEnv::start(3, true).await?;
+    let infra = RealEnv::on_infra();
+    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
+    env.install_operator(&extra).await?;
+    let ns = "faults";
+    env.restricted_namespace(ns).await?;
+    env.clusters(ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "database.example.com/v1alpha1",
+                "kind": "PostgresCluster",
+                "metadata": {"name": "db"},
+                "spec": {
+                    "replicas": 3,
+                    "storage": {"size": "1Gi"},
+                    "replication": {"synchronous": 1, "dataDurability": "required"}
+                }
+            }))?,
+        )
+        .await?;
+    let cluster = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
+    let status = cluster.status.unwrap_or_default();
+    let old_primary = status.current_primary.ok_or("no primary")?;
+    let mut placed = Vec::new();
+    for i in &status.instances {
+        placed.push(env.node_of(ns, &i.name).await?);
+    }
+    placed.sort();
+    placed.dedup();
+    assert_eq!(
+        placed.len(),
+        3,
+        "one instance per workload node: {placed:?}"
+    );
+    let primary_node = env.node_of(ns, &old_primary).await?;
+    let index = env
+        .nodes
+        .index_of(&primary_node)
+        .ok_or("the primary's node")?;
+    println!(
+        "cluster Ready at {:.1?}; primary {old_primary} on {primary_node}",
+        env.started.elapsed()
+    );
+
+    let writer = start_writer(&env, ns, "db", "w").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // The primary's node hangs: kubelet, containerd, PostgreSQL and its manager stop where
+    // they are, without a clean shutdown.
+    let fault = now();
+    env.nodes.freeze(index)?;
+    let clusters = env.clusters(ns);
+    let new_primary = eventually(
+        "a new primary after the node hung",
+        Duration::from_secs(120),
+        || async {
+            let s = clusters
+                .get("db")
+                .await
+                .map_err(|e| e.to_string())?
+                .status
+                .unwrap_or_default();
+            match s.current_primary {
+                Some(p) if p != old_primary => Ok(p),
+                other => Err(format!("primary {other:?}, phase {:?}", s.phase)),
+            }
+        },
+    )
+    .await;
+    let promoted = now() - fault;
+    let first_write = eventually(
+        "a write acknowledged after the node hung",
+        Duration::from_secs(120),
+        || async {
+            writer
+                .read(&env.nodes)
+                .into_iter()
+                .find(|a| a.ok && a.start > fault)
+                .ok_or_else(|| "none yet".to_string())
+        },
+    )
+    .await;
+    println!(
+        "node hung → {new_primary} primary in {promoted:.1} s, first write through -rw acknowledged {:.1} s after the fault",
+        first_write.end - fault
+    );
+    // Let the writer go on against the new primary for a while, with the old one frozen.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // The node comes back: the old primary lost its Lease while it hung and must rejoin
+    // as a standby of the new primary (pg_rewind), not serve a single write.
+    env.nodes.thaw(index)?;
+    let back = env.wait_ready(ns, "db", 3, Duration::from_secs(180)).await;
+    let back = back.status.unwrap_or_default();
+    assert_eq!(back.current_primary.as_deref(), Some(new_primary.as_str()));
+    println!("{old_primary} rejoined as a standby; cluster Ready again");
+
+    // Every acknowledged write is in the table.
+    env.pods(ns)
+        .delete(&writer.pod, &Default::default())
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let acknowledged: Vec<u64> = writer
+        .read(&env.nodes)
+        .into_iter()
+        .filter(|a| a.ok)
+        .map(|a| a.id)
+        .collect();
+    let reader = client_pod(
+        "reader",
+        &env.images.pgop.name,
+        "db-app",
+        "psql -qAt -h db-rw.faults.svc.cluster.local -c 'select id from w order by id' > /out/ids \
+         && echo done > /dev/termination-log",
+        infra_placement(),
+    )?;
+    let created = env.pods(ns).create(&PostParams::default(), &reader).await?;
+    let (code, message) = finished(&env.pods(ns), "reader", Duration::from_secs(120)).await;
+    assert_eq!((code, message.trim()), (0, "done"), "reader: {message}");
+    let uid = created.metadata.uid.ok_or("no uid")?;
+    let last = env.nodes.names().len() - 1;
+    let ids = std::fs::read_to_string(env.nodes.empty_dir(last, &uid, "out").join("ids"))?;
+    let stored: std::collections::BTreeSet<u64> =
+        ids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    let lost: Vec<u64> = acknowledged
+        .iter()
+        .copied()
+        .filter(|id| !stored.contains(id))
+        .collect();
+    println!(
+        "{} writes acknowledged, {} rows stored, {} acknowledged writes lost",
+        acknowledged.len(),
+        stored.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    assert!(!acknowledged.is_empty());
+    Ok(())
+}

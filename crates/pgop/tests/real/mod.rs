@@ -1,0 +1,437 @@
+//! What the real-node tests share: a control plane with real nodes (and an infrastructure
+//! node for the operator, DNS and clients), pgop installed by its Helm chart, and a writer
+//! Pod whose log of acknowledged writes the test reads from the node's filesystem.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, PostParams};
+use pgop_api::PostgresCluster;
+use pgop_api::cluster::{ClusterPhase, InstanceRole};
+use pgop_testenv::images::Images;
+use pgop_testenv::real_nodes::{INFRA_LABEL, NodesOptions, RealNodes};
+use pgop_testenv::{ControlPlane, Options};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Polls `check` every 500 ms until it returns `Ok`, or panics with its last error.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() > deadline => {
+                panic!("{what}: not within {timeout:?}; last: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+pub struct RealEnv {
+    // Drop order: nodes before the control plane.
+    pub nodes: RealNodes,
+    pub plane: ControlPlane,
+    pub client: kube::Client,
+    pub images: Images,
+    pub started: Instant,
+}
+
+impl RealEnv {
+    /// A control plane and `workload` real nodes (`node-0`...), plus, with `infra`, one
+    /// more node for the operator, CoreDNS and clients (tainted: no instance lands there).
+    pub async fn start(workload: usize, infra: bool) -> Result<Self> {
+        let images = pgop_testenv::images::built()?;
+        let started = Instant::now();
+        let plane = ControlPlane::start(
+            Options::default()
+                .with_controller_manager()
+                .with_scheduler()
+                .with_real_nodes(),
+        )
+        .await?;
+        let nodes = RealNodes::start(
+            &plane,
+            NodesOptions {
+                count: workload + usize::from(infra),
+                images: images.archives(),
+                sandbox_image: images.pause.name.clone(),
+                bin_dir: None,
+                dns_image: Some(images.coredns.name.clone()),
+                infra_node: infra,
+            },
+        )
+        .await?;
+        println!(
+            "{} real nodes and CoreDNS ready in {:.1?}",
+            nodes.names().len(),
+            started.elapsed()
+        );
+        let client = plane.client()?;
+        Ok(Self {
+            nodes,
+            plane,
+            client,
+            images,
+            started,
+        })
+    }
+
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let helm = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Helm)?;
+        let out = Command::new(helm)
+            .args(args)
+            .env("KUBECONFIG", self.plane.kubeconfig())
+            .env("HELM_CACHE_HOME", self.plane.dir().join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.plane.dir().join("helm/config"))
+            .env("HELM_DATA_HOME", self.plane.dir().join("helm/data"))
+            .output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            return Err(format!("helm {args:?} failed: {text}").into());
+        }
+        Ok(text)
+    }
+
+    /// `helm install pgop charts/pgop` with the built image (and `extra` arguments), then
+    /// waits until the operator holds its leader Lease.
+    pub async fn install_operator(&self, extra: &[&str]) -> Result {
+        let (repository, tag) = self
+            .images
+            .pgop
+            .name
+            .rsplit_once(':')
+            .ok_or("the pgop image has no tag")?;
+        let chart = repo().join("charts/pgop").display().to_string();
+        let image_repository = format!("image.repository={repository}");
+        let image_tag = format!("image.tag={tag}");
+        let mut args = vec![
+            "install",
+            "pgop",
+            &chart,
+            "--namespace",
+            "pgop-system",
+            "--create-namespace",
+            "--set",
+            &image_repository,
+            "--set",
+            &image_tag,
+            "--wait",
+            "--timeout",
+            "180s",
+        ];
+        args.extend_from_slice(extra);
+        self.helm(&args)?;
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "pgop-system");
+        eventually(
+            "the operator holds the leader Lease",
+            Duration::from_secs(120),
+            || async {
+                let holder = leases
+                    .get_opt("pgop-operator")
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity)
+                    .ok_or("no holder yet")?;
+                if holder.starts_with("pgop") {
+                    Ok(holder)
+                } else {
+                    Err(format!("held by {holder}"))
+                }
+            },
+        )
+        .await;
+        println!("operator leading at {:.1?}", self.started.elapsed());
+        Ok(())
+    }
+
+    /// The Helm arguments that keep the operator on the infrastructure node.
+    pub fn on_infra() -> Vec<String> {
+        vec![
+            "--set-string".into(),
+            format!("nodeSelector.{}=true", INFRA_LABEL.replace('.', "\\.")),
+            "--set".into(),
+            format!("tolerations[0].key={INFRA_LABEL}"),
+            "--set".into(),
+            "tolerations[0].operator=Exists".into(),
+            "--set".into(),
+            "tolerations[0].effect=NoSchedule".into(),
+        ]
+    }
+
+    /// A namespace enforcing the `restricted` Pod Security Standard.
+    pub async fn restricted_namespace(&self, name: &str) -> Result {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": name, "labels": {
+                        "pod-security.kubernetes.io/enforce": "restricted",
+                        "pod-security.kubernetes.io/enforce-version": "latest"
+                    }}
+                }))?,
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub fn clusters(&self, ns: &str) -> Api<PostgresCluster> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub fn pods(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// Waits until the cluster is Ready with `replicas` ready instances, the current
+    /// primary reporting so and every other instance a replica.
+    pub async fn wait_ready(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: i32,
+        timeout: Duration,
+    ) -> PostgresCluster {
+        let clusters = self.clusters(ns);
+        let pods = self.pods(ns);
+        eventually(
+            &format!("{name} is Ready with {replicas} instances"),
+            timeout,
+            || async {
+                let c = clusters.get(name).await.map_err(|e| e.to_string())?;
+                let status = c.status.clone().unwrap_or_default();
+                let roles_ok = status.instances.iter().all(|i| {
+                    let want = if status.current_primary.as_deref() == Some(i.name.as_str()) {
+                        InstanceRole::Primary
+                    } else {
+                        InstanceRole::Replica
+                    };
+                    i.role == Some(want)
+                });
+                if status.phase == Some(ClusterPhase::Ready)
+                    && status.ready_replicas == replicas
+                    && status.instances.len() == replicas as usize
+                    && status.current_primary == status.target_primary
+                    && roles_ok
+                {
+                    return Ok(c);
+                }
+                let listed: Vec<String> = pods
+                    .list(&Default::default())
+                    .await
+                    .map(|l| {
+                        l.items
+                            .iter()
+                            .map(|p| {
+                                format!(
+                                    "{}: {:?}",
+                                    p.metadata.name.clone().unwrap_or_default(),
+                                    p.status.as_ref().map(|s| &s.phase)
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Err(format!(
+                    "phase {:?}, ready {}, primary {:?}, instances {:?}; pods {listed:?}",
+                    status.phase,
+                    status.ready_replicas,
+                    status.current_primary,
+                    status
+                        .instances
+                        .iter()
+                        .map(|i| (&i.name, &i.role))
+                        .collect::<Vec<_>>()
+                ))
+            },
+        )
+        .await
+    }
+
+    /// The node a Pod runs on.
+    pub async fn node_of(&self, ns: &str, pod: &str) -> Result<String> {
+        Ok(self
+            .pods(ns)
+            .get(pod)
+            .await?
+            .spec
+            .and_then(|s| s.node_name)
+            .ok_or_else(|| format!("{pod} is not scheduled"))?)
+    }
+}
+
+/// Waits until the Pod's container has terminated; returns its exit code and termination
+/// message.
+pub async fn finished(pods: &Api<Pod>, name: &str, timeout: Duration) -> (i32, String) {
+    eventually(&format!("{name} finishes"), timeout, || async {
+        let p = pods.get(name).await.map_err(|e| e.to_string())?;
+        let terminated = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| s.terminated.clone());
+        match terminated {
+            Some(t) => Ok((t.exit_code, t.message.unwrap_or_default())),
+            None => Err(format!("{:?}", p.status.map(|s| s.phase))),
+        }
+    })
+    .await
+}
+
+/// The restricted-compliant security settings of a client Pod of the pgop image.
+pub fn client_pod(
+    name: &str,
+    image: &str,
+    secret: &str,
+    script: &str,
+    extra_spec: serde_json::Value,
+) -> Result<Pod> {
+    let mut pod = json!({
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 26, "runAsGroup": 26,
+                                "fsGroup": 26, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "client", "image": image, "imagePullPolicy": "IfNotPresent",
+                "command": ["bash", "-c", script],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+                "env": [
+                    {"name": "PGUSER", "valueFrom": {"secretKeyRef": {"name": secret, "key": "username"}}},
+                    {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}},
+                    {"name": "PGDATABASE", "valueFrom": {"secretKeyRef": {"name": secret, "key": "dbname"}}},
+                    {"name": "PGCONNECT_TIMEOUT", "value": "2"}
+                ],
+                "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "out", "mountPath": "/out"}]
+            }],
+            "volumes": [{"name": "out", "emptyDir": {}}]
+        }
+    });
+    if let (Some(spec), Some(extra)) = (pod["spec"].as_object_mut(), extra_spec.as_object()) {
+        for (k, v) in extra {
+            spec.insert(k.clone(), v.clone());
+        }
+    }
+    Ok(serde_json::from_value(pod)?)
+}
+
+/// Keeps the Pod on the infrastructure node.
+pub fn infra_placement() -> serde_json::Value {
+    json!({
+        "nodeSelector": {INFRA_LABEL: "true"},
+        "tolerations": [{"key": INFRA_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
+    })
+}
+
+/// One line of a writer's log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    pub ok: bool,
+    pub id: u64,
+    /// Seconds since the epoch when the attempt started and ended.
+    pub start: f64,
+    pub end: f64,
+}
+
+/// A Pod on the infrastructure node that inserts one row per attempt through
+/// `<cluster>-rw.<ns>.svc.cluster.local` (a new connection each time, by DNS name, as a
+/// client would after a failover) and logs every attempt to an emptyDir the test reads.
+pub struct Writer {
+    pub pod: String,
+    uid: String,
+    node: usize,
+}
+
+pub async fn start_writer(env: &RealEnv, ns: &str, cluster: &str, table: &str) -> Result<Writer> {
+    let name = format!("writer-{table}");
+    let script = format!(
+        "host={cluster}-rw.{ns}.svc.cluster.local
+until psql -qAt -h $host -c 'create table if not exists {table} (id bigint primary key)'; do sleep 0.5; done
+i=0
+while true; do
+  i=$((i + 1))
+  t0=$(date +%s.%N)
+  if timeout 3 psql -qAt -h $host -c \"insert into {table} values ($i)\" >/dev/null 2>&1; then
+    echo \"ok $i $t0 $(date +%s.%N)\" >> /out/log
+  else
+    echo \"fail $i $t0 $(date +%s.%N)\" >> /out/log
+  fi
+  sleep 0.05
+done"
+    );
+    let pod = client_pod(
+        &name,
+        &env.images.pgop.name,
+        &format!("{cluster}-app"),
+        &script,
+        infra_placement(),
+    )?;
+    let pods = env.pods(ns);
+    let created = pods.create(&PostParams::default(), &pod).await?;
+    let uid = created.metadata.uid.ok_or("no uid")?;
+    let node_name = env.node_of(ns, &name).await.unwrap_or_default();
+    let node = env
+        .nodes
+        .index_of(&node_name)
+        .or_else(|| env.nodes.names().len().checked_sub(1))
+        .ok_or("no nodes")?;
+    let writer = Writer {
+        pod: name,
+        uid,
+        node,
+    };
+    eventually("the writer writes", Duration::from_secs(120), || async {
+        let attempts = writer.read(&env.nodes);
+        if attempts.iter().any(|a| a.ok) {
+            Ok(())
+        } else {
+            Err(format!("{} attempts, none acknowledged", attempts.len()))
+        }
+    })
+    .await;
+    Ok(writer)
+}
+
+impl Writer {
+    fn log(&self, nodes: &RealNodes) -> PathBuf {
+        nodes.empty_dir(self.node, &self.uid, "out").join("log")
+    }
+
+    /// Every attempt so far.
+    pub fn read(&self, nodes: &RealNodes) -> Vec<Attempt> {
+        let text = std::fs::read_to_string(self.log(nodes)).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                Some(Attempt {
+                    ok: *f.first()? == "ok",
+                    id: f.get(1)?.parse().ok()?,
+                    start: f.get(2)?.parse().ok()?,
+                    end: f.get(3)?.parse().ok()?,
+                })
+            })
+            .collect()
+    }
+}
