@@ -5,8 +5,12 @@
 
 mod real;
 
+use kube::api::DeleteParams;
 use kube::api::PostParams;
-use real::{RealEnv, Result, client_pod, eventually, finished, infra_placement, start_writer};
+use real::{
+    RealEnv, Result, SERIAL, Writer, client_pod, eventually, finished, infra_placement,
+    start_writer,
+};
 use serde_json::json;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +23,7 @@ fn now() -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rejoins() -> Result {
+    let _serial = SERIAL.lock().await;
     let env = RealEnv::start(3, true).await?;
     let infra = RealEnv::on_infra();
     let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
@@ -117,11 +122,15 @@ async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rej
     assert_eq!(back.current_primary.as_deref(), Some(new_primary.as_str()));
     println!("{old_primary} rejoined as a standby; cluster Ready again");
 
+    assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
+    Ok(())
+}
+
+/// Stops the writer, reads the table through `-rw` from a Pod and checks that every write
+/// the writer saw acknowledged is there.
+async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Writer) -> Result {
     // Every acknowledged write is in the table.
-    env.pods(ns)
-        .delete(&writer.pod, &Default::default())
-        .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    writer.stop(&env.nodes).await?;
     let acknowledged: Vec<u64> = writer
         .read(&env.nodes)
         .into_iter()
@@ -129,15 +138,23 @@ async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rej
         .map(|a| a.id)
         .collect();
     let reader = client_pod(
-        "reader",
+        &format!("reader-{}", writer.table),
         &env.images.pgop.name,
         "db-app",
-        "psql -qAt -h db-rw.faults.svc.cluster.local -c 'select id from w order by id' > /out/ids \
-         && echo done > /dev/termination-log",
+        &format!(
+            "psql -qAt -h db-rw.{ns}.svc.cluster.local -c 'select id from {table} order by id' \
+             > /out/ids && echo done > /dev/termination-log",
+            table = writer.table
+        ),
         infra_placement(),
     )?;
     let created = env.pods(ns).create(&PostParams::default(), &reader).await?;
-    let (code, message) = finished(&env.pods(ns), "reader", Duration::from_secs(120)).await;
+    let (code, message) = finished(
+        &env.pods(ns),
+        &format!("reader-{}", writer.table),
+        Duration::from_secs(120),
+    )
+    .await;
     assert_eq!((code, message.trim()), (0, "done"), "reader: {message}");
     let uid = created.metadata.uid.ok_or("no uid")?;
     let last = env.nodes.names().len() - 1;
@@ -157,5 +174,102 @@ async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rej
     );
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     assert!(!acknowledged.is_empty());
+    Ok(())
+}
+
+/// Fault, then: writes through `-rw` resume and the cluster is Ready again with every
+/// instance. Returns (seconds to the first acknowledged write after the fault, the
+/// primary afterwards).
+async fn recover(env: &RealEnv, ns: &str, writer: &Writer, fault: f64) -> (f64, String) {
+    let first = eventually(
+        "a write acknowledged after the fault",
+        Duration::from_secs(120),
+        || async {
+            writer
+                .read(&env.nodes)
+                .into_iter()
+                .find(|a| a.ok && a.start > fault)
+                .ok_or_else(|| "none yet".to_string())
+        },
+    )
+    .await;
+    let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(180)).await;
+    let primary = ready
+        .status
+        .and_then(|s| s.current_primary)
+        .unwrap_or_default();
+    (first.end - fault, primary)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_and_rejoin()
+-> Result {
+    let _serial = SERIAL.lock().await;
+    let env = RealEnv::start(3, true).await?;
+    let infra = RealEnv::on_infra();
+    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
+    env.install_operator(&extra).await?;
+    let ns = "pods";
+    env.restricted_namespace(ns).await?;
+    env.clusters(ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "database.example.com/v1alpha1",
+                "kind": "PostgresCluster",
+                "metadata": {"name": "db"},
+                "spec": {
+                    "replicas": 3,
+                    "storage": {"size": "1Gi"},
+                    "replication": {"synchronous": 1, "dataDurability": "required"}
+                }
+            }))?,
+        )
+        .await?;
+    let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
+    let mut primary = ready
+        .status
+        .and_then(|s| s.current_primary)
+        .ok_or("no primary")?;
+    let writer = start_writer(&env, ns, "db", "p").await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pods = env.pods(ns);
+
+    // The PostgreSQL container is killed: SIGKILL to its init (the instance manager),
+    // which takes PostgreSQL with it, as the OOM killer or a crash would.
+    let node = env
+        .nodes
+        .index_of(&env.node_of(ns, &primary).await?)
+        .ok_or("node")?;
+    let label = format!("io.kubernetes.pod.name={primary}");
+    let id = env
+        .nodes
+        .crictl(node, &["ps", "-q", "--name", "postgres", "--label", &label])?;
+    let id = id.trim().to_string();
+    assert!(!id.is_empty(), "no container for {primary}");
+    let fault = now();
+    env.nodes.crictl(node, &["stop", "--timeout", "0", &id])?;
+    let (first, after) = recover(&env, ns, &writer, fault).await;
+    println!("container of {primary} killed → first write {first:.1} s after; primary now {after}");
+    primary = after;
+
+    // The primary Pod is deleted (graceful), then deleted with --grace-period=0 --force.
+    for (what, grace) in [("deleted", None), ("force-deleted", Some(0))] {
+        let fault = now();
+        pods.delete(
+            &primary,
+            &DeleteParams {
+                grace_period_seconds: grace,
+                ..DeleteParams::default()
+            },
+        )
+        .await?;
+        let (first, after) = recover(&env, ns, &writer, fault).await;
+        println!(
+            "primary Pod {primary} {what} → first write {first:.1} s after; primary now {after}"
+        );
+        primary = after;
+    }
+    assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
     Ok(())
 }

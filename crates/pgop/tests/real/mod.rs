@@ -40,6 +40,10 @@ where
     }
 }
 
+/// The real-node tests of one binary run one at a time: each runs several kubelets and
+/// PostgreSQL servers, and two at once on 2 cores would slow every failover.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub struct RealEnv {
     // Drop order: nodes before the control plane.
     pub nodes: RealNodes,
@@ -360,6 +364,7 @@ pub struct Attempt {
 /// client would after a failover) and logs every attempt to an emptyDir the test reads.
 pub struct Writer {
     pub pod: String,
+    pub table: String,
     uid: String,
     node: usize,
 }
@@ -370,7 +375,7 @@ pub async fn start_writer(env: &RealEnv, ns: &str, cluster: &str, table: &str) -
         "host={cluster}-rw.{ns}.svc.cluster.local
 until psql -qAt -h $host -c 'create table if not exists {table} (id bigint primary key)'; do sleep 0.5; done
 i=0
-while true; do
+while [ ! -e /out/stop ]; do
   i=$((i + 1))
   t0=$(date +%s.%N)
   if timeout 3 psql -qAt -h $host -c \"insert into {table} values ($i)\" >/dev/null 2>&1; then
@@ -379,7 +384,9 @@ while true; do
     echo \"fail $i $t0 $(date +%s.%N)\" >> /out/log
   fi
   sleep 0.05
-done"
+done
+echo stopped >> /out/log
+exec sleep infinity"
     );
     let pod = client_pod(
         &name,
@@ -399,6 +406,7 @@ done"
         .ok_or("no nodes")?;
     let writer = Writer {
         pod: name,
+        table: table.to_string(),
         uid,
         node,
     };
@@ -417,6 +425,25 @@ done"
 impl Writer {
     fn log(&self, nodes: &RealNodes) -> PathBuf {
         nodes.empty_dir(self.node, &self.uid, "out").join("log")
+    }
+
+    /// Stops the writer (a file it looks for before each attempt) and waits until it has.
+    pub async fn stop(&self, nodes: &RealNodes) -> Result {
+        std::fs::write(
+            nodes.empty_dir(self.node, &self.uid, "out").join("stop"),
+            "",
+        )?;
+        let log = self.log(nodes);
+        eventually("the writer stops", Duration::from_secs(30), || async {
+            let text = std::fs::read_to_string(&log).map_err(|e| e.to_string())?;
+            if text.lines().any(|l| l == "stopped") {
+                Ok(())
+            } else {
+                Err("still writing".to_string())
+            }
+        })
+        .await;
+        Ok(())
     }
 
     /// Every attempt so far.
