@@ -22,6 +22,12 @@ pub enum Error {
     },
     #[error("CRD {name} was not established within {timeout:?}")]
     NotEstablished { name: String, timeout: Duration },
+    #[error("discovery did not list {resource} in {group_version} within {timeout:?}")]
+    NotDiscovered {
+        resource: String,
+        group_version: String,
+        timeout: Duration,
+    },
     #[error("failed to watch CRD {name}")]
     Watch {
         name: String,
@@ -54,7 +60,9 @@ pub fn of<K: CustomResourceExt>() -> CustomResourceDefinition {
 }
 
 /// Applies every CRD (server-side apply, so re-installing is harmless) and waits until
-/// each one is Established.
+/// each one is Established and discovery lists its resource in every served version (a
+/// CRD is Established a moment before discovery knows it, and clients that look a kind up
+/// by discovery, as kubectl and Helm do, fail with 404 in between).
 pub async fn install(
     client: &Client,
     crds: impl IntoIterator<Item = CustomResourceDefinition>,
@@ -62,8 +70,15 @@ pub async fn install(
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply("pgop-testenv").force();
     let mut names = Vec::new();
+    let mut served = Vec::new();
     for mut crd in crds {
         let name = crd.name_any();
+        for version in crd.spec.versions.iter().filter(|v| v.served) {
+            served.push((
+                format!("{}/{}", crd.spec.group, version.name),
+                crd.spec.names.plural.clone(),
+            ));
+        }
         crd.metadata.managed_fields = None;
         crd.metadata.resource_version = None;
         api.patch(&name, &params, &Patch::Apply(&crd))
@@ -85,6 +100,26 @@ pub async fn install(
                     timeout: ESTABLISH_TIMEOUT,
                 });
             }
+        }
+    }
+    for (group_version, resource) in served {
+        let deadline = tokio::time::Instant::now() + ESTABLISH_TIMEOUT;
+        loop {
+            let listed = client
+                .list_api_group_resources(&group_version)
+                .await
+                .is_ok_and(|l| l.resources.iter().any(|r| r.name == resource));
+            if listed {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::NotDiscovered {
+                    resource,
+                    group_version,
+                    timeout: ESTABLISH_TIMEOUT,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     Ok(())
