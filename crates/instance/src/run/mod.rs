@@ -240,7 +240,12 @@ pub async fn run(
             PRIMARY_TIMINGS,
         )),
         keeper: None,
-        release_pending: false,
+        // A manager that starts may find the Lease still naming its Pod: its container
+        // was killed (OOM, crash, `crictl stop`) while it held it. It does not run
+        // PostgreSQL as the primary yet, so the first pass releases it (only if it names
+        // this Pod), rather than leaving the next primary to wait for it to expire; it is
+        // taken again if this instance starts as the primary.
+        release_pending: true,
         waiting_logged: false,
     };
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
