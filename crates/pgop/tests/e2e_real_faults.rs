@@ -21,31 +21,36 @@ fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rejoins() -> Result {
-    let _serial = SERIAL.lock().await;
+/// Three workload nodes and an infrastructure node, the operator installed by its chart on
+/// the latter, and a Ready 3-instance cluster `db` in `ns` (restricted) with
+/// `synchronous: 1, dataDurability: required`: one instance per workload node.
+async fn synchronous_cluster_on_three_nodes(
+    ns: &str,
+) -> Result<(RealEnv, pgop_api::PostgresCluster)> {
     let env = RealEnv::start(3, true).await?;
     let infra = RealEnv::on_infra();
     let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
     env.install_operator(&extra).await?;
-    let ns = "faults";
     env.restricted_namespace(ns).await?;
-    env.clusters(ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "database.example.com/v1alpha1",
-                "kind": "PostgresCluster",
-                "metadata": {"name": "db"},
-                "spec": {
-                    "replicas": 3,
-                    "storage": {"size": "1Gi"},
-                    "replication": {"synchronous": 1, "dataDurability": "required"}
-                }
-            }))?,
-        )
-        .await?;
-    let cluster = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
+    env.create_cluster(
+        ns,
+        "db",
+        json!({
+            "replicas": 3,
+            "storage": {"size": "1Gi"},
+            "replication": {"synchronous": 1, "dataDurability": "required"}
+        }),
+    )
+    .await?;
+    let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
+    Ok((env, ready))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rejoins() -> Result {
+    let _serial = SERIAL.lock().await;
+    let ns = "faults";
+    let (env, cluster) = synchronous_cluster_on_three_nodes(ns).await?;
     let status = cluster.status.unwrap_or_default();
     let old_primary = status.current_primary.ok_or("no primary")?;
     let mut placed = Vec::new();
@@ -95,18 +100,7 @@ async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rej
     )
     .await;
     let promoted = now() - fault;
-    let first_write = eventually(
-        "a write acknowledged after the node hung",
-        Duration::from_secs(120),
-        || async {
-            writer
-                .read(&env.nodes)
-                .into_iter()
-                .find(|a| a.ok && a.start > fault)
-                .ok_or_else(|| "none yet".to_string())
-        },
-    )
-    .await;
+    let first_write = writer.first_write_after(&env.nodes, fault).await;
     println!(
         "node hung → {new_primary} primary in {promoted:.1} s, first write through -rw acknowledged {:.1} s after the fault",
         first_write.end - fault
@@ -181,18 +175,7 @@ async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Wri
 /// instance. Returns (seconds to the first acknowledged write after the fault, the
 /// primary afterwards).
 async fn recover(env: &RealEnv, ns: &str, writer: &Writer, fault: f64) -> (f64, String) {
-    let first = eventually(
-        "a write acknowledged after the fault",
-        Duration::from_secs(120),
-        || async {
-            writer
-                .read(&env.nodes)
-                .into_iter()
-                .find(|a| a.ok && a.start > fault)
-                .ok_or_else(|| "none yet".to_string())
-        },
-    )
-    .await;
+    let first = writer.first_write_after(&env.nodes, fault).await;
     let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(180)).await;
     let primary = ready
         .status
@@ -205,28 +188,8 @@ async fn recover(env: &RealEnv, ns: &str, writer: &Writer, fault: f64) -> (f64, 
 async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_and_rejoin()
 -> Result {
     let _serial = SERIAL.lock().await;
-    let env = RealEnv::start(3, true).await?;
-    let infra = RealEnv::on_infra();
-    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
-    env.install_operator(&extra).await?;
     let ns = "pods";
-    env.restricted_namespace(ns).await?;
-    env.clusters(ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "database.example.com/v1alpha1",
-                "kind": "PostgresCluster",
-                "metadata": {"name": "db"},
-                "spec": {
-                    "replicas": 3,
-                    "storage": {"size": "1Gi"},
-                    "replication": {"synchronous": 1, "dataDurability": "required"}
-                }
-            }))?,
-        )
-        .await?;
-    let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
+    let (env, ready) = synchronous_cluster_on_three_nodes(ns).await?;
     let mut primary = ready
         .status
         .and_then(|s| s.current_primary)

@@ -23,16 +23,7 @@ async fn helm_installed_pgop_runs_a_three_instance_cluster_on_two_real_nodes() -
     let ns = "restricted";
     env.restricted_namespace(ns).await?;
     let clusters = env.clusters(ns);
-    clusters
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "database.example.com/v1alpha1",
-                "kind": "PostgresCluster",
-                "metadata": {"name": "db"},
-                "spec": {"replicas": 3, "storage": {"size": "1Gi"}}
-            }))?,
-        )
+    env.create_cluster(ns, "db", json!({"replicas": 3, "storage": {"size": "1Gi"}}))
         .await?;
     env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
     println!("cluster Ready at {:.1?}", env.started.elapsed());

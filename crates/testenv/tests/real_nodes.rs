@@ -9,6 +9,18 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// A control plane (with controller manager and scheduler) ready for real nodes.
+async fn plane() -> ControlPlane {
+    ControlPlane::start(
+        Options::default()
+            .with_controller_manager()
+            .with_scheduler()
+            .with_real_nodes(),
+    )
+    .await
+    .expect("control plane")
+}
+
 fn images() -> pgop_testenv::images::Images {
     pgop_testenv::images::built().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -88,14 +100,7 @@ async fn running_ip(pods: &Api<Pod>, name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_on_two_nodes_reach_each_other_through_services_and_dns_and_nothing_else() {
-    let plane = ControlPlane::start(
-        Options::default()
-            .with_controller_manager()
-            .with_scheduler()
-            .with_real_nodes(),
-    )
-    .await
-    .expect("control plane");
+    let plane = plane().await;
     let images = images();
     let started = Instant::now();
     let nodes = RealNodes::start(&plane, options(2, &images, true))
@@ -200,14 +205,7 @@ const VICTIM_ENV: &str = "PGOP_TESTENV_REAL_NODES_VICTIM";
 /// Starts a plane, one node and a Pod, prints what the parent needs, then waits to be
 /// killed.
 async fn victim() {
-    let plane = ControlPlane::start(
-        Options::default()
-            .with_controller_manager()
-            .with_scheduler()
-            .with_real_nodes(),
-    )
-    .await
-    .expect("control plane");
+    let plane = plane().await;
     let images = images();
     let nodes = RealNodes::start(&plane, options(1, &images, false))
         .await
@@ -323,14 +321,7 @@ async fn an_interrupted_run_ctrl_c_leaves_no_container_process_cgroup_or_directo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_test_that_panics_while_holding_nodes_leaves_nothing_behind() {
-    let plane = ControlPlane::start(
-        Options::default()
-            .with_controller_manager()
-            .with_scheduler()
-            .with_real_nodes(),
-    )
-    .await
-    .expect("control plane");
+    let plane = plane().await;
     let images = images();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = {

@@ -197,6 +197,22 @@ impl RealEnv {
         Ok(())
     }
 
+    /// Creates PostgresCluster `name` in `ns` with `spec`.
+    pub async fn create_cluster(&self, ns: &str, name: &str, spec: serde_json::Value) -> Result {
+        self.clusters(ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "apiVersion": "database.example.com/v1alpha1",
+                    "kind": "PostgresCluster",
+                    "metadata": {"name": name},
+                    "spec": spec
+                }))?,
+            )
+            .await?;
+        Ok(())
+    }
+
     pub fn clusters(&self, ns: &str) -> Api<PostgresCluster> {
         Api::namespaced(self.client.clone(), ns)
     }
@@ -444,6 +460,22 @@ impl Writer {
         })
         .await;
         Ok(())
+    }
+
+    /// The first attempt that started after `time` (seconds since the epoch) and was
+    /// acknowledged; waits up to 120 s for it.
+    pub async fn first_write_after(&self, nodes: &RealNodes, time: f64) -> Attempt {
+        eventually(
+            "a write acknowledged after the fault",
+            Duration::from_secs(120),
+            || async {
+                self.read(nodes)
+                    .into_iter()
+                    .find(|a| a.ok && a.start > time)
+                    .ok_or_else(|| "none yet".to_string())
+            },
+        )
+        .await
     }
 
     /// Every attempt so far.
