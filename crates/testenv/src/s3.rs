@@ -30,15 +30,13 @@ pub enum Error {
     NotListening { port: u16, log: String },
 }
 
-/// The `s3s-fs` binary: `PGOP_S3_SERVER`, the cache, or the PATH.
+/// The `s3s-fs` binary: `PGOP_S3_SERVER`, the cache (`PGOP_CACHE_DIR`), or the PATH.
 pub fn binary() -> Result<PathBuf, Error> {
     if let Some(path) = std::env::var_os("PGOP_S3_SERVER") {
         return Ok(PathBuf::from(path));
     }
-    let cached = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default()
-        .join(".cache/pgop/s3s-fs/bin/s3s-fs");
+    // Where hack/install-s3-server.sh installs it: ${PGOP_CACHE_DIR:-$HOME/.cache/pgop}.
+    let cached = crate::binaries::cache_dir().join("s3s-fs/bin/s3s-fs");
     if cached.is_file() {
         return Ok(cached);
     }
