@@ -342,3 +342,34 @@ async fn a_test_that_panics_while_holding_nodes_leaves_nothing_behind() {
     let (prefix, pids, dir) = rx.await.expect("the nodes started");
     assert_nothing_left(&prefix, &pids, &dir);
 }
+
+#[test]
+fn the_sweep_kills_and_removes_the_cgroup_trees_of_dead_runs() {
+    use pgop_testenv::real_nodes::cgroup;
+    // A run that is gone: its pid no longer exists.
+    let mut gone = std::process::Command::new("true").spawn().expect("true");
+    let dead = gone.id();
+    gone.wait().expect("reap");
+    let name = format!("{}{dead}-0-node-0", cgroup::PREFIX);
+    let tree = cgroup::Tree::create(&name).expect("a cgroup tree");
+    // A container process it left behind, in the tree.
+    let mut orphan = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep");
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .expect("cgroup root")
+        .flatten()
+    {
+        let procs = entry.path().join(&name).join("system/cgroup.procs");
+        if procs.exists() {
+            std::fs::write(&procs, orphan.id().to_string()).expect("join the tree");
+        }
+    }
+    std::mem::forget(tree); // as if the run had died without cleaning up
+    assert_eq!(cgroup::existing(&name), vec![name.clone()]);
+    cgroup::sweep_dead();
+    assert!(cgroup::existing(&name).is_empty(), "the sweep left {name}");
+    let status = orphan.wait().expect("the orphan ended");
+    assert!(!status.success(), "killed, not exited: {status}");
+}
