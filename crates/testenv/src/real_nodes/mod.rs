@@ -22,6 +22,7 @@
 pub mod cgroup;
 mod config;
 mod dns;
+mod holder;
 mod proxy;
 mod volumes;
 
@@ -31,8 +32,9 @@ pub use config::{CLUSTER_CIDR, CLUSTER_DNS, SERVICE_CIDR, node_ip, normalized_im
 
 use crate::binaries::{self, Binary};
 use crate::control_plane::ControlPlane;
-use crate::process::{ManagedProcess, OWNER_ENV};
+use crate::process::ManagedProcess;
 use crate::workdir::WorkDir;
+use holder::{in_node, ip_in, require_programs, run, spawn_holder};
 use k8s_openapi::api::core::v1::Node;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -184,125 +186,7 @@ impl std::fmt::Debug for RealNodes {
     }
 }
 
-const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn run(cmd: &mut Command) -> Result<String, Error> {
-    let shown = format!("{cmd:?}");
-    let out = cmd.output().map_err(io(format!("running {shown}")))?;
-    if !out.status.success() {
-        return Err(Error::Command {
-            command: shown,
-            status: out.status.to_string(),
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .trim()
-            .to_string(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `ip ...` inside the network namespace of process `pid`.
-fn ip_in(pid: u32, args: &str) -> Result<String, Error> {
-    run(Command::new("nsenter")
-        .arg(format!("--target={pid}"))
-        .arg("--net")
-        .arg("--")
-        .arg("ip")
-        .args(args.split_whitespace()))
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    PATH.split(':')
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
-}
-
-fn require_programs() -> Result<(), Error> {
-    for program in [
-        "containerd",
-        "containerd-shim-runc-v2",
-        "runc",
-        "ctr",
-        "iptables",
-        "ip",
-        "nsenter",
-        "unshare",
-    ] {
-        if which(program).is_none() {
-            return Err(Error::Missing {
-                what: program.to_string(),
-                path: PathBuf::from(PATH),
-                install: NODE_PACKAGES,
-            });
-        }
-    }
-    for plugin in ["bridge", "host-local", "loopback", "portmap"] {
-        let path = Path::new("/usr/lib/cni").join(plugin);
-        if !path.is_file() {
-            return Err(Error::Missing {
-                what: format!("the CNI plugin {plugin}"),
-                path,
-                install: NODE_PACKAGES,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// The script a namespace holder runs: its namespaces' set-up, then it waits. Killed by
-/// the harness (drop), it takes its namespaces with it. Sent SIGTERM, which is what the
-/// kernel sends it when the harness's process dies (Ctrl-C, SIGKILL), it first kills
-/// everything in its node's cgroup tree (containers, shims and daemons that are not its
-/// children) and removes the tree and the node's directory, so that a dead run leaves
-/// nothing behind even before a later run's sweep.
-fn holder_script(tree: &cgroup::Tree, hostname: &str, dir: &Path, node: bool) -> String {
-    let name = tree.name();
-    let d = dir.display();
-    let mut s = format!(
-        "set -e
-{join}
-cleanup() {{
-  set +e
-  for f in /sys/fs/cgroup/*/cgroup.procs; do echo $$ > \"$f\"; done
-  echo FROZEN > /sys/fs/cgroup/freezer/{name}/freezer.state
-  for i in $(seq 100); do
-    pids=$(cat $(find /sys/fs/cgroup/*/{name} -name cgroup.procs) 2>/dev/null)
-    [ -z \"$pids\" ] && break
-    kill -9 $pids 2>/dev/null
-    echo THAWED > /sys/fs/cgroup/freezer/{name}/freezer.state
-    sleep 0.1
-  done
-  find /sys/fs/cgroup/*/{name} -depth -type d -exec rmdir {{}} \\; 2>/dev/null
-  # Volumes and container root filesystems are mounted in this namespace, deepest first.
-  awk '$2 ~ \"^{d}/\" {{print $2}}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
-  rm -rf {d}
-  exit 0
-}}
-trap cleanup TERM INT
-ip link set lo up
-",
-        join = tree.join_script(),
-    );
-    if node {
-        s.push_str(&format!(
-            "hostname {hostname}
-echo 1 > /proc/sys/net/ipv4/ip_forward
-echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
-mkdir -p /run/netns /run/containerd /var/lib/cni {d}/var-lib-cni
-mount -t tmpfs -o mode=0755 pgop-netns /run/netns
-mount -t tmpfs -o mode=0711 pgop-containerd /run/containerd
-mount --bind {d}/var-lib-cni /var/lib/cni
-"
-        ));
-    }
-    s.push_str("echo ready\nsleep infinity &\nwait\n");
-    s
-}
 
 impl RealNodes {
     /// Starts `options.count` nodes against `plane` and waits until every one is Ready.
@@ -874,80 +758,5 @@ impl Drop for RealNodes {
             switch.wait_or_kill(Duration::from_secs(2));
         }
         drop(self.switch_tree.take());
-    }
-}
-
-/// A command that runs `program` inside a node's namespaces and cgroup tree, tagged as
-/// the harness's own.
-fn in_node(
-    holder: u32,
-    tree_join: &str,
-    owner: &str,
-    program: &str,
-    args: impl FnOnce(&mut Command),
-) -> Command {
-    let mut c = Command::new("nsenter");
-    c.arg(format!("--target={holder}"))
-        .args(["--net", "--mount", "--uts", "--"])
-        .arg("sh")
-        .arg("-c")
-        .arg(format!("{tree_join}\nexec \"$0\" \"$@\""))
-        .arg(program);
-    args(&mut c);
-    c.env("PATH", PATH).env(OWNER_ENV, owner);
-    c
-}
-
-/// Starts a namespace holder and waits until its set-up is done.
-async fn spawn_holder(
-    tree: &cgroup::Tree,
-    hostname: &str,
-    dir: &Path,
-    node: bool,
-    owner: &str,
-) -> Result<ManagedProcess, Error> {
-    let mut c = Command::new("unshare");
-    c.args([
-        "--net",
-        "--mount",
-        "--uts",
-        "--propagation",
-        "private",
-        "--",
-    ])
-    .arg("sh")
-    .arg("-c")
-    .arg(holder_script(tree, hostname, dir, node))
-    .env("PATH", PATH)
-    .env(OWNER_ENV, owner);
-    let log = dir.join("holder.log");
-    let mut holder = ManagedProcess::spawn_with_death_signal(
-        &format!("{hostname} namespaces"),
-        c,
-        &log,
-        libc::SIGTERM,
-    )
-    .map_err(io("starting a namespace holder"))?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if holder.log_tail(5).lines().any(|l| l == "ready") {
-            return Ok(holder);
-        }
-        if let Some(status) = holder.try_exited() {
-            return Err(Error::Exited {
-                name: holder.name().to_string(),
-                status: status.to_string(),
-                log: log.display().to_string(),
-                tail: holder.log_tail(20),
-            });
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Timeout {
-                what: format!("{hostname}'s namespaces were not set up"),
-                timeout: Duration::from_secs(20),
-                detail: String::new(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
