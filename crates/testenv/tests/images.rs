@@ -20,20 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn images_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PGOP_IMAGES_DIR") {
-        return PathBuf::from(dir);
-    }
-    let cache = std::env::var_os("PGOP_CACHE_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pgop"),
-        PathBuf::from,
-    );
-    cache.join("images")
-}
-
 /// Reads the images.env of the last hack/build-images.sh run.
 fn built_images() -> BTreeMap<String, String> {
-    let file = images_dir().join("images.env");
+    let file = pgop_testenv::images::dir().join("images.env");
     let text = std::fs::read_to_string(&file).unwrap_or_else(|err| {
         panic!(
             "no image list at {} ({err}): run hack/build-images.sh first",
