@@ -45,6 +45,9 @@ async fn helm_installed_pgop_runs_a_three_instance_cluster_on_two_real_nodes() -
     let script = "set -eu
 rw=db-rw.restricted.svc.cluster.local
 ro=db-ro.restricted.svc.cluster.local
+# kube-proxy on this node may not have programmed the Services yet (No route to host):
+# retry the first connection, as a client would.
+for i in $(seq 60); do psql -h $rw -c 'select 1' >/dev/null 2>&1 && break; sleep 1; done
 psql -v ON_ERROR_STOP=1 -h $rw -c 'create table t (id int primary key, v text)' \
      -c \"insert into t select g, 'row ' || g from generate_series(1, 100) g\"
 for i in $(seq 60); do
