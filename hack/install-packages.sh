@@ -3,7 +3,7 @@
 #
 #   hack/install-packages.sh demo    PostgreSQL 15 (the local node runs it)
 #   hack/install-packages.sh test    that, plus the real-node tier: containerd, runc, the
-#                                    CNI plugins, iptables, conntrack, and buildah,
+#                                    CNI plugins, iptables, conntrack, nftables, and buildah,
 #                                    mmdebstrap and umoci to build images
 #
 # Needs root to install (apt-get); when something is missing and this is not root, it
@@ -15,7 +15,7 @@ pkgs=(ca-certificates python3 postgresql-15 postgresql-contrib)
 case $what in
   demo) ;;
   test)
-    pkgs+=(containerd runc containernetworking-plugins iptables iproute2 conntrack util-linux
+    pkgs+=(containerd runc containernetworking-plugins iptables iproute2 conntrack util-linux nftables
       buildah umoci mmdebstrap gcc libc6-dev binutils git)
     ;;
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, PostParams};
-use pgop_testenv::real_nodes::{NodesOptions, RealNodes};
+use pgop_testenv::real_nodes::{Cut, NodesOptions, RealNodes};
 use pgop_testenv::{ControlPlane, Options};
 use serde_json::json;
 use std::path::PathBuf;
@@ -99,7 +99,7 @@ async fn running_ip(pods: &Api<Pod>, name: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pods_on_two_nodes_reach_each_other_through_services_and_dns_and_nothing_else() {
+async fn pods_on_two_nodes_reach_each_other_through_services_and_dns_only_until_partitioned() {
     let plane = plane().await;
     let images = images();
     let started = Instant::now();
@@ -179,6 +179,37 @@ echo pod-ip-ok cluster-ip-ok dns-ok contained > /dev/termination-log"
         .ip(0, "route del default")
         .expect("remove the default route");
     nodes.check_containment().expect("contained again");
+
+    // Partitions: node-1 cut off from node-0 but not from the API server, then from
+    // everything, then healed.
+    let api = format!("{}", plane.api_port());
+    let reaches = |node: usize, address: &str, port: &str| {
+        nodes
+            .exec_in_network(
+                node,
+                &[
+                    "timeout",
+                    "3",
+                    "bash",
+                    "-c",
+                    &format!("exec 3<>/dev/tcp/{address}/{port}"),
+                ],
+            )
+            .is_ok()
+    };
+    let api_address = "10.250.0.1";
+    assert!(reaches(1, &web_ip, "8080") && reaches(1, api_address, &api));
+    nodes.partition(1, Cut::FromNodes).expect("partition");
+    assert!(
+        !reaches(1, &web_ip, "8080"),
+        "node-1 still reaches a Pod on node-0"
+    );
+    assert!(reaches(1, api_address, &api), "node-1 lost the API server");
+    assert!(reaches(0, &web_ip, "8080"), "node-0 lost its own Pod");
+    nodes.partition(1, Cut::Isolated).expect("isolate");
+    assert!(!reaches(1, &web_ip, "8080") && !reaches(1, api_address, &api));
+    nodes.heal(1).expect("heal");
+    assert!(reaches(1, &web_ip, "8080") && reaches(1, api_address, &api));
     let prefix = nodes.cgroup_prefix();
     let pids = nodes.pids();
     let dir = nodes.dir().to_path_buf();

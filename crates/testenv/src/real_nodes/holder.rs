@@ -28,6 +28,43 @@ pub fn run(cmd: &mut Command) -> Result<String, Error> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `nft -f -` with `script` inside the network namespace of process `pid`.
+pub fn nft_in(pid: u32, script: &str) -> Result<String, Error> {
+    use std::io::Write;
+    if which("nft").is_none() {
+        return Err(Error::Missing {
+            what: "nft".into(),
+            path: PathBuf::from(PATH),
+            install: "apt-get install nftables",
+        });
+    }
+    let shown = format!("nsenter --target={pid} --net -- nft -f - <<< {script:?}");
+    let mut child = Command::new("nsenter")
+        .arg(format!("--target={pid}"))
+        .args(["--net", "--", "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(io(format!("running {shown}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(io(format!("writing to {shown}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(io(format!("waiting for {shown}")))?;
+    if !out.status.success() {
+        return Err(Error::Command {
+            command: shown,
+            status: out.status.to_string(),
+            output: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// `ip ...` inside the network namespace of process `pid`.
 pub fn ip_in(pid: u32, args: &str) -> Result<String, Error> {
     run(Command::new("nsenter")

@@ -34,7 +34,7 @@ use crate::binaries::{self, Binary};
 use crate::control_plane::ControlPlane;
 use crate::process::ManagedProcess;
 use crate::workdir::WorkDir;
-use holder::{in_node, ip_in, require_programs, run, spawn_holder};
+use holder::{in_node, ip_in, nft_in, require_programs, run, spawn_holder};
 use k8s_openapi::api::core::v1::Node;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -98,8 +98,18 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 /// The Debian packages real nodes need, named in errors.
-pub const NODE_PACKAGES: &str =
-    "apt-get install containerd runc containernetworking-plugins iptables iproute2 util-linux";
+pub const NODE_PACKAGES: &str = "apt-get install containerd runc containernetworking-plugins iptables iproute2 util-linux nftables";
+
+/// How [`RealNodes::partition`] cuts a node off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// From the other nodes (and their Pods) only: the node and its Pods still reach the
+    /// API server, so its kubelet stays Ready and its instance manager still sees the
+    /// cluster's status and its Lease.
+    FromNodes,
+    /// From everything, the API server too: as a cable pulled out.
+    Isolated,
+}
 
 /// What [`RealNodes::start`] needs besides the control plane.
 #[derive(Clone, Debug)]
@@ -549,6 +559,77 @@ impl RealNodes {
         )))
     }
 
+    /// Cuts node `index` off the network without stopping anything on it: the switch
+    /// drops every frame between its port and the other nodes' ports, and with
+    /// [`Cut::Isolated`] also to and from the switch's own address (the API server's).
+    /// Connections already open hang, as on a real partition. [`Self::heal`] undoes it.
+    pub fn partition(&self, index: usize, cut: Cut) -> Result<(), Error> {
+        let switch = self.switch_pid()?;
+        self.heal(index)?;
+        if index >= self.nodes.len() {
+            return Err(Error::NotContained(format!("no node {index}")));
+        }
+        let port = format!("n{index}");
+        let api = crate::pki::NODE_FACING_API_ADDRESS;
+        // Between nodes, frames are bridged (the forward hook); to the API proxy they go
+        // up to the switch's own stack (input) and back (output).
+        let local = match cut {
+            Cut::FromNodes => format!(
+                "chain cut_input {{ type filter hook input priority 0; policy accept; \
+                 iifname \"{port}\" ip daddr != {api} drop; }}"
+            ),
+            Cut::Isolated => format!(
+                "chain cut_input {{ type filter hook input priority 0; policy accept; \
+                 iifname \"{port}\" drop; }}
+                 chain cut_output {{ type filter hook output priority 0; policy accept; \
+                 oifname \"{port}\" drop; }}"
+            ),
+        };
+        let script = format!(
+            "table bridge pgop_cut_{port} {{
+                 chain cut_forward {{ type filter hook forward priority 0; policy accept; \
+                 iifname \"{port}\" drop; oifname \"{port}\" drop; }}
+                 {local}
+             }}\n"
+        );
+        nft_in(switch, &script)?;
+        Ok(())
+    }
+
+    /// Undoes [`Self::partition`] of node `index` (nothing when it is not cut off).
+    pub fn heal(&self, index: usize) -> Result<(), Error> {
+        let switch = self.switch_pid()?;
+        let table = format!("pgop_cut_n{index}");
+        let tables = nft_in(switch, "list tables bridge\n")?;
+        if tables
+            .lines()
+            .any(|l| l.trim() == format!("table bridge {table}"))
+        {
+            nft_in(switch, &format!("delete table bridge {table}\n"))?;
+        }
+        Ok(())
+    }
+
+    /// Powers node `index` off for good, as a machine that died: every process of it
+    /// (daemons and containers) is killed at once, its namespaces vanish, and nothing
+    /// shuts down cleanly. Its Node object stays in the API until someone deletes it; its
+    /// directory (and so its local volumes' data) stays on disk until `self` is dropped.
+    pub fn power_off(&mut self, index: usize) -> Result<(), Error> {
+        let node = self
+            .nodes
+            .get_mut(index)
+            .ok_or_else(|| Error::NotContained(format!("no node {index}")))?;
+        node.stop();
+        Ok(())
+    }
+
+    fn switch_pid(&self) -> Result<u32, Error> {
+        self.switch
+            .as_ref()
+            .map(ManagedProcess::pid)
+            .ok_or_else(|| Error::NotContained("the switch is not running".into()))
+    }
+
     /// Where node `index`'s kubelet keeps a Pod's emptyDir volume `volume` (readable from
     /// the harness: the node's directory is on this machine's filesystem).
     pub fn empty_dir(&self, index: usize, pod_uid: &str, volume: &str) -> PathBuf {
@@ -568,6 +649,16 @@ impl RealNodes {
     /// Runs `ip` with `args` in node `index`'s network namespace (for tests).
     pub fn ip(&self, index: usize, args: &str) -> Result<String, Error> {
         ip_in(self.nodes[index].holder_pid(), args)
+    }
+
+    /// Runs `args` (a program and its arguments) in node `index`'s network namespace, as
+    /// the node itself would (for tests: `timeout 3 bash -c 'exec 3<>/dev/tcp/...'`).
+    pub fn exec_in_network(&self, index: usize, args: &[&str]) -> Result<String, Error> {
+        run(Command::new("nsenter")
+            .arg(format!("--target={}", self.nodes[index].holder_pid()))
+            .args(["--net", "--"])
+            .args(args)
+            .env("PATH", holder::PATH))
     }
 
     /// Runs `crictl` against node `index`'s containerd.
