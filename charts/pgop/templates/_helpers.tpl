@@ -44,6 +44,20 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/*
+Cluster-scoped reads, whichever namespaces are watched: Nodes (a watch cache of their names
+and cordons: a drained primary's node is left by a switchover, and a volume pinned to a
+deleted node is recreated elsewhere) and the PersistentVolume of a claim whose node is gone.
+*/}}
+{{- define "pgop.clusterRules" -}}
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list, watch]
+- apiGroups: [""]
+  resources: [persistentvolumes]
+  verbs: [get]
+{{- end -}}
+
+{{/*
 Everything `pgop operator` may do in the namespaces it watches, and nothing more: the rules
 of the ClusterRole (cluster-wide) or of the Role in watchNamespace (namespace-scoped).
 */}}

@@ -14,12 +14,14 @@ pub mod leader;
 pub mod metrics;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use pgop_api::PostgresCluster;
 use pgop_api::backup::PostgresBackup;
@@ -36,6 +38,8 @@ pub struct Context {
     pub settings: Settings,
     pub backoff: backoff::Backoff,
     pub recorder: Recorder,
+    /// The Nodes, from a watch cache ([`cluster::nodes`]); unknown until it is filled.
+    pub nodes: cluster::nodes::NodeFacts,
 }
 
 impl Context {
@@ -49,6 +53,7 @@ impl Context {
             client,
             settings,
             backoff: backoff::Backoff::default(),
+            nodes: cluster::nodes::NodeFacts::default(),
         }
     }
 }
@@ -184,7 +189,12 @@ impl Operator {
             pgop_api::labels::MANAGED_BY,
             pgop_api::labels::MANAGED_BY_VALUE
         ));
-        let ctx = Arc::new(Context::new(client.clone(), options.settings.clone()));
+        // Nodes: names and cordons only (see cluster::nodes), cluster-wide. Without the
+        // permission the watcher retries with backoff and the node features stay off.
+        let (node_reader, node_writer) = kube::runtime::reflector::store::<Node>();
+        let mut ctx = Context::new(client.clone(), options.settings.clone());
+        ctx.nodes = cluster::nodes::NodeFacts::new(node_reader);
+        let ctx = Arc::new(ctx);
         let recorded = Arc::new(metrics::Metrics::default());
         let election = options
             .leader_election
@@ -198,6 +208,18 @@ impl Operator {
                 let _ = rx.wait_for(|s| *s).await;
             }
         };
+        let nodes = kube::runtime::reflector(
+            node_writer,
+            watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+                .default_backoff()
+                .modify(cluster::nodes::trim),
+        )
+        .take_until(stopped())
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::warn!(error = %error_chain(&e), "watching Nodes");
+            }
+        });
         let clusters = Controller::new(
             api::<PostgresCluster>(&client, ns),
             watcher::Config::default(),
@@ -315,7 +337,7 @@ impl Operator {
             }
             recorded.set_leader(true);
             let mut both = Box::pin(async {
-                tokio::join!(clusters, backups);
+                tokio::join!(clusters, backups, nodes);
             });
             let (lost, leading) = match leading {
                 Some((lease, contender, keeper, lost)) => (

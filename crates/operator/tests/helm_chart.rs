@@ -723,9 +723,27 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
     let watched = TestNamespace::create(plane.config(), "helm-ns-watched").await?;
     let (h, w) = (home.name(), watched.name());
     let full = format!("{h}-operator");
+    let only_namespaced = template(h, h, &format!("{}rbac:\n  nodes: false\n", namespaced(w)))?;
     let docs = template(h, h, &namespaced(w))?;
+    let nodes = [
+        format!("ClusterRole {full}-nodes"),
+        format!("ClusterRoleBinding {full}-nodes"),
+    ];
+    let all = objects(&docs);
+    assert!(
+        nodes.iter().all(|n| all.contains(n)),
+        "the Node reads: {all:?}"
+    );
     assert_eq!(
-        objects(&docs),
+        all.iter()
+            .filter(|o| !nodes.contains(o))
+            .cloned()
+            .collect::<Vec<_>>(),
+        objects(&only_namespaced),
+        "rbac.nodes adds the Node reads and nothing else"
+    );
+    assert_eq!(
+        objects(&only_namespaced),
         [
             format!("Deployment {h}/{full}"),
             format!("Role {h}/{full}-leader-election"),
@@ -747,9 +765,9 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
         );
         assert_eq!(binding["roleRef"]["kind"].as_str(), Some("Role"));
     }
-    // The watched namespace's Role has the ClusterRole's rules; the home one only the
-    // leader Lease.
-    let cluster_wide = template(h, h, DEFAULTS)?;
+    // The watched namespace's Role has the ClusterRole's rules but the cluster-scoped
+    // Node reads; the home one only the leader Lease.
+    let cluster_wide = template(h, h, "rbac:\n  nodes: false\n")?;
     let role = |ns: &str| {
         docs.iter()
             .find(|d| kind_of(d) == "Role" && d["metadata"]["namespace"].as_str() == Some(ns))

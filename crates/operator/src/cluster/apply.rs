@@ -16,6 +16,7 @@ use super::build::{Children, quantity};
 use super::dereference::Observed;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, Resource, ResourceExt};
@@ -276,7 +277,7 @@ pub async fn apply(
         app_secret,
         replication_secret,
         services,
-        pod_disruption_budget,
+        pod_disruption_budgets,
         pvcs,
         pods,
     } = children;
@@ -320,15 +321,24 @@ pub async fn apply(
         )
         .await?;
     }
-    apply_if_changed(
-        client,
-        namespace,
-        pod_disruption_budget,
-        &observed.pod_disruption_budgets,
-        always,
-        &mut out,
-    )
-    .await?;
+    for budget in pod_disruption_budgets {
+        apply_if_changed(
+            client,
+            namespace,
+            budget,
+            &observed.pod_disruption_budgets,
+            always,
+            &mut out,
+        )
+        .await?;
+    }
+    // A budget no longer built (the primary's, once no switchover could move it) goes.
+    for stale in &observed.pod_disruption_budgets {
+        let name = stale.name_any();
+        if !pod_disruption_budgets.iter().any(|b| b.name_any() == name) {
+            delete::<PodDisruptionBudget>(client, namespace, &name, &mut out).await?;
+        }
+    }
     for pvc in pvcs {
         apply_if_changed(client, namespace, pvc, &observed.pvcs, always, &mut out).await?;
     }

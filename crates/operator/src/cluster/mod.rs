@@ -26,13 +26,14 @@ pub mod apply;
 pub mod build;
 pub mod dereference;
 pub mod instances;
+pub mod nodes;
 pub mod probe;
 pub mod roles;
 pub mod rollout;
 pub mod status;
 
 use crate::{Context, backup};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -65,6 +66,8 @@ pub enum Error {
     PatchStatus(#[source] kube::Error),
     #[error("failed to remove the switchover annotation")]
     ClearSwitchover(#[source] kube::Error),
+    #[error("failed to read a PersistentVolume")]
+    ReadVolume(#[source] kube::Error),
     #[error("failed to list the cluster's PostgresBackups")]
     ListBackups(#[source] kube::Error),
     #[error("failed to create a scheduled PostgresBackup")]
@@ -84,6 +87,7 @@ impl Error {
             Error::Apply(_) => "Apply",
             Error::PatchStatus(_) => "PatchStatus",
             Error::ClearSwitchover(_) => "ClearSwitchover",
+            Error::ReadVolume(_) => "ReadVolume",
             Error::ListBackups(_) => "ListBackups",
             Error::ScheduleBackup(_) => "ScheduleBackup",
             Error::GeneratePassword(_) => "GeneratePassword",
@@ -214,6 +218,10 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         now: now(),
     });
 
+    // Nodes: a budget holding the primary's eviction while a switchover could move it.
+    let placed = nodes::instances(&named, &observed.pods, &probes);
+    let primary_budget = nodes::primary_budget_wanted(&placed, &roles, &ctx.nodes);
+
     // 6. build: only a confirmed primary carries the primary role label
     let passwords = build::Passwords {
         app: password_of(
@@ -233,7 +241,13 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
                 primary: *instance == roles.current && !roles.in_transition(),
             })
             .collect();
-        build::children(&defaulted, &wanted, &passwords, &ctx.settings)
+        build::children(
+            &defaulted,
+            &wanted,
+            &passwords,
+            &ctx.settings,
+            primary_budget,
+        )
     };
     let mut roles = roles;
     let mut children = build(&roles)?;
@@ -292,6 +306,32 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         now().0,
         Duration::from_secs(u64::try_from(defaulted.spec.switchover_timeout).unwrap_or(60)),
     );
+    // A drain: the primary's node is cordoned, so the primary moves first (its budget
+    // holds its eviction meanwhile); the rollout goes on afterwards.
+    let step = match nodes::evacuation(&placed, &roles, &ctx.nodes) {
+        Some(to) => {
+            let node = observed
+                .pods
+                .iter()
+                .find(|p| p.name_any() == roles.current)
+                .and_then(|p| p.spec.as_ref()?.node_name.clone())
+                .unwrap_or_default();
+            roles.notes.push(roles::Note {
+                warning: false,
+                reason: "SwitchoverStarted",
+                message: format!(
+                    "node {node} of the primary {} is cordoned (drained): switching the primary to {to}",
+                    roles.current
+                ),
+                instance: Some(to.clone()),
+            });
+            roles.target = to;
+            roles.phase = Some(ClusterPhase::SwitchingOver);
+            children = build(&roles)?;
+            rollout::Step::Idle
+        }
+        None => step,
+    };
     let mut replace = None;
     let mut restart_instance = None;
     match step {
@@ -394,7 +434,22 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         .await;
     }
 
-    // 9. apply, then delete what the plan removed and the outdated Pod
+    // 9. apply, then delete what the plan removed and the outdated Pod; first, volumes
+    // lost with their node: the instance is recreated elsewhere on the next pass.
+    let lost = lost_volumes(ctx, &observed, &placed, &roles).await?;
+    if !lost.is_empty() {
+        let mut outcome = apply::Outcome::default();
+        apply::delete_instances(&ctx.client, &namespace, &lost, &observed, &mut outcome).await?;
+        for (instance, node) in lost.iter().zip(&lost_nodes(&observed, &lost)) {
+            let note = format!(
+                "the volume of {instance} was on node {node}, which no longer exists: \
+                 {instance} is removed and a new instance is cloned from the primary"
+            );
+            let about = Some(instance.as_str());
+            publish_about(ctx, cluster, EventType::Warning, "VolumeLost", &note, about).await;
+        }
+        return Ok(Action::requeue(POLL));
+    }
     let mut outcome = apply::apply(&ctx.client, &namespace, &children, &observed).await?;
     let removed: Vec<String> = plan
         .remove
@@ -585,6 +640,64 @@ async fn backup_facts(
 
 /// Removes the switchover annotation once it has been acted on or refused, so that an old
 /// request cannot move the primary again later.
+/// The instances whose volume is pinned to a node that no longer exists, and that may be
+/// recreated elsewhere ([`nodes::lost_volume`]). Reads a PersistentVolume only for a claim
+/// whose selected node is missing (or not recorded), and only while its Pod is not placed.
+async fn lost_volumes(
+    ctx: &Context,
+    observed: &dereference::Observed,
+    placed: &[nodes::Instance<'_>],
+    roles: &roles::Roles,
+) -> Result<Vec<String>, Error> {
+    let mut lost = Vec::new();
+    if !ctx.nodes.known() {
+        return Ok(lost);
+    }
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    for instance in placed {
+        let placed_somewhere = instance
+            .pod
+            .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+        if placed_somewhere || instance.name == roles.current || instance.name == roles.target {
+            continue;
+        }
+        let Some(claim) = observed.pvcs.iter().find(|c| c.name_any() == instance.name) else {
+            continue;
+        };
+        let selected = claim.annotations().get(SELECTED_NODE);
+        if selected.is_some_and(|n| ctx.nodes.state(n) != nodes::NodeState::Missing) {
+            continue;
+        }
+        let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
+            continue;
+        };
+        let pv = volumes.get_opt(volume).await.map_err(Error::ReadVolume)?;
+        if let Some(pv) = pv
+            && nodes::lost_volume(instance, roles, &pv, &ctx.nodes)
+        {
+            lost.push(instance.name.to_string());
+        }
+    }
+    Ok(lost)
+}
+
+/// The node each lost instance's claim was bound to, for the Event.
+fn lost_nodes(observed: &dereference::Observed, lost: &[String]) -> Vec<String> {
+    lost.iter()
+        .map(|name| {
+            observed
+                .pvcs
+                .iter()
+                .find(|c| c.name_any() == *name)
+                .and_then(|c| c.annotations().get(SELECTED_NODE).cloned())
+                .unwrap_or_else(|| "(unknown)".to_string())
+        })
+        .collect()
+}
+
+/// The annotation the scheduler sets on a claim bound late (WaitForFirstConsumer).
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
 async fn clear_switchover_request(
     ctx: &Context,
     cluster: &PostgresCluster,

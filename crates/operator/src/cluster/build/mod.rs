@@ -68,7 +68,8 @@ pub struct Children {
     pub app_secret: Secret,
     pub replication_secret: Secret,
     pub services: Vec<Service>,
-    pub pod_disruption_budget: PodDisruptionBudget,
+    /// The replicas' budget, and the primary's while a switchover could move it.
+    pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
     pub pvcs: Vec<PersistentVolumeClaim>,
     pub pods: Vec<Pod>,
 }
@@ -138,12 +139,14 @@ impl Common {
     }
 }
 
-/// Builds every child of `cluster` (whose spec is already defaulted and validated).
+/// Builds every child of `cluster` (whose spec is already defaulted and validated);
+/// `primary_budget`: whether the primary's PodDisruptionBudget exists (see `pdb`).
 pub fn children(
     cluster: &PostgresCluster,
     instances: &[InstanceSpec],
     passwords: &Passwords,
     settings: &Settings,
+    primary_budget: bool,
 ) -> Result<Children, Error> {
     let common = Common::new(cluster)?;
     let spec = &cluster.spec;
@@ -154,7 +157,7 @@ pub fn children(
         app_secret: secret::app(&common, spec, &passwords.app),
         replication_secret: secret::replication(&common, &passwords.replication),
         services: service::all(&common),
-        pod_disruption_budget: pdb::pod_disruption_budget(&common),
+        pod_disruption_budgets: pdb::pod_disruption_budgets(&common, primary_budget),
         pvcs: instances
             .iter()
             .map(|i| pvc::pvc(&common, spec, &i.name))

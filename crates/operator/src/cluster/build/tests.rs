@@ -37,7 +37,14 @@ fn passwords() -> Passwords {
 }
 
 fn build() -> Children {
-    children(&fixture(), &instances(), &passwords(), &Settings::default()).expect("builds")
+    children(
+        &fixture(),
+        &instances(),
+        &passwords(),
+        &Settings::default(),
+        true,
+    )
+    .expect("builds")
 }
 
 fn to_yaml(c: &Children) -> String {
@@ -48,7 +55,7 @@ fn to_yaml(c: &Children) -> String {
         app_secret,
         replication_secret,
         services,
-        pod_disruption_budget,
+        pod_disruption_budgets,
         pvcs,
         pods,
     } = c;
@@ -60,7 +67,9 @@ fn to_yaml(c: &Children) -> String {
         serde_yaml::to_string(replication_secret),
     ];
     docs.extend(services.iter().map(serde_yaml::to_string));
-    docs.push(serde_yaml::to_string(pod_disruption_budget));
+    for pdb in pod_disruption_budgets {
+        docs.push(serde_yaml::to_string(pdb));
+    }
     docs.extend(pvcs.iter().map(serde_yaml::to_string));
     docs.extend(pods.iter().map(serde_yaml::to_string));
     docs.into_iter()
@@ -234,7 +243,14 @@ fn services_select_by_role_and_the_app_secret_names_the_initdb_owner() {
 fn the_cluster_image_overrides_the_operator_default() {
     let mut cluster = fixture();
     cluster.spec.image = Some("registry.example/pgop:custom".into());
-    let c = children(&cluster, &instances(), &passwords(), &Settings::default()).expect("builds");
+    let c = children(
+        &cluster,
+        &instances(),
+        &passwords(),
+        &Settings::default(),
+        true,
+    )
+    .expect("builds");
     let image = c.pods[0]
         .spec
         .as_ref()
@@ -246,7 +262,16 @@ fn the_cluster_image_overrides_the_operator_default() {
 fn a_cluster_without_uid_is_an_error_not_a_panic() {
     let mut cluster = fixture();
     cluster.metadata.uid = None;
-    assert!(children(&cluster, &instances(), &passwords(), &Settings::default()).is_err());
+    assert!(
+        children(
+            &cluster,
+            &instances(),
+            &passwords(),
+            &Settings::default(),
+            true
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -274,9 +299,15 @@ fn hash_with_resources(cpu: &str, memory: &str) -> String {
         }))
         .expect("resources"),
     );
-    let pods = children(&cluster, &instances(), &passwords(), &Settings::default())
-        .expect("builds")
-        .pods;
+    let pods = children(
+        &cluster,
+        &instances(),
+        &passwords(),
+        &Settings::default(),
+        true,
+    )
+    .expect("builds")
+    .pods;
     let pod = pods
         .iter()
         .find(|p| p.metadata.name.as_deref() == Some("main-2"))
