@@ -94,8 +94,17 @@ impl RealEnv {
     }
 
     pub fn helm(&self, args: &[&str]) -> Result<String> {
-        let helm = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Helm)?;
-        let out = Command::new(helm)
+        self.tool(pgop_testenv::binaries::Binary::Helm, args)
+    }
+
+    /// `kubectl` against the control plane, as an administrator would run it.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.tool(pgop_testenv::binaries::Binary::Kubectl, args)
+    }
+
+    fn tool(&self, binary: pgop_testenv::binaries::Binary, args: &[&str]) -> Result<String> {
+        let program = pgop_testenv::binaries::locate(binary)?;
+        let out = Command::new(&program)
             .args(args)
             .env("KUBECONFIG", self.plane.kubeconfig())
             .env("HELM_CACHE_HOME", self.plane.dir().join("helm/cache"))
@@ -108,7 +117,7 @@ impl RealEnv {
             String::from_utf8_lossy(&out.stderr)
         );
         if !out.status.success() {
-            return Err(format!("helm {args:?} failed: {text}").into());
+            return Err(format!("{} {args:?} failed: {text}", program.display()).into());
         }
         Ok(text)
     }
@@ -386,9 +395,24 @@ pub struct Writer {
 }
 
 pub async fn start_writer(env: &RealEnv, ns: &str, cluster: &str, table: &str) -> Result<Writer> {
+    let host = format!("{cluster}-rw.{ns}.svc.cluster.local");
+    start_writer_on(env, ns, cluster, table, infra_placement(), &host).await
+}
+
+/// A writer like [`start_writer`], placed by `placement` (Pod spec fields), connecting to
+/// `host` (a shell word: `$DB_RW_SERVICE_HOST` reaches `-rw` by its ClusterIP without
+/// DNS, from a node cut off from the DNS server).
+pub async fn start_writer_on(
+    env: &RealEnv,
+    ns: &str,
+    cluster: &str,
+    table: &str,
+    placement: serde_json::Value,
+    host: &str,
+) -> Result<Writer> {
     let name = format!("writer-{table}");
     let script = format!(
-        "host={cluster}-rw.{ns}.svc.cluster.local
+        "host={host}
 until psql -qAt -h $host -c 'create table if not exists {table} (id bigint primary key)'; do sleep 0.5; done
 i=0
 while [ ! -e /out/stop ]; do
@@ -409,7 +433,7 @@ exec sleep infinity"
         &env.images.pgop.name,
         &format!("{cluster}-app"),
         &script,
-        infra_placement(),
+        placement,
     )?;
     let pods = env.pods(ns);
     let created = pods.create(&PostParams::default(), &pod).await?;
@@ -493,4 +517,32 @@ impl Writer {
             })
             .collect()
     }
+}
+
+/// The Events about `object` in `ns` with `reason`, oldest first (their messages).
+pub async fn events(env: &RealEnv, ns: &str, object: &str, reason: &str) -> Result<Vec<String>> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), ns);
+    let mut found: Vec<(String, String)> = api
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+        .map(|e| {
+            let at = e
+                .event_time
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .or_else(|| {
+                    e.deprecated_first_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string())
+                })
+                .unwrap_or_default();
+            (at, e.note.unwrap_or_default())
+        })
+        .collect();
+    found.sort();
+    Ok(found.into_iter().map(|(_, note)| note).collect())
 }
