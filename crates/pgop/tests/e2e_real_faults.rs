@@ -9,11 +9,10 @@ mod real;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::api::DeleteParams;
-use kube::api::PostParams;
 use pgop_testenv::real_nodes::Cut;
 use real::{
-    RealEnv, Result, SERIAL, Writer, client_pod, events, eventually, finished, infra_placement,
-    start_writer, start_writer_on,
+    RealEnv, Result, SERIAL, Writer, events, eventually, operator_log, read_ids, start_writer,
+    start_writer_on,
 };
 use serde_json::json;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -200,30 +199,7 @@ async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Wri
         .filter(|a| a.ok)
         .map(|a| a.id)
         .collect();
-    let reader = client_pod(
-        &format!("reader-{}", writer.table),
-        &env.images.pgop.name,
-        "db-app",
-        &format!(
-            "psql -qAt -h db-rw.{ns}.svc.cluster.local -c 'select id from {table} order by id' \
-             > /out/ids && echo done > /dev/termination-log",
-            table = writer.table
-        ),
-        infra_placement(),
-    )?;
-    let created = env.pods(ns).create(&PostParams::default(), &reader).await?;
-    let (code, message) = finished(
-        &env.pods(ns),
-        &format!("reader-{}", writer.table),
-        Duration::from_secs(120),
-    )
-    .await;
-    assert_eq!((code, message.trim()), (0, "done"), "reader: {message}");
-    let uid = created.metadata.uid.ok_or("no uid")?;
-    let last = env.nodes.names().len() - 1;
-    let ids = std::fs::read_to_string(env.nodes.empty_dir(last, &uid, "out").join("ids"))?;
-    let stored: std::collections::BTreeSet<u64> =
-        ids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    let stored = read_ids(env, ns, "db", &writer.table).await?;
     let lost: Vec<u64> = acknowledged
         .iter()
         .copied()
@@ -421,8 +397,12 @@ async fn draining_the_primary_node_switches_over_once_and_the_drain_completes() 
         &node,
         "--ignore-daemonsets",
         "--delete-emptydir-data",
-        "--timeout=240s",
-    ])?;
+        "--timeout=150s",
+    ]);
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => return Err(format!("{e}\noperator log:\n{}", operator_log(&env, 80)).into()),
+    };
     let drained = now() - started;
     let first = writer.first_write_after(&env.nodes, started).await;
     let status = env.clusters(ns).get("db").await?.status.unwrap_or_default();

@@ -246,7 +246,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             &wanted,
             &passwords,
             &ctx.settings,
-            primary_budget,
+            &build::Budgets::new(named.len(), roles.in_transition(), primary_budget),
         )
     };
     let mut roles = roles;

@@ -546,3 +546,75 @@ pub async fn events(env: &RealEnv, ns: &str, object: &str, reason: &str) -> Resu
     found.sort();
     Ok(found.into_iter().map(|(_, note)| note).collect())
 }
+
+/// The last `lines` lines the operator logged (read from the nodes' pod-log
+/// directories: `kubectl logs` needs the API server to reach a kubelet, which it cannot
+/// from the machine's loopback).
+pub fn operator_log(env: &RealEnv, lines: usize) -> String {
+    let mut out = String::new();
+    for node in env.nodes.names() {
+        let dir = env.nodes.dir().join(&node).join("pod-logs");
+        let Ok(pods) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for pod in pods.flatten() {
+            if !pod
+                .file_name()
+                .to_string_lossy()
+                .starts_with("pgop-system_")
+            {
+                continue;
+            }
+            let Ok(containers) = std::fs::read_dir(pod.path()) else {
+                continue;
+            };
+            for container in containers.flatten() {
+                let Ok(logs) = std::fs::read_dir(container.path()) else {
+                    continue;
+                };
+                for log in logs.flatten() {
+                    let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+                    let all: Vec<&str> = text.lines().collect();
+                    let tail = &all[all.len().saturating_sub(lines)..];
+                    out.push_str(&format!(
+                        "--- {}\n{}\n",
+                        log.path().display(),
+                        tail.join("\n")
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every id in `table` of `cluster`, read through `-rw` by DNS name from a Pod on the
+/// infrastructure node (`reader-<table>`).
+pub async fn read_ids(
+    env: &RealEnv,
+    ns: &str,
+    cluster: &str,
+    table: &str,
+) -> Result<std::collections::BTreeSet<u64>> {
+    let name = format!("reader-{table}");
+    let reader = client_pod(
+        &name,
+        &env.images.pgop.name,
+        &format!("{cluster}-app"),
+        &format!(
+            "psql -qAt -h {cluster}-rw.{ns}.svc.cluster.local -c 'select id from {table} order by id' \
+             > /out/ids && echo done > /dev/termination-log"
+        ),
+        infra_placement(),
+    )?;
+    let created = env.pods(ns).create(&PostParams::default(), &reader).await?;
+    let (code, message) = finished(&env.pods(ns), &name, Duration::from_secs(120)).await;
+    if (code, message.trim()) != (0, "done") {
+        return Err(format!("{name}: exit {code}: {message}").into());
+    }
+    let uid = created.metadata.uid.ok_or("no uid")?;
+    let node = env.node_of(ns, &name).await?;
+    let index = env.nodes.index_of(&node).ok_or("the reader's node")?;
+    let ids = std::fs::read_to_string(env.nodes.empty_dir(index, &uid, "out").join("ids"))?;
+    Ok(ids.lines().filter_map(|l| l.trim().parse().ok()).collect())
+}

@@ -3,6 +3,7 @@
 //! fixtures and compare the objects.
 
 mod pdb;
+pub use pdb::Budgets;
 mod pod;
 mod pvc;
 pub mod quantity;
@@ -140,13 +141,13 @@ impl Common {
 }
 
 /// Builds every child of `cluster` (whose spec is already defaulted and validated);
-/// `primary_budget`: whether the primary's PodDisruptionBudget exists (see `pdb`).
+/// `budgets`: what its PodDisruptionBudgets hold (see `pdb`).
 pub fn children(
     cluster: &PostgresCluster,
     instances: &[InstanceSpec],
     passwords: &Passwords,
     settings: &Settings,
-    primary_budget: bool,
+    budgets: &Budgets,
 ) -> Result<Children, Error> {
     let common = Common::new(cluster)?;
     let spec = &cluster.spec;
@@ -157,7 +158,7 @@ pub fn children(
         app_secret: secret::app(&common, spec, &passwords.app),
         replication_secret: secret::replication(&common, &passwords.replication),
         services: service::all(&common),
-        pod_disruption_budgets: pdb::pod_disruption_budgets(&common, primary_budget),
+        pod_disruption_budgets: pdb::pod_disruption_budgets(&common, budgets),
         pvcs: instances
             .iter()
             .map(|i| pvc::pvc(&common, spec, &i.name))

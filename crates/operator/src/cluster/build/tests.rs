@@ -42,7 +42,7 @@ fn build() -> Children {
         &instances(),
         &passwords(),
         &Settings::default(),
-        true,
+        &Budgets::new(3, false, true),
     )
     .expect("builds")
 }
@@ -248,7 +248,7 @@ fn the_cluster_image_overrides_the_operator_default() {
         &instances(),
         &passwords(),
         &Settings::default(),
-        true,
+        &Budgets::new(3, false, true),
     )
     .expect("builds");
     let image = c.pods[0]
@@ -268,7 +268,7 @@ fn a_cluster_without_uid_is_an_error_not_a_panic() {
             &instances(),
             &passwords(),
             &Settings::default(),
-            true
+            &Budgets::new(3, false, true)
         )
         .is_err()
     );
@@ -304,7 +304,7 @@ fn hash_with_resources(cpu: &str, memory: &str) -> String {
         &instances(),
         &passwords(),
         &Settings::default(),
-        true,
+        &Budgets::new(3, false, true),
     )
     .expect("builds")
     .pods;

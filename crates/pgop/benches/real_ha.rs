@@ -1,0 +1,283 @@
+//! The real-node HA benchmark: `cargo bench -p pgop --bench real_ha` (root: it starts
+//! real nodes; the images must be built, see docs/images.md) prints a table of the time
+//! from each fault to the first write acknowledged through `-rw` by DNS name, median and
+//! max over `PGOP_BENCH_RUNS` runs (default 5), and the acknowledged writes lost.
+//!
+//! One 3-instance cluster (`synchronous: 1`, `dataDurability: required`) on three
+//! workload nodes, the operator (installed by its chart), CoreDNS and the writer on a
+//! fourth, infrastructure node. The writer opens a new connection for every insert (each
+//! attempt bounded by 3 s, 50 ms apart). Every fault hits the current primary; after each
+//! the cluster is back to Ready with three instances before the next.
+//!
+//! Faults: a switchover on request; the primary's container killed (SIGKILL); its Pod
+//! deleted; deleted with `--grace-period=0 --force`; its node hung (every process frozen)
+//! then thawed; its node cut off from the other nodes, then from everything (API server
+//! included), then healed; its node drained (`kubectl drain`) then uncordoned.
+//!
+//! Run it on an otherwise idle machine; the figures are wall-clock times on it.
+
+#[path = "../tests/real/mod.rs"]
+mod real;
+
+use kube::api::{DeleteParams, Patch, PatchParams};
+use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
+use pgop_testenv::real_nodes::Cut;
+use real::{RealEnv, Result, Writer, start_writer};
+use serde_json::json;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const NS: &str = "bench";
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    Switchover,
+    ContainerKilled,
+    PodDeleted,
+    PodForceDeleted,
+    NodeHung,
+    PartitionFromNodes,
+    PartitionIsolated,
+    Drain,
+}
+
+impl Fault {
+    const ALL: [Fault; 8] = [
+        Fault::Switchover,
+        Fault::ContainerKilled,
+        Fault::PodDeleted,
+        Fault::PodForceDeleted,
+        Fault::NodeHung,
+        Fault::PartitionFromNodes,
+        Fault::PartitionIsolated,
+        Fault::Drain,
+    ];
+
+    fn what(self) -> &'static str {
+        match self {
+            Fault::Switchover => "switchover on request",
+            Fault::ContainerKilled => "primary container killed (SIGKILL)",
+            Fault::PodDeleted => "primary Pod deleted",
+            Fault::PodForceDeleted => "primary Pod force-deleted (grace 0)",
+            Fault::NodeHung => "primary's node hung (frozen)",
+            Fault::PartitionFromNodes => "primary's node cut off from the nodes (API reachable)",
+            Fault::PartitionIsolated => "primary's node cut off from everything",
+            Fault::Drain => "primary's node drained (kubectl drain)",
+        }
+    }
+
+    /// The local-node figure of `cargo bench -p pgop --bench ha` for the same fault, when
+    /// it has one (docs/ha.md, "Benchmark").
+    fn local(self) -> &'static str {
+        match self {
+            Fault::Switchover => "switchover",
+            Fault::ContainerKilled => "failover RTO, sync required (kill -9 of the postmaster)",
+            Fault::PodDeleted => "pod deletion of the primary",
+            _ => "—",
+        }
+    }
+}
+
+async fn primary(env: &RealEnv) -> Result<String> {
+    Ok(env
+        .clusters(NS)
+        .get("db")
+        .await?
+        .status
+        .and_then(|s| s.current_primary)
+        .ok_or("no primary")?)
+}
+
+/// What undoes a fault once writes have resumed.
+enum Undo {
+    Nothing,
+    Thaw(usize),
+    Heal(usize),
+    Uncordon(String),
+}
+
+/// Inflicts `fault` on the current primary; returns when (seconds since the epoch) and
+/// what undoes it.
+async fn inflict(env: &RealEnv, fault: Fault) -> Result<(f64, Undo)> {
+    let old = primary(env).await?;
+    let node = env.node_of(NS, &old).await?;
+    let index = env.nodes.index_of(&node).ok_or("the primary's node")?;
+    let pods = env.pods(NS);
+    match fault {
+        Fault::Switchover => {
+            let standby = env
+                .clusters(NS)
+                .get("db")
+                .await?
+                .status
+                .unwrap_or_default()
+                .instances
+                .into_iter()
+                .map(|i| i.name)
+                .find(|n| *n != old)
+                .ok_or("no standby")?;
+            let at = now();
+            env.clusters(NS)
+                .patch(
+                    "db",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"metadata": {"annotations": {ANNOTATION_SWITCHOVER_TO: standby}}}),
+                    ),
+                )
+                .await?;
+            Ok((at, Undo::Nothing))
+        }
+        Fault::ContainerKilled => {
+            let label = format!("io.kubernetes.pod.name={old}");
+            let id = env.nodes.crictl(
+                index,
+                &["ps", "-q", "--name", "postgres", "--label", &label],
+            )?;
+            let at = now();
+            env.nodes
+                .crictl(index, &["stop", "--timeout", "0", id.trim()])?;
+            Ok((at, Undo::Nothing))
+        }
+        Fault::PodDeleted | Fault::PodForceDeleted => {
+            let grace = (fault == Fault::PodForceDeleted).then_some(0);
+            let at = now();
+            pods.delete(
+                &old,
+                &DeleteParams {
+                    grace_period_seconds: grace,
+                    ..DeleteParams::default()
+                },
+            )
+            .await?;
+            Ok((at, Undo::Nothing))
+        }
+        Fault::NodeHung => {
+            let at = now();
+            env.nodes.freeze(index)?;
+            Ok((at, Undo::Thaw(index)))
+        }
+        Fault::PartitionFromNodes | Fault::PartitionIsolated => {
+            let cut = if fault == Fault::PartitionIsolated {
+                Cut::Isolated
+            } else {
+                Cut::FromNodes
+            };
+            let at = now();
+            env.nodes.partition(index, cut)?;
+            Ok((at, Undo::Heal(index)))
+        }
+        Fault::Drain => {
+            let at = now();
+            env.kubectl(&[
+                "drain",
+                &node,
+                "--ignore-daemonsets",
+                "--delete-emptydir-data",
+                "--timeout=180s",
+            ])?;
+            Ok((at, Undo::Uncordon(node)))
+        }
+    }
+}
+
+fn undo(env: &RealEnv, undo: Undo) -> Result {
+    match undo {
+        Undo::Nothing => {}
+        Undo::Thaw(index) => env.nodes.thaw(index)?,
+        Undo::Heal(index) => env.nodes.heal(index)?,
+        Undo::Uncordon(node) => {
+            env.kubectl(&["uncordon", &node])?;
+        }
+    }
+    Ok(())
+}
+
+fn stats(v: &[f64]) -> (f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    (
+        s.get(s.len() / 2).copied().unwrap_or(f64::NAN),
+        s.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+async fn lost(env: &RealEnv, writer: &Writer) -> Result<(usize, usize)> {
+    writer.stop(&env.nodes).await?;
+    let acknowledged: Vec<u64> = writer
+        .read(&env.nodes)
+        .into_iter()
+        .filter(|a| a.ok)
+        .map(|a| a.id)
+        .collect();
+    let stored = real::read_ids(env, NS, "db", &writer.table).await?;
+    let missing = acknowledged
+        .iter()
+        .filter(|id| !stored.contains(id))
+        .count();
+    Ok((acknowledged.len(), missing))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> Result {
+    let runs: usize = std::env::var("PGOP_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let env = RealEnv::start(3, true).await?;
+    let infra = RealEnv::on_infra();
+    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
+    env.install_operator(&extra).await?;
+    env.restricted_namespace(NS).await?;
+    env.create_cluster(
+        NS,
+        "db",
+        json!({
+            "replicas": 3,
+            "storage": {"size": "1Gi"},
+            "replication": {"synchronous": 1, "dataDurability": "required"}
+        }),
+    )
+    .await?;
+    env.wait_ready(NS, "db", 3, Duration::from_secs(300)).await;
+    let writer = start_writer(&env, NS, "db", "bench").await?;
+
+    let mut rows = Vec::new();
+    for fault in Fault::ALL {
+        let mut times = Vec::new();
+        for run in 0..runs {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let (at, then) = inflict(&env, fault).await?;
+            let first = writer.first_write_after(&env.nodes, at).await;
+            times.push(first.end - at);
+            eprintln!("{} run {}: {:.2} s", fault.what(), run + 1, first.end - at);
+            undo(&env, then)?;
+            env.wait_ready(NS, "db", 3, Duration::from_secs(300)).await;
+        }
+        rows.push((fault, times));
+    }
+    let (acknowledged, missing) = lost(&env, &writer).await?;
+
+    println!();
+    println!("| fault (real nodes) | runs | median | max | local-node row of `--bench ha` |");
+    println!("|---|---|---|---|---|");
+    for (fault, times) in &rows {
+        let (median, max) = stats(times);
+        println!(
+            "| {} | {} | {median:.2} s | {max:.2} s | {} |",
+            fault.what(),
+            times.len(),
+            fault.local()
+        );
+    }
+    println!(
+        "| acknowledged writes lost, over every fault above | {acknowledged} acknowledged | {missing} lost | | |"
+    );
+    Ok(())
+}
