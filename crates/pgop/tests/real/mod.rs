@@ -53,6 +53,19 @@ pub struct RealEnv {
     pub started: Instant,
 }
 
+impl Drop for RealEnv {
+    /// A test that fails shows what the operator and the instances said last (the nodes'
+    /// directories go with them).
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("PGOP_SHOW_POD_LOGS").is_some() {
+            eprintln!(
+                "=== pod logs (last 60 lines each) ===\n{}",
+                pod_logs(self, "", 60)
+            );
+        }
+    }
+}
+
 impl RealEnv {
     /// A control plane and `workload` real nodes (`node-0`...), plus, with `infra`, one
     /// more node for the operator, CoreDNS and clients (tainted: no instance lands there).
@@ -551,6 +564,12 @@ pub async fn events(env: &RealEnv, ns: &str, object: &str, reason: &str) -> Resu
 /// directories: `kubectl logs` needs the API server to reach a kubelet, which it cannot
 /// from the machine's loopback).
 pub fn operator_log(env: &RealEnv, lines: usize) -> String {
+    pod_logs(env, "pgop-system_", lines)
+}
+
+/// The last `lines` lines of every container log of the Pods whose log directory
+/// (`<namespace>_<pod>_<uid>`) starts with `prefix`, on every node.
+pub fn pod_logs(env: &RealEnv, prefix: &str, lines: usize) -> String {
     let mut out = String::new();
     for node in env.nodes.names() {
         let dir = env.nodes.dir().join(&node).join("pod-logs");
@@ -558,11 +577,7 @@ pub fn operator_log(env: &RealEnv, lines: usize) -> String {
             continue;
         };
         for pod in pods.flatten() {
-            if !pod
-                .file_name()
-                .to_string_lossy()
-                .starts_with("pgop-system_")
-            {
+            if !pod.file_name().to_string_lossy().starts_with(prefix) {
                 continue;
             }
             let Ok(containers) = std::fs::read_dir(pod.path()) else {
