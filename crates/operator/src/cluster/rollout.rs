@@ -10,7 +10,9 @@
 //! not ready: a rollout never takes a second instance down.
 //!
 //! - A Pod whose spec changed (its `spec-hash` annotation differs from the built one) is
-//!   deleted; the next reconcile creates it anew on the same volume.
+//!   deleted; the next reconcile creates it anew on the same volume. A Pod that was never
+//!   placed on a node (Pending: no node fits its anti-affinity or node selector) runs
+//!   nothing, so when it is outdated it is replaced first, without waiting for anything.
 //! - An instance reporting parameters pending a restart is named in
 //!   `status.restartInstance`; its manager restarts PostgreSQL, and the name moves on once
 //!   it no longer reports the restart pending. Restarts wait until every instance reports
@@ -196,6 +198,22 @@ fn healthy(s: &PgStatus) -> bool {
 
 pub fn next(input: &Input) -> Step {
     let roles = input.roles;
+    // A Pod no node was found for runs nothing: when it is outdated (the anti-affinity or
+    // node selector that kept it Pending was changed, say), it is replaced at once. The
+    // steps below wait for every instance to be ready, which this one never would be.
+    let never_placed = input.instances.iter().find(|(name, _)| {
+        input.pods.iter().any(|p| {
+            p.name_any() == *name
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+                && input.outdated(name, p)
+        })
+    });
+    if let Some((name, _)) = never_placed {
+        return Step::Replace {
+            instance: name.clone(),
+        };
+    }
     if roles.in_transition() {
         return Step::Idle;
     }
@@ -398,6 +416,61 @@ mod tests {
 
     fn t(s: &str) -> jiff::Timestamp {
         s.parse().expect("timestamp")
+    }
+
+    /// A Pod the scheduler could not place: a spec without a node, PodScheduled False.
+    fn pending(name: &str, hash: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations": {ANNOTATION_SPEC_HASH: hash}},
+            "spec": {"containers": []},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available"}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn an_outdated_pod_that_was_never_placed_is_replaced_first_and_at_once() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        w.pods[2] = pending("db-3", "old");
+        w.probes
+            .insert("db-3".into(), Probe::Unreachable("no pod IP".into()));
+        assert_eq!(
+            w.next(&r),
+            Step::Idle,
+            "up to date: nothing to do, and nothing moves while db-3 is not ready"
+        );
+        // The spec changed (anti-affinity relaxed): every Pod is outdated. The Pending one
+        // goes first, although it is not ready and others would be replaced before it.
+        for hash in w.hashes.values_mut() {
+            *hash = "new".into();
+        }
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-3".into()
+            }
+        );
+        // Even during a change of primary: it runs nothing.
+        assert_eq!(
+            w.next(&roles("db-1", "db-2")),
+            Step::Replace {
+                instance: "db-3".into()
+            }
+        );
+        // Once it is built anew (still Pending, now up to date), the others wait for it.
+        w.pods[2] = pending("db-3", "new");
+        assert_eq!(w.next(&r), Step::Idle);
+        // A Pod on a node is never replaced while it is not ready.
+        let mut placed = pod("db-3", "old", false);
+        placed.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("node-1".into()),
+            ..Default::default()
+        });
+        w.pods[2] = placed;
+        assert_eq!(w.next(&r), Step::Idle);
     }
 
     #[test]
