@@ -260,6 +260,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         }),
         (None, known) => known.clone(),
     };
+    let unplaced = rollout::unplaced(&observed.pods, now().0);
     let rollout_input = rollout::Input {
         instances: &named,
         pods: &observed.pods,
@@ -274,6 +275,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         restart_requested_at: restart_requested
             .as_ref()
             .and_then(|r| r.requested_at.parse().ok()),
+        unplaced: &unplaced,
     };
     let step = rollout::next(&rollout_input);
     // Health gate: a step that did not come back (or refused) blocks the rollout, and says so.

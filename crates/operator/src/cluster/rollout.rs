@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The next rollout step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +73,33 @@ pub struct Input<'a> {
     /// When the restart annotation's current value was first seen
     /// (`status.restartRequested`): postmasters started before need a restart.
     pub restart_requested_at: Option<jiff::Timestamp>,
+    /// Instances whose Pod the scheduler has found no node for since at least
+    /// [`UNPLACED_GRACE`] ([`unplaced`]): they hold nothing back.
+    pub unplaced: &'a BTreeSet<String>,
+}
+
+/// How long the scheduler must have found no node for an instance's Pod before the rollout
+/// stops waiting for that instance. Shorter waits are normal (a volume being provisioned);
+/// longer ones mean the Pod may never be placed (`required` anti-affinity with too few
+/// nodes), and waiting for it would hold back, say, the very change that lets it be placed:
+/// relaxing `required` to `preferred` must replace the other instances' Pods, whose
+/// required anti-affinity keeps it out.
+pub const UNPLACED_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The instances whose Pod has had no node for [`UNPLACED_GRACE`]: the scheduler declared
+/// it Unschedulable at least that long before `now`.
+pub fn unplaced(pods: &[Pod], now: jiff::Timestamp) -> BTreeSet<String> {
+    let Ok(grace) = jiff::SignedDuration::try_from(UNPLACED_GRACE) else {
+        return BTreeSet::new();
+    };
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            super::status::unschedulable_since(p)
+                .is_some_and(|since| now.duration_since(since) >= grace)
+        })
+        .map(ResourceExt::name_any)
+        .collect()
 }
 
 impl Input<'_> {
@@ -152,6 +179,7 @@ pub fn blocked(
     let not_back: Vec<String> = input
         .instances
         .iter()
+        .filter(|(name, _)| !input.unplaced.contains(name))
         .filter(|(name, _)| {
             let pod = input.pods.iter().find(|p| p.name_any() == *name);
             let running = input
@@ -238,6 +266,10 @@ pub fn next(input: &Input) -> Step {
     }
     let mut live: Vec<(&str, &Pod, &PgStatus)> = Vec::new();
     for (name, _) in input.instances {
+        if input.unplaced.contains(name) {
+            // No node for a while: it runs nothing, and the others are rolled without it.
+            continue;
+        }
         let pod = input.pods.iter().find(|p| p.name_any() == *name);
         let pg = input.probes.get(name).and_then(Probe::status);
         match (pod, pg) {
@@ -363,6 +395,7 @@ mod tests {
         generation: Option<i64>,
         restarting: Option<String>,
         requested_at: Option<jiff::Timestamp>,
+        unplaced: BTreeSet<String>,
     }
 
     impl World {
@@ -387,6 +420,7 @@ mod tests {
                 generation: Some(1),
                 restarting: None,
                 requested_at: None,
+                unplaced: BTreeSet::new(),
             }
         }
 
@@ -404,6 +438,7 @@ mod tests {
                 generation: self.generation,
                 restarting: self.restarting.as_deref(),
                 restart_requested_at: self.requested_at,
+                unplaced: &self.unplaced,
             }
         }
 
@@ -425,6 +460,7 @@ mod tests {
             "spec": {"containers": []},
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
                 "status": "False", "reason": "Unschedulable",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
                 "message": "0/3 nodes are available"}]}
         }))
         .expect("pod")
@@ -471,6 +507,60 @@ mod tests {
         });
         w.pods[2] = placed;
         assert_eq!(w.next(&r), Step::Idle);
+    }
+
+    #[test]
+    fn an_instance_without_a_node_for_long_no_longer_holds_the_others_back() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        // db-3 is up to date but has no node (its own, or the others', required
+        // anti-affinity); db-1 and db-2 are outdated.
+        w.hashes.insert("db-1".into(), "new".into());
+        w.hashes.insert("db-2".into(), "new".into());
+        w.hashes.insert("db-3".into(), "old".into());
+        w.pods[2] = pending("db-3", "old");
+        w.probes
+            .insert("db-3".into(), Probe::Unreachable("no pod IP".into()));
+        let since = t("2026-01-01T00:00:00Z");
+        assert!(unplaced(&w.pods, t("2026-01-01T00:00:10Z")).is_empty());
+        assert_eq!(w.next(&r), Step::Idle, "a short wait for a node is normal");
+        let input = w.input(&r);
+        let stuck = blocked(
+            &input,
+            None,
+            Some(since),
+            t("2026-01-01T00:02:00Z"),
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(
+            stuck.map(|b| b.reason),
+            Some("InstanceNotBack"),
+            "without the grace, the rollout waits for db-3 and says so"
+        );
+
+        w.unplaced = unplaced(&w.pods, t("2026-01-01T00:00:31Z"));
+        assert_eq!(w.unplaced, BTreeSet::from(["db-3".to_string()]));
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-2".into()
+            },
+            "the running instances are rolled as if db-3 were not there"
+        );
+        let input = w.input(&r);
+        let stuck = blocked(
+            &input,
+            None,
+            Some(since),
+            t("2026-01-01T00:02:00Z"),
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(
+            stuck, None,
+            "an instance with no node is not a step that did not come back"
+        );
+        w.pods[1] = pod("db-2", "new", true);
+        assert_eq!(w.next(&r), Step::Switchover { to: "db-2".into() });
     }
 
     #[test]

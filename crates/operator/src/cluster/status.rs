@@ -40,6 +40,18 @@ pub fn unschedulable(pod: &Pod) -> Option<&str> {
         .map(|c| c.message.as_deref().unwrap_or_default())
 }
 
+/// Since when the scheduler has found no node for a Pod (see [`unschedulable`]): its
+/// PodScheduled condition's last transition.
+pub fn unschedulable_since(pod: &Pod) -> Option<jiff::Timestamp> {
+    unschedulable(pod)?;
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+}
+
 /// The reason of `InstancesScheduled=False`, and of the Pod condition it comes from.
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
