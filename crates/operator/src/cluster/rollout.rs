@@ -12,7 +12,9 @@
 //! - A Pod whose spec changed (its `spec-hash` annotation differs from the built one) is
 //!   deleted; the next reconcile creates it anew on the same volume. A Pod that was never
 //!   placed on a node (Pending: no node fits its anti-affinity or node selector) runs
-//!   nothing, so when it is outdated it is replaced first, without waiting for anything.
+//!   nothing, so when it is outdated it is replaced first, without waiting for anything;
+//!   and once the scheduler has found no node for it for [`UNPLACED_GRACE`], the other
+//!   instances are rolled without waiting for it ([`unplaced`]).
 //! - An instance reporting parameters pending a restart is named in
 //!   `status.restartInstance`; its manager restarts PostgreSQL, and the name moves on once
 //!   it no longer reports the restart pending. Restarts wait until every instance reports
