@@ -9,7 +9,10 @@ use crate::cluster::{
     MAX_CLUSTER_NAME_LENGTH, OWNED_PARAMETERS, RESERVED_NAME_PREFIX, RESERVED_NAMES,
     UNSUPPORTED_PARAMETER_PREFIX, UNSUPPORTED_PARAMETERS,
 };
-use crate::formats::{DNS_LABEL_PATTERN, MAX_PARAMETER_NAME_LENGTH, PARAMETER_NAME_PATTERN};
+use crate::formats::{
+    DNS_LABEL_PATTERN, LABEL_KEY_PATTERN, MAX_LABEL_KEY_LENGTH, MAX_LABEL_KEY_PREFIX_LENGTH,
+    MAX_PARAMETER_NAME_LENGTH, PARAMETER_NAME_PATTERN,
+};
 use kube::core::{Message, Reason, Rule};
 
 /// `spec.replication.synchronous` against `spec.replicas`.
@@ -37,6 +40,29 @@ pub const MSG_RECOVERY_AT_MOST_ONE_TARGET: &str =
 /// A PostgresBackup's spec changed.
 pub const MSG_BACKUP_SPEC_IMMUTABLE: &str =
     "is immutable: a PostgresBackup is one backup; create a new one instead";
+
+/// A toleration without a key whose operator is not `Exists`.
+pub const MSG_TOLERATION_KEY_OR_EXISTS: &str =
+    "must be Exists when key is unset: only Exists without a key tolerates every taint";
+/// A toleration with `operator: Exists` and a value.
+pub const MSG_TOLERATION_EXISTS_WITHOUT_VALUE: &str =
+    "must be unset or empty with operator Exists, which matches any value";
+/// `tolerationSeconds` without `effect: NoExecute`.
+pub const MSG_TOLERATION_SECONDS_NEED_NO_EXECUTE: &str = "may only be set with effect NoExecute: it bounds how long a Pod stays on a node tainted NoExecute";
+
+/// The message for a string that is no label key (`topologyKey`, a toleration's key).
+pub fn msg_label_key() -> String {
+    format!(
+        "must be a label key: an optional prefix (a DNS subdomain of at most \
+         {MAX_LABEL_KEY_PREFIX_LENGTH} characters) and '/', then a name of at most 63 letters, \
+         digits, '-', '_' and '.' starting and ending with a letter or digit"
+    )
+}
+
+/// The message for a node selector with a key that is no label key.
+pub fn msg_label_keys() -> String {
+    format!("every key {}", msg_label_key())
+}
 
 /// The message for a cluster name that cannot become Service and Pod names.
 pub fn msg_cluster_name() -> String {
@@ -122,6 +148,49 @@ pub fn required_durability_needs_synchronous() -> Rule {
     Rule::new("self.dataDurability != 'required' || self.synchronous > 0")
         .message(MSG_REQUIRED_NEEDS_SYNCHRONOUS)
         .field_path(".dataDurability")
+        .reason(Reason::FieldValueInvalid)
+}
+
+/// A label key's prefix (before `/`) is at most 253 characters: the pattern cannot bound
+/// it. `indexOf` is -1 without a prefix.
+pub fn label_key_prefix_length() -> Rule {
+    Rule::new(format!(
+        "self.indexOf('/') <= {MAX_LABEL_KEY_PREFIX_LENGTH}"
+    ))
+    .message(Message::Message(msg_label_key()))
+    .reason(Reason::FieldValueInvalid)
+}
+
+/// spec.affinity.nodeSelector: every key is a label key.
+pub fn label_keys() -> Rule {
+    Rule::new(format!(
+        "self.all(k, size(k) <= {MAX_LABEL_KEY_LENGTH} && k.matches(r'{LABEL_KEY_PATTERN}') && k.indexOf('/') <= {MAX_LABEL_KEY_PREFIX_LENGTH})"
+    ))
+    .message(Message::Message(msg_label_keys()))
+    .reason(Reason::FieldValueInvalid)
+}
+
+/// A toleration without a key tolerates every taint, which only `Exists` means.
+pub fn toleration_key_or_exists() -> Rule {
+    Rule::new("has(self.key) || self.operator == 'Exists'")
+        .message(MSG_TOLERATION_KEY_OR_EXISTS)
+        .field_path(".operator")
+        .reason(Reason::FieldValueInvalid)
+}
+
+/// A toleration with `operator: Exists` has no value.
+pub fn toleration_exists_without_value() -> Rule {
+    Rule::new("self.operator != 'Exists' || !has(self.value) || self.value == ''")
+        .message(MSG_TOLERATION_EXISTS_WITHOUT_VALUE)
+        .field_path(".value")
+        .reason(Reason::FieldValueInvalid)
+}
+
+/// `tolerationSeconds` only with `effect: NoExecute`.
+pub fn toleration_seconds_need_no_execute() -> Rule {
+    Rule::new("!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')")
+        .message(MSG_TOLERATION_SECONDS_NEED_NO_EXECUTE)
+        .field_path(".tolerationSeconds")
         .reason(Reason::FieldValueInvalid)
 }
 

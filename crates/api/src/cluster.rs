@@ -4,6 +4,7 @@
 //! pattern, CEL) has a twin in [`crate::validation`], so a spec that slips past one layer
 //! is caught by the next with the same field named.
 
+use crate::affinity::AffinitySpec;
 use crate::cel;
 use crate::formats;
 use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -190,6 +191,12 @@ pub struct PostgresClusterSpec {
     /// PostgreSQL configuration: parameters for postgresql.conf and extra pg_hba.conf rules.
     #[serde(default)]
     pub postgresql: PostgresqlSpec,
+
+    /// Where the instance Pods may run and how strictly they are kept apart: pod
+    /// anti-affinity `preferred` (the default) or `required` over a topology key (nodes by
+    /// default), a node selector and tolerations.
+    #[serde(default)]
+    pub affinity: AffinitySpec,
 
     /// Streaming replication: how many standbys confirm each commit.
     #[serde(default)]

@@ -38,6 +38,13 @@ pub const CONFIGURATION_APPLIED: &str = "ConfigurationApplied";
 /// instances are left untouched until the spec changes or the instance comes back.
 pub const ROLLOUT_BLOCKED: &str = "RolloutBlocked";
 
+/// Every instance Pod that exists has a node, or is still being placed: False (reason
+/// `Unschedulable`, naming each Pod and quoting the scheduler's message) while the
+/// scheduler finds no node for one (`spec.affinity` asks for more nodes or zones than
+/// there are, no node matches the node selector, taints, resources). True again once it
+/// is placed, or the Pod is gone.
+pub const INSTANCES_SCHEDULED: &str = "InstancesScheduled";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

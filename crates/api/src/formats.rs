@@ -124,6 +124,23 @@ pub const TIMESTAMP_PATTERN: &str = r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9
 /// A PostgreSQL LSN: `0/3000060`.
 pub const LSN_PATTERN: &str = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$";
 
+/// A Kubernetes label key (a qualified name): an optional prefix, an RFC 1123 subdomain of
+/// at most [`MAX_LABEL_KEY_PREFIX_LENGTH`] characters followed by `/`, then a name of 1 to
+/// 63 letters, digits, `-`, `_` and `.` that starts and ends with a letter or digit
+/// (`kubernetes.io/hostname`, `topology.kubernetes.io/zone`, `disktype`). The prefix's
+/// length is a separate rule (a CEL rule in the CRD).
+pub const LABEL_KEY_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$";
+/// Longest prefix of a label key (before the `/`).
+pub const MAX_LABEL_KEY_PREFIX_LENGTH: usize = 253;
+/// Longest label key: a prefix, `/` and a name of 63.
+pub const MAX_LABEL_KEY_LENGTH: usize = MAX_LABEL_KEY_PREFIX_LENGTH + 1 + 63;
+
+/// A Kubernetes label value: empty, or 1 to 63 letters, digits, `-`, `_` and `.` that
+/// start and end with a letter or digit.
+pub const LABEL_VALUE_PATTERN: &str = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$";
+/// Longest label value.
+pub const MAX_LABEL_VALUE_LENGTH: usize = 63;
+
 /// Quantity suffixes accepted for sizes (binary and decimal SI, no milli, no exponent).
 const QUANTITY_SUFFIXES: &[&str] = &[
     "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E",
@@ -615,6 +632,30 @@ pub fn is_lsn(s: &str) -> bool {
         .is_some_and(|(hi, lo)| half(hi) && half(lo))
 }
 
+/// Whether `s` matches [`LABEL_VALUE_PATTERN`] (which bounds its length to 63).
+pub fn is_label_value(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.is_empty()
+        || (b.len() <= MAX_LABEL_VALUE_LENGTH
+            && b.first().is_some_and(u8::is_ascii_alphanumeric)
+            && b.last().is_some_and(u8::is_ascii_alphanumeric)
+            && b.iter()
+                .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')))
+}
+
+/// Whether `s` matches [`LABEL_KEY_PATTERN`] with a prefix of at most
+/// [`MAX_LABEL_KEY_PREFIX_LENGTH`] characters: a label key Kubernetes accepts.
+pub fn is_label_key(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, s),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty() && p.len() <= MAX_LABEL_KEY_PREFIX_LENGTH && is_dns_subdomain(p)
+    });
+    prefix_ok && !name.is_empty() && is_label_value(name)
+}
+
 /// Whether `s` matches [`cron_pattern`].
 pub fn is_cron(s: &str) -> bool {
     let parts: Vec<&str> = s.split(' ').collect();
@@ -956,6 +997,52 @@ mod tests {
         }
         for bad in ["", "-x", "x-", "eu central", "eu$(id)"] {
             assert!(!is_region(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn label_keys_and_values() {
+        for good in [
+            "kubernetes.io/hostname",
+            "topology.kubernetes.io/zone",
+            "disktype",
+            "a",
+            "A_b.c-D",
+            "example.com/Some.Name_1",
+            &format!("{}/{}", "a".repeat(253), "b".repeat(63)),
+        ] {
+            assert!(is_label_key(good), "{good}");
+        }
+        for bad in [
+            "",
+            "/",
+            "/name",
+            "prefix/",
+            "a/b/c",
+            "Example.com/name",
+            "a..b/name",
+            "-a",
+            "a-",
+            ".a",
+            "a b",
+            "a\nb",
+            "kubernetes.io/hostname\n",
+            "a\"b",
+            "a'b",
+            "..",
+            "$(id)",
+            "a$(id)",
+            &"a".repeat(64),
+            &format!("{}/b", "a".repeat(254)),
+            "h\u{43e}stname",
+        ] {
+            assert!(!is_label_key(bad), "{bad:?}");
+        }
+        for good in ["", "true", "a", "ssd_1.x-Y"] {
+            assert!(is_label_value(good), "{good}");
+        }
+        for bad in ["-", "a-", "a/b", "a b", "a\nb", &"a".repeat(64)] {
+            assert!(!is_label_value(bad), "{bad:?}");
         }
     }
 

@@ -5,6 +5,7 @@
 //!
 //! Pure data and pure functions: this crate never talks to the API server.
 
+pub mod affinity;
 pub mod backup;
 pub mod cel;
 pub mod cluster;

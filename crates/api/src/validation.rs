@@ -6,6 +6,9 @@
 //! [`crate::cluster`]) or in [`crate::cel`]; each error names the field the way the API
 //! server does (`spec.backup.retentionDays`).
 
+use crate::affinity::{
+    AffinitySpec, MAX_NODE_SELECTOR, MAX_TOLERATIONS, TaintEffect, TolerationOperator,
+};
 use crate::backup::PostgresBackupSpec;
 use crate::cel;
 use crate::cluster::{
@@ -281,11 +284,82 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.failoverDelay", spec.failover_delay, 0, None);
     errors.range("spec.switchoverTimeout", spec.switchover_timeout, 1, None);
 
+    validate_affinity(&spec.affinity, errors);
     if let Some(backup) = &spec.backup {
         validate_backup_spec(backup, errors);
     }
     if let Some(bootstrap) = &spec.bootstrap {
         validate_bootstrap(bootstrap, errors);
+    }
+}
+
+fn validate_affinity(affinity: &AffinitySpec, errors: &mut Errors) {
+    errors.check(
+        formats::is_label_key(&affinity.topology_key),
+        "spec.affinity.topologyKey",
+        || format!("{}, got {:?}", cel::msg_label_key(), affinity.topology_key),
+    );
+    let selector = &affinity.node_selector;
+    errors.check(
+        selector.len() <= MAX_NODE_SELECTOR,
+        "spec.affinity.nodeSelector",
+        || format!("must have at most {MAX_NODE_SELECTOR} entries"),
+    );
+    let bad_keys: Vec<&str> = selector
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !formats::is_label_key(k))
+        .collect();
+    errors.check(bad_keys.is_empty(), "spec.affinity.nodeSelector", || {
+        format!("{bad_keys:?}: {}", cel::msg_label_keys())
+    });
+    for (key, value) in selector {
+        errors.check(
+            formats::is_label_value(value),
+            &format!("spec.affinity.nodeSelector.{key}"),
+            || format!("must be a label value (at most 63 letters, digits, '-', '_' and '.' starting and ending with a letter or digit, or empty), got {value:?}"),
+        );
+    }
+    errors.check(
+        affinity.tolerations.len() <= MAX_TOLERATIONS,
+        "spec.affinity.tolerations",
+        || format!("must have at most {MAX_TOLERATIONS} entries"),
+    );
+    for (i, t) in affinity.tolerations.iter().enumerate() {
+        let path = format!("spec.affinity.tolerations[{i}]");
+        if let Some(key) = &t.key {
+            errors.check(formats::is_label_key(key), &format!("{path}.key"), || {
+                format!("{}, got {key:?}", cel::msg_label_key())
+            });
+        }
+        if let Some(value) = &t.value {
+            errors.check(
+                formats::is_label_value(value),
+                &format!("{path}.value"),
+                || format!("must be a label value (at most 63 letters, digits, '-', '_' and '.' starting and ending with a letter or digit, or empty), got {value:?}"),
+            );
+        }
+        let exists = t.operator == TolerationOperator::Exists;
+        errors.check(
+            t.key.is_some() || exists,
+            &format!("{path}.operator"),
+            || cel::MSG_TOLERATION_KEY_OR_EXISTS.to_string(),
+        );
+        errors.check(
+            !exists || t.value.as_deref().is_none_or(str::is_empty),
+            &format!("{path}.value"),
+            || cel::MSG_TOLERATION_EXISTS_WITHOUT_VALUE.to_string(),
+        );
+        if let Some(seconds) = t.toleration_seconds {
+            errors.check(seconds >= 0, &format!("{path}.tolerationSeconds"), || {
+                format!("must be 0 or more, got {seconds}")
+            });
+            errors.check(
+                t.effect == Some(TaintEffect::NoExecute),
+                &format!("{path}.tolerationSeconds"),
+                || cel::MSG_TOLERATION_SECONDS_NEED_NO_EXECUTE.to_string(),
+            );
+        }
     }
 }
 
@@ -763,5 +837,97 @@ bootstrap:
         ] {
             assert!(f.contains(&field.to_string()), "{field} in {f:?}");
         }
+    }
+
+    #[test]
+    fn affinity_defaults_are_valid_and_both_types_are_accepted() {
+        for yaml in [
+            "storage: {size: 1Gi}",
+            "storage: {size: 1Gi}\naffinity: {podAntiAffinityType: required}",
+            "storage: {size: 1Gi}\naffinity: {podAntiAffinityType: preferred, topologyKey: topology.kubernetes.io/zone}",
+            "storage: {size: 1Gi}\naffinity: {nodeSelector: {disktype: ssd, example.com/pool: ''}, tolerations: [{key: dedicated, value: db, effect: NoSchedule}, {operator: Exists}, {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 30}]}",
+        ] {
+            assert_eq!(validate(&spec(yaml)), Ok(()), "{yaml}");
+        }
+    }
+
+    #[test]
+    fn hostile_topology_keys_are_refused_naming_the_field() {
+        let long_prefix = format!("{}/x", "a".repeat(254));
+        let long_name = "a".repeat(64);
+        for key in [
+            "",
+            "kubernetes.io/hostname\nx",
+            "\"kubernetes.io/hostname\"",
+            "'zone'",
+            "..",
+            "../zone",
+            "$(id)",
+            "a$(reboot)b",
+            "a b",
+            "/",
+            "zone/",
+            "a/b/c",
+            "Kubernetes.io/hostname",
+            long_prefix.as_str(),
+            long_name.as_str(),
+            "h\u{43e}stname",
+        ] {
+            let mut s = spec("storage: {size: 1Gi}");
+            s.affinity.topology_key = key.to_string();
+            assert_eq!(
+                fields(validate(&s)),
+                vec!["spec.affinity.topologyKey".to_string()],
+                "{key:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn node_selectors_and_tolerations_are_checked_naming_the_field() {
+        for (yaml, field) in [
+            (
+                "affinity: {nodeSelector: {\"a b\": x}}",
+                "spec.affinity.nodeSelector",
+            ),
+            (
+                "affinity: {nodeSelector: {disktype: \"ssd\\nx\"}}",
+                "spec.affinity.nodeSelector.disktype",
+            ),
+            (
+                "affinity: {tolerations: [{key: \"$(id)\"}]}",
+                "spec.affinity.tolerations[0].key",
+            ),
+            (
+                "affinity: {tolerations: [{key: a, value: \"..\"}]}",
+                "spec.affinity.tolerations[0].value",
+            ),
+            (
+                "affinity: {tolerations: [{value: x}]}",
+                "spec.affinity.tolerations[0].operator",
+            ),
+            (
+                "affinity: {tolerations: [{key: a, operator: Exists, value: x}]}",
+                "spec.affinity.tolerations[0].value",
+            ),
+            (
+                "affinity: {tolerations: [{key: a, effect: NoSchedule, tolerationSeconds: 5}]}",
+                "spec.affinity.tolerations[0].tolerationSeconds",
+            ),
+            (
+                "affinity: {tolerations: [{key: a, effect: NoExecute, tolerationSeconds: -1}]}",
+                "spec.affinity.tolerations[0].tolerationSeconds",
+            ),
+        ] {
+            let s = spec(&format!("storage: {{size: 1Gi}}\n{yaml}"));
+            let f = fields(validate(&s));
+            assert!(f.contains(&field.to_string()), "{yaml}: {f:?}");
+        }
+        let mut many = spec("storage: {size: 1Gi}");
+        many.affinity.node_selector = (0..33).map(|i| (format!("k{i}"), "v".into())).collect();
+        assert_eq!(
+            fields(validate(&many)),
+            vec!["spec.affinity.nodeSelector".to_string()]
+        );
     }
 }

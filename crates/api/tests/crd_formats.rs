@@ -1,6 +1,6 @@
 //! Every string field the CRD checks (quantity, cron, time zone, names, bucket, URL,
 //! region, store path, image, time, LSN, pg_hba line, parameter names and values, database
-//! and owner names, Secret keys) is judged alike by the real API server (dry-run creates)
+//! and owner names, Secret keys, label keys and values) is judged alike by the real API server (dry-run creates)
 //! and by the Rust checks in `pgop_api::formats` and `validate`: first each format's own
 //! samples, then the same table of hostile values in every field.
 
@@ -118,6 +118,57 @@ fn format_base() -> Value {
         }}, "sourceCluster": "old"}},
     })
 }
+
+/// Label keys (`topologyKey`, node selector and toleration keys).
+const LABEL_KEY_SAMPLES: &[&str] = &[
+    "kubernetes.io/hostname",
+    "topology.kubernetes.io/zone",
+    "disktype",
+    "A_b.c-D",
+    "example.com/Some.Name_1",
+    "/",
+    "/name",
+    "zone/",
+    "a/b/c",
+    "Example.com/name",
+    "a..b/name",
+    "-a",
+    "a-",
+    ".a",
+    "_a",
+    "kubernetes.io/hostname\n",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    PREFIX_253,
+    PREFIX_254,
+];
+
+/// A key whose prefix is 253 characters long (the most), and one of 254.
+const PREFIX_253: &str = concat!(
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "/zone"
+);
+const PREFIX_254: &str = concat!(
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "/zone"
+);
+
+/// Label values (node selector and toleration values).
+const LABEL_VALUE_SAMPLES: &[&str] = &[
+    "ssd",
+    "",
+    "a",
+    "ssd_1.x-Y",
+    "-",
+    "a-",
+    "a/b",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+];
 
 const FORMATS: &[Format] = &[
     Format {
@@ -458,6 +509,46 @@ const FORMATS: &[Format] = &[
             "..x",
         ],
         strict: true,
+    },
+    Format {
+        name: "topology key",
+        set: |s, v| s["affinity"] = json!({"topologyKey": v}),
+        rust: formats::is_label_key,
+        samples: LABEL_KEY_SAMPLES,
+        strict: true,
+    },
+    Format {
+        name: "node selector key",
+        set: |s, v| {
+            let mut selector = serde_json::Map::new();
+            selector.insert(v.to_string(), json!("ssd"));
+            s["affinity"] = json!({"nodeSelector": selector});
+        },
+        rust: formats::is_label_key,
+        samples: LABEL_KEY_SAMPLES,
+        strict: true,
+    },
+    Format {
+        name: "node selector value",
+        set: |s, v| s["affinity"] = json!({"nodeSelector": {"disktype": v}}),
+        rust: formats::is_label_value,
+        samples: LABEL_VALUE_SAMPLES,
+        // The empty value is a label value (the hostile table's "" is accepted there).
+        strict: false,
+    },
+    Format {
+        name: "toleration key",
+        set: |s, v| s["affinity"] = json!({"tolerations": [{"key": v, "operator": "Exists"}]}),
+        rust: formats::is_label_key,
+        samples: LABEL_KEY_SAMPLES,
+        strict: true,
+    },
+    Format {
+        name: "toleration value",
+        set: |s, v| s["affinity"] = json!({"tolerations": [{"key": "dedicated", "value": v}]}),
+        rust: formats::is_label_value,
+        samples: LABEL_VALUE_SAMPLES,
+        strict: false,
     },
     Format {
         name: "source cluster",

@@ -292,6 +292,66 @@ const BAD: &[Case] = &[
         "storage: {size: 1Gi}\nbackup: {store: {s3: {bucket: pg-backups, region: 'eu`id`', credentialsSecret: {name: s3}}}}",
         "spec.backup.store.s3.region",
     ),
+    case(
+        "unknown podAntiAffinityType",
+        "storage: {size: 1Gi}\naffinity: {podAntiAffinityType: always}",
+        "spec.affinity.podAntiAffinityType",
+    ),
+    case(
+        "empty topologyKey",
+        "storage: {size: 1Gi}\naffinity: {topologyKey: ''}",
+        "spec.affinity.topologyKey",
+    ),
+    case(
+        "topologyKey with a newline",
+        "storage: {size: 1Gi}\naffinity: {topologyKey: \"kubernetes.io/hostname\\nx\"}",
+        "spec.affinity.topologyKey",
+    ),
+    case(
+        "topologyKey with a command substitution",
+        "storage: {size: 1Gi}\naffinity: {topologyKey: '$(id)'}",
+        "spec.affinity.topologyKey",
+    ),
+    case(
+        "topologyKey with a prefix longer than 253",
+        "storage: {size: 1Gi}\naffinity: {topologyKey: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa/zone}",
+        "spec.affinity.topologyKey",
+    ),
+    case(
+        "nodeSelector key with a space",
+        "storage: {size: 1Gi}\naffinity: {nodeSelector: {\"disk type\": ssd}}",
+        "spec.affinity.nodeSelector",
+    ),
+    case(
+        "nodeSelector value with quotes",
+        "storage: {size: 1Gi}\naffinity: {nodeSelector: {disktype: \"'ssd'\"}}",
+        "spec.affinity.nodeSelector.disktype",
+    ),
+    case(
+        "toleration without key or Exists",
+        "storage: {size: 1Gi}\naffinity: {tolerations: [{value: x}]}",
+        "spec.affinity.tolerations[0].operator",
+    ),
+    case(
+        "toleration with a null key and operator Equal",
+        "storage: {size: 1Gi}\naffinity: {tolerations: [{key: null, operator: Equal}]}",
+        "spec.affinity.tolerations[0].operator",
+    ),
+    case(
+        "toleration Exists with a value",
+        "storage: {size: 1Gi}\naffinity: {tolerations: [{key: a, operator: Exists, value: x}]}",
+        "spec.affinity.tolerations[0].value",
+    ),
+    case(
+        "tolerationSeconds without NoExecute",
+        "storage: {size: 1Gi}\naffinity: {tolerations: [{key: a, effect: NoSchedule, tolerationSeconds: 5}]}",
+        "spec.affinity.tolerations[0].tolerationSeconds",
+    ),
+    case(
+        "unknown taint effect",
+        "storage: {size: 1Gi}\naffinity: {tolerations: [{key: a, effect: Sometimes}]}",
+        "spec.affinity.tolerations[0].effect",
+    ),
     Case {
         what: "cluster name too long for its children's names",
         name: "a-cluster-name-that-is-far-too-long-to-fit-in-pod-names",
@@ -314,6 +374,13 @@ postgresql:
   parameters: {shared_buffers: 256MB, work_mem: 8MB, pg_stat_statements.max: "5000", search_path: "'$user', public"}
   pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5"]
 replication: {synchronous: 1, dataDurability: required}
+affinity:
+  podAntiAffinityType: required
+  topologyKey: topology.kubernetes.io/zone
+  nodeSelector: {disktype: ssd, example.com/pool: ""}
+  tolerations:
+    - {key: dedicated, value: postgres, effect: NoSchedule}
+    - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 30}
 failoverDelay: 5
 switchoverTimeout: 120
 backup:
@@ -505,6 +572,7 @@ async fn a_valid_manifest_is_accepted_and_defaulted_as_serde_defaults_it() -> Re
             "storage": {"size": "1Gi"},
             "postgresql": {},
             "replication": {"synchronous": 0, "dataDurability": "preferred"},
+            "affinity": {"podAntiAffinityType": "preferred", "topologyKey": "kubernetes.io/hostname"},
             "failoverDelay": 0,
             "switchoverTimeout": 60,
             "paused": false

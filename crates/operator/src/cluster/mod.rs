@@ -274,6 +274,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         }),
         (None, known) => known.clone(),
     };
+    let unplaced = rollout::unplaced(&observed.pods, now().0);
     let rollout_input = rollout::Input {
         instances: &named,
         pods: &observed.pods,
@@ -288,6 +289,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         restart_requested_at: restart_requested
             .as_ref()
             .and_then(|r| r.requested_at.parse().ok()),
+        unplaced: &unplaced,
     };
     let step = rollout::next(&rollout_input);
     // Health gate: a step that did not come back (or refused) blocks the rollout, and says so.
@@ -380,6 +382,13 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             pgop_api::conditions::ROLLOUT_BLOCKED,
             true,
             ("RolloutBlocked", "RolloutResumed"),
+        ),
+        condition_event(
+            cluster.status.as_ref(),
+            &status,
+            pgop_api::conditions::INSTANCES_SCHEDULED,
+            false,
+            ("InstancesUnschedulable", "InstancesScheduled"),
         ),
     ];
     patch_status(ctx, cluster, &namespace, status).await?;
@@ -825,5 +834,46 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_unschedulable_instance_raises_a_warning_once_and_a_normal_event_when_placed() {
+        use pgop_api::conditions::{INSTANCES_SCHEDULED, new_condition, set_condition};
+        use pgop_api::{PostgresClusterStatus, conditions::whole_seconds};
+        let now = whole_seconds(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        let with = |ok: bool, message: &str| {
+            let mut s = PostgresClusterStatus::default();
+            let reason = if ok { "Scheduled" } else { "Unschedulable" };
+            let c = new_condition(INSTANCES_SCHEDULED, ok, reason, message, None, now.clone());
+            set_condition(&mut s.conditions, c, now.clone());
+            s
+        };
+        let reasons = ("InstancesUnschedulable", "InstancesScheduled");
+        let event = |old: &PostgresClusterStatus, new: &PostgresClusterStatus| {
+            super::condition_event(Some(old), new, INSTANCES_SCHEDULED, false, reasons)
+                .map(|(kind, reason, message)| (kind == super::EventType::Warning, reason, message))
+        };
+        let fine = with(true, "all placed");
+        let stuck = with(false, "pod db-3 cannot be scheduled: \"0/3 nodes\"");
+        assert_eq!(
+            event(&fine, &stuck),
+            Some((
+                true,
+                "InstancesUnschedulable",
+                "pod db-3 cannot be scheduled: \"0/3 nodes\"".into()
+            ))
+        );
+        assert_eq!(
+            event(&stuck, &stuck),
+            None,
+            "no second Event while nothing changed"
+        );
+        assert_eq!(
+            event(&stuck, &fine),
+            Some((false, "InstancesScheduled", "all placed".into()))
+        );
+        assert_eq!(event(&fine, &fine), None);
     }
 }

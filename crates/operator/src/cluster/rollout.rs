@@ -10,7 +10,11 @@
 //! not ready: a rollout never takes a second instance down.
 //!
 //! - A Pod whose spec changed (its `spec-hash` annotation differs from the built one) is
-//!   deleted; the next reconcile creates it anew on the same volume.
+//!   deleted; the next reconcile creates it anew on the same volume. A Pod that was never
+//!   placed on a node (Pending: no node fits its anti-affinity or node selector) runs
+//!   nothing, so when it is outdated it is replaced first, without waiting for anything;
+//!   and once the scheduler has found no node for it for [`UNPLACED_GRACE`], the other
+//!   instances are rolled without waiting for it ([`unplaced`]).
 //! - An instance reporting parameters pending a restart is named in
 //!   `status.restartInstance`; its manager restarts PostgreSQL, and the name moves on once
 //!   it no longer reports the restart pending. Restarts wait until every instance reports
@@ -41,7 +45,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The next rollout step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +75,33 @@ pub struct Input<'a> {
     /// When the restart annotation's current value was first seen
     /// (`status.restartRequested`): postmasters started before need a restart.
     pub restart_requested_at: Option<jiff::Timestamp>,
+    /// Instances whose Pod the scheduler has found no node for since at least
+    /// [`UNPLACED_GRACE`] ([`unplaced`]): they hold nothing back.
+    pub unplaced: &'a BTreeSet<String>,
+}
+
+/// How long the scheduler must have found no node for an instance's Pod before the rollout
+/// stops waiting for that instance. Shorter waits are normal (a volume being provisioned);
+/// longer ones mean the Pod may never be placed (`required` anti-affinity with too few
+/// nodes), and waiting for it would hold back, say, the very change that lets it be placed:
+/// relaxing `required` to `preferred` must replace the other instances' Pods, whose
+/// required anti-affinity keeps it out.
+pub const UNPLACED_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The instances whose Pod has had no node for [`UNPLACED_GRACE`]: the scheduler declared
+/// it Unschedulable at least that long before `now`.
+pub fn unplaced(pods: &[Pod], now: jiff::Timestamp) -> BTreeSet<String> {
+    let Ok(grace) = jiff::SignedDuration::try_from(UNPLACED_GRACE) else {
+        return BTreeSet::new();
+    };
+    pods.iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            super::status::unschedulable_since(p)
+                .is_some_and(|since| now.duration_since(since) >= grace)
+        })
+        .map(ResourceExt::name_any)
+        .collect()
 }
 
 impl Input<'_> {
@@ -150,6 +181,7 @@ pub fn blocked(
     let not_back: Vec<String> = input
         .instances
         .iter()
+        .filter(|(name, _)| !input.unplaced.contains(name))
         .filter(|(name, _)| {
             let pod = input.pods.iter().find(|p| p.name_any() == *name);
             let running = input
@@ -196,6 +228,22 @@ fn healthy(s: &PgStatus) -> bool {
 
 pub fn next(input: &Input) -> Step {
     let roles = input.roles;
+    // A Pod no node was found for runs nothing: when it is outdated (the anti-affinity or
+    // node selector that kept it Pending was changed, say), it is replaced at once. The
+    // steps below wait for every instance to be ready, which this one never would be.
+    let never_placed = input.instances.iter().find(|(name, _)| {
+        input.pods.iter().any(|p| {
+            p.name_any() == *name
+                && p.metadata.deletion_timestamp.is_none()
+                && p.spec.as_ref().is_some_and(|s| s.node_name.is_none())
+                && input.outdated(name, p)
+        })
+    });
+    if let Some((name, _)) = never_placed {
+        return Step::Replace {
+            instance: name.clone(),
+        };
+    }
     if roles.in_transition() {
         return Step::Idle;
     }
@@ -220,6 +268,10 @@ pub fn next(input: &Input) -> Step {
     }
     let mut live: Vec<(&str, &Pod, &PgStatus)> = Vec::new();
     for (name, _) in input.instances {
+        if input.unplaced.contains(name) {
+            // No node for a while: it runs nothing, and the others are rolled without it.
+            continue;
+        }
         let pod = input.pods.iter().find(|p| p.name_any() == *name);
         let pg = input.probes.get(name).and_then(Probe::status);
         match (pod, pg) {
@@ -345,6 +397,7 @@ mod tests {
         generation: Option<i64>,
         restarting: Option<String>,
         requested_at: Option<jiff::Timestamp>,
+        unplaced: BTreeSet<String>,
     }
 
     impl World {
@@ -369,6 +422,7 @@ mod tests {
                 generation: Some(1),
                 restarting: None,
                 requested_at: None,
+                unplaced: BTreeSet::new(),
             }
         }
 
@@ -386,6 +440,7 @@ mod tests {
                 generation: self.generation,
                 restarting: self.restarting.as_deref(),
                 restart_requested_at: self.requested_at,
+                unplaced: &self.unplaced,
             }
         }
 
@@ -398,6 +453,116 @@ mod tests {
 
     fn t(s: &str) -> jiff::Timestamp {
         s.parse().expect("timestamp")
+    }
+
+    /// A Pod the scheduler could not place: a spec without a node, PodScheduled False.
+    fn pending(name: &str, hash: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "annotations": {ANNOTATION_SPEC_HASH: hash}},
+            "spec": {"containers": []},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "message": "0/3 nodes are available"}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn an_outdated_pod_that_was_never_placed_is_replaced_first_and_at_once() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        w.pods[2] = pending("db-3", "old");
+        w.probes
+            .insert("db-3".into(), Probe::Unreachable("no pod IP".into()));
+        assert_eq!(
+            w.next(&r),
+            Step::Idle,
+            "up to date: nothing to do, and nothing moves while db-3 is not ready"
+        );
+        // The spec changed (anti-affinity relaxed): every Pod is outdated. The Pending one
+        // goes first, although it is not ready and others would be replaced before it.
+        for hash in w.hashes.values_mut() {
+            *hash = "new".into();
+        }
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-3".into()
+            }
+        );
+        // Even during a change of primary: it runs nothing.
+        assert_eq!(
+            w.next(&roles("db-1", "db-2")),
+            Step::Replace {
+                instance: "db-3".into()
+            }
+        );
+        // Once it is built anew (still Pending, now up to date), the others wait for it.
+        w.pods[2] = pending("db-3", "new");
+        assert_eq!(w.next(&r), Step::Idle);
+        // A Pod on a node is never replaced while it is not ready.
+        let mut placed = pod("db-3", "old", false);
+        placed.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: Some("node-1".into()),
+            ..Default::default()
+        });
+        w.pods[2] = placed;
+        assert_eq!(w.next(&r), Step::Idle);
+    }
+
+    #[test]
+    fn an_instance_without_a_node_for_long_no_longer_holds_the_others_back() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        // db-3 is up to date but has no node (its own, or the others', required
+        // anti-affinity); db-1 and db-2 are outdated.
+        w.hashes.insert("db-1".into(), "new".into());
+        w.hashes.insert("db-2".into(), "new".into());
+        w.hashes.insert("db-3".into(), "old".into());
+        w.pods[2] = pending("db-3", "old");
+        w.probes
+            .insert("db-3".into(), Probe::Unreachable("no pod IP".into()));
+        let since = t("2026-01-01T00:00:00Z");
+        assert!(unplaced(&w.pods, t("2026-01-01T00:00:10Z")).is_empty());
+        assert_eq!(w.next(&r), Step::Idle, "a short wait for a node is normal");
+        let input = w.input(&r);
+        let stuck = blocked(
+            &input,
+            None,
+            Some(since),
+            t("2026-01-01T00:02:00Z"),
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(
+            stuck.map(|b| b.reason),
+            Some("InstanceNotBack"),
+            "without the grace, the rollout waits for db-3 and says so"
+        );
+
+        w.unplaced = unplaced(&w.pods, t("2026-01-01T00:00:31Z"));
+        assert_eq!(w.unplaced, BTreeSet::from(["db-3".to_string()]));
+        assert_eq!(
+            w.next(&r),
+            Step::Replace {
+                instance: "db-2".into()
+            },
+            "the running instances are rolled as if db-3 were not there"
+        );
+        let input = w.input(&r);
+        let stuck = blocked(
+            &input,
+            None,
+            Some(since),
+            t("2026-01-01T00:02:00Z"),
+            std::time::Duration::from_secs(60),
+        );
+        assert_eq!(
+            stuck, None,
+            "an instance with no node is not a step that did not come back"
+        );
+        w.pods[1] = pod("db-2", "new", true);
+        assert_eq!(w.next(&r), Step::Switchover { to: "db-2".into() });
     }
 
     #[test]

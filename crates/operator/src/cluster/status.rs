@@ -21,6 +21,64 @@ pub fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The scheduler's message for a Pod it found no node for: its PodScheduled condition is
+/// False with reason Unschedulable, and it has no node.
+pub fn unschedulable(pod: &Pod) -> Option<&str> {
+    if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+        return None;
+    }
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter().find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some(REASON_UNSCHEDULABLE)
+            })
+        })
+        .map(|c| c.message.as_deref().unwrap_or_default())
+}
+
+/// Since when the scheduler has found no node for a Pod (see [`unschedulable`]): its
+/// PodScheduled condition's last transition.
+pub fn unschedulable_since(pod: &Pod) -> Option<jiff::Timestamp> {
+    unschedulable(pod)?;
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0)
+}
+
+/// The reason of `InstancesScheduled=False`, and of the Pod condition it comes from.
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+
+/// Longest part of a scheduler's message quoted per Pod.
+const MAX_SCHEDULER_MESSAGE: usize = 400;
+
+/// `InstancesScheduled=False`'s message: each planned instance whose Pod the scheduler
+/// found no node for, with its words (quoted, cut to [`MAX_SCHEDULER_MESSAGE`]).
+fn unschedulable_instances(name: &str, plan: &Plan, pods: &[Pod]) -> Option<String> {
+    let all: Vec<String> = plan
+        .serials
+        .iter()
+        .filter_map(|serial| {
+            let instance = instance_name(name, *serial);
+            let pod = pods
+                .iter()
+                .find(|p| p.name_any() == instance && p.metadata.deletion_timestamp.is_none())?;
+            let words: String = unschedulable(pod)?
+                .chars()
+                .take(MAX_SCHEDULER_MESSAGE)
+                .collect();
+            Some(format!("pod {instance} cannot be scheduled: {words:?}"))
+        })
+        .collect();
+    (!all.is_empty()).then(|| all.join("; "))
+}
+
 /// What was observed of the instances, and the roles decided from it.
 pub struct Observations<'a> {
     pub pods: &'a [Pod],
@@ -115,10 +173,15 @@ pub fn compute(
         )
     );
     let all_ready = ready == desired && existing == desired && !roles.in_transition();
+    let unplaced = unschedulable_instances(&name, plan, pods);
+    // A cluster whose primary serves while an instance waits for a node that may never
+    // come is short of instances (Degraded), not still being created.
+    let serving_short = unplaced.is_some() && roles.primary.available && ready > 0;
+    let short = (was_ready || serving_short) && !all_ready;
     status.phase = Some(match roles.phase {
         Some(phase) => phase,
         None if all_ready => ClusterPhase::Ready,
-        None if was_ready => ClusterPhase::Degraded,
+        None if short => ClusterPhase::Degraded,
         None => ClusterPhase::Creating,
     });
 
@@ -230,7 +293,36 @@ pub fn compute(
     );
     set_condition(
         c,
-        if was_ready && !all_ready {
+        match &unplaced {
+            Some(message) => cond(
+                conditions::INSTANCES_SCHEDULED,
+                false,
+                REASON_UNSCHEDULABLE,
+                message.clone(),
+            ),
+            None => cond(
+                conditions::INSTANCES_SCHEDULED,
+                true,
+                "Scheduled",
+                "no instance Pod is waiting for a node the scheduler cannot find".into(),
+            ),
+        },
+        now.clone(),
+    );
+    set_condition(
+        c,
+        if short && unplaced.is_some() {
+            cond(
+                conditions::DEGRADED,
+                true,
+                "InstancesUnschedulable",
+                format!(
+                    "{} of {desired} instances are not ready; the scheduler finds no node for \
+                     some (see InstancesScheduled)",
+                    desired - ready
+                ),
+            )
+        } else if short {
             cond(
                 conditions::DEGRADED,
                 true,
@@ -539,5 +631,96 @@ mod tests {
             .expect("ConfigurationApplied");
         assert_eq!(c.status, conditions::TRUE);
         assert_eq!(c.last_transition_time, at(200));
+    }
+
+    /// A Pod the scheduler found no node for.
+    fn unplaced(name: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": []},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled",
+                "status": "False", "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 2 node(s) didn't match pod anti-affinity rules."}]}
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn an_instance_without_a_node_is_reported_and_a_serving_cluster_is_degraded() {
+        let p = plan(3, &BTreeSet::from([1, 2, 3]), 4, Some(1));
+        let short = [pod("main-1", true), pod("main-2", true), unplaced("main-3")];
+        let s = compute_with(&cluster(None), &p, &short, at(100));
+        assert_eq!(
+            s.phase,
+            Some(ClusterPhase::Degraded),
+            "the primary serves, a standby waits for a node: degraded, not creating"
+        );
+        assert_eq!(s.ready_replicas, 2);
+        let c = conditions::find_condition(&s.conditions, conditions::INSTANCES_SCHEDULED)
+            .expect("InstancesScheduled");
+        assert_eq!(c.status, conditions::FALSE);
+        assert_eq!(c.reason, REASON_UNSCHEDULABLE);
+        assert_eq!(
+            c.message,
+            "pod main-3 cannot be scheduled: \"0/3 nodes are available: 2 node(s) didn't match pod anti-affinity rules.\""
+        );
+        let d = conditions::find_condition(&s.conditions, conditions::DEGRADED).expect("Degraded");
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "InstancesUnschedulable")
+        );
+        assert!(!conditions::is_true(&s.conditions, conditions::READY));
+
+        // Placed and ready: scheduled again, Ready, and the condition's time moves.
+        let placed = [
+            pod("main-1", true),
+            pod("main-2", true),
+            pod("main-3", true),
+        ];
+        let healed = compute_with(&cluster(Some(s)), &p, &placed, at(200));
+        assert_eq!(healed.phase, Some(ClusterPhase::Ready));
+        let c = conditions::find_condition(&healed.conditions, conditions::INSTANCES_SCHEDULED)
+            .expect("InstancesScheduled");
+        assert_eq!(c.status, conditions::TRUE);
+        assert_eq!(c.last_transition_time, at(200));
+        assert!(!conditions::is_true(
+            &healed.conditions,
+            conditions::DEGRADED
+        ));
+    }
+
+    #[test]
+    fn without_a_ready_instance_an_unschedulable_cluster_is_still_creating() {
+        let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
+        let s = compute_with(
+            &cluster(None),
+            &p,
+            &[unplaced("main-1"), unplaced("main-2")],
+            at(100),
+        );
+        assert_eq!(s.phase, Some(ClusterPhase::Creating));
+        let c = conditions::find_condition(&s.conditions, conditions::INSTANCES_SCHEDULED)
+            .expect("InstancesScheduled");
+        assert!(
+            c.message.contains("pod main-1 cannot be scheduled"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message.contains("; pod main-2 cannot be scheduled"),
+            "{}",
+            c.message
+        );
+        // A Pod that is merely new (no verdict yet) or on a node is not unschedulable.
+        let new: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "main-1"}, "spec": {"containers": []}
+        }))
+        .expect("pod");
+        assert_eq!(unschedulable(&new), None);
+        let mut bound = unplaced("main-1");
+        if let Some(spec) = bound.spec.as_mut() {
+            spec.node_name = Some("node-0".into());
+        }
+        assert_eq!(unschedulable(&bound), None);
     }
 }

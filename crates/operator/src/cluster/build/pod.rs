@@ -5,12 +5,13 @@ use super::{Common, InstanceSpec, Settings, quantity};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
     HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, Probe, SeccompProfile, SecurityContext, Volume,
-    VolumeMount, WeightedPodAffinityTerm,
+    PodAntiAffinity, PodSecurityContext, PodSpec, Probe, SeccompProfile, SecurityContext,
+    Toleration, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use pgop_api::PostgresClusterSpec;
+use pgop_api::affinity::{AffinitySpec, PodAntiAffinityType};
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::constants::{
     MANAGER_PORT, MANAGER_PORT_NAME, PATH_HEALTHZ, PATH_METRICS, PATH_READYZ, POSTGRES_PORT,
@@ -88,6 +89,51 @@ fn empty_dir(name: &str) -> Volume {
         name: name.to_string(),
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
+    }
+}
+
+/// The instances' pod anti-affinity: no two instances of the cluster in one topology
+/// domain, as a weighted preference or as a rule. The preferred form over
+/// `kubernetes.io/hostname` is what every Pod had before `spec.affinity` existed, built the
+/// same way so that its spec hash (and so the Pod) does not change.
+pub fn affinity(cluster: &str, spec: &AffinitySpec) -> Affinity {
+    let term = PodAffinityTerm {
+        label_selector: Some(LabelSelector {
+            match_labels: Some([(labels::CLUSTER.to_string(), cluster.to_string())].into()),
+            ..LabelSelector::default()
+        }),
+        topology_key: spec.topology_key.clone(),
+        ..PodAffinityTerm::default()
+    };
+    let anti_affinity = match spec.pod_anti_affinity_type {
+        PodAntiAffinityType::Preferred => PodAntiAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                WeightedPodAffinityTerm {
+                    weight: 100,
+                    pod_affinity_term: term,
+                },
+            ]),
+            ..PodAntiAffinity::default()
+        },
+        PodAntiAffinityType::Required => PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![term]),
+            ..PodAntiAffinity::default()
+        },
+    };
+    Affinity {
+        pod_anti_affinity: Some(anti_affinity),
+        ..Affinity::default()
+    }
+}
+
+/// A toleration of the spec as Kubernetes writes it.
+fn toleration(t: &pgop_api::affinity::Toleration) -> Toleration {
+    Toleration {
+        key: t.key.clone(),
+        operator: Some(t.operator.as_str().to_string()),
+        value: t.value.clone(),
+        effect: t.effect.map(|e| e.as_str().to_string()),
+        toleration_seconds: t.toleration_seconds,
     }
 }
 
@@ -177,10 +223,6 @@ pub fn pod(
         }),
         ..Container::default()
     };
-    let cluster_selector = LabelSelector {
-        match_labels: Some([(labels::CLUSTER.to_string(), c.cluster.clone())].into()),
-        ..LabelSelector::default()
-    };
     let mut pod = Pod {
         metadata: c.meta(
             &instance.name,
@@ -212,23 +254,11 @@ pub fn pod(
                 }),
                 ..PodSecurityContext::default()
             }),
-            // Spread instances over nodes where the scheduler can.
-            affinity: Some(Affinity {
-                pod_anti_affinity: Some(PodAntiAffinity {
-                    preferred_during_scheduling_ignored_during_execution: Some(vec![
-                        WeightedPodAffinityTerm {
-                            weight: 100,
-                            pod_affinity_term: PodAffinityTerm {
-                                label_selector: Some(cluster_selector),
-                                topology_key: "kubernetes.io/hostname".to_string(),
-                                ..PodAffinityTerm::default()
-                            },
-                        },
-                    ]),
-                    ..PodAntiAffinity::default()
-                }),
-                ..Affinity::default()
-            }),
+            affinity: Some(affinity(&c.cluster, &spec.affinity)),
+            node_selector: (!spec.affinity.node_selector.is_empty())
+                .then(|| spec.affinity.node_selector.clone()),
+            tolerations: (!spec.affinity.tolerations.is_empty())
+                .then(|| spec.affinity.tolerations.iter().map(toleration).collect()),
             containers: vec![container],
             volumes: Some(
                 vec![

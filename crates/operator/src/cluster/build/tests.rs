@@ -337,3 +337,123 @@ fn a_spec_in_canonical_form_hashes_as_before() {
     }
     assert_eq!(super::pod::spec_hash(&p.spec), format!("{raw:016x}"));
 }
+
+/// `main-2` built from the fixture with this `spec.affinity` (YAML).
+fn pod_with_affinity(yaml: &str) -> Pod {
+    let mut cluster = fixture();
+    cluster.spec.affinity = serde_yaml::from_str(yaml).expect("affinity parses");
+    children(&cluster, &instances(), &passwords(), &Settings::default())
+        .expect("builds")
+        .pods
+        .into_iter()
+        .find(|p| p.metadata.name.as_deref() == Some("main-2"))
+        .expect("pod built")
+}
+
+fn anti_affinity(p: &Pod) -> k8s_openapi::api::core::v1::PodAntiAffinity {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.affinity.clone())
+        .and_then(|a| a.pod_anti_affinity)
+        .expect("pod anti-affinity")
+}
+
+fn selects_the_cluster(term: &k8s_openapi::api::core::v1::PodAffinityTerm) -> bool {
+    term.label_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.as_ref())
+        .is_some_and(|m| m.len() == 1 && m.get(labels::CLUSTER).map(String::as_str) == Some("main"))
+}
+
+#[test]
+fn by_default_instances_prefer_other_nodes_and_the_pod_is_unchanged() {
+    let default = pod("main-2");
+    let spelled_out =
+        pod_with_affinity("{podAntiAffinityType: preferred, topologyKey: kubernetes.io/hostname}");
+    // The same Pod (and hash) as before spec.affinity existed: the fixture holds it.
+    assert_eq!(default, spelled_out);
+    let anti = anti_affinity(&default);
+    assert_eq!(
+        anti.required_during_scheduling_ignored_during_execution,
+        None
+    );
+    let preferred = anti
+        .preferred_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    assert_eq!(preferred.len(), 1);
+    assert_eq!(preferred[0].weight, 100);
+    assert_eq!(
+        preferred[0].pod_affinity_term.topology_key,
+        "kubernetes.io/hostname"
+    );
+    assert!(selects_the_cluster(&preferred[0].pod_affinity_term));
+    let spec = default.spec.expect("spec");
+    assert_eq!(spec.node_selector, None);
+    assert_eq!(spec.tolerations, None);
+}
+
+#[test]
+fn required_anti_affinity_is_a_rule_over_the_topology_key_and_rolls_the_pods() {
+    let required = pod_with_affinity("{podAntiAffinityType: required}");
+    let anti = anti_affinity(&required);
+    assert_eq!(
+        anti.preferred_during_scheduling_ignored_during_execution,
+        None
+    );
+    let terms = anti
+        .required_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    assert_eq!(terms.len(), 1);
+    assert_eq!(terms[0].topology_key, "kubernetes.io/hostname");
+    assert!(selects_the_cluster(&terms[0]));
+
+    let zones = pod_with_affinity(
+        "{podAntiAffinityType: required, topologyKey: topology.kubernetes.io/zone}",
+    );
+    let terms = anti_affinity(&zones)
+        .required_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    assert_eq!(terms[0].topology_key, "topology.kubernetes.io/zone");
+    let preferred_zones = pod_with_affinity("{topologyKey: topology.kubernetes.io/zone}");
+    let weighted = anti_affinity(&preferred_zones)
+        .preferred_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    assert_eq!(
+        weighted[0].pod_affinity_term.topology_key,
+        "topology.kubernetes.io/zone"
+    );
+
+    // Each change is a change of the Pod spec: the rolling update replaces the Pods.
+    let hash = |p: &Pod| super::pod::spec_hash(&p.spec);
+    let hashes = [
+        hash(&pod("main-2")),
+        hash(&required),
+        hash(&zones),
+        hash(&preferred_zones),
+    ];
+    for (i, a) in hashes.iter().enumerate() {
+        for b in &hashes[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+}
+
+#[test]
+fn node_selector_and_tolerations_reach_the_pod() {
+    let p = pod_with_affinity(
+        "{nodeSelector: {disktype: ssd}, tolerations: [{key: dedicated, value: db, effect: NoSchedule}, {operator: Exists, effect: NoExecute, tolerationSeconds: 30}]}",
+    );
+    let spec = p.spec.expect("spec");
+    assert_eq!(
+        spec.node_selector,
+        Some([("disktype".to_string(), "ssd".to_string())].into())
+    );
+    let tolerations = spec.tolerations.unwrap_or_default();
+    assert_eq!(
+        serde_json::to_value(&tolerations).expect("serializes"),
+        serde_json::json!([
+            {"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"},
+            {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+        ])
+    );
+}
