@@ -48,6 +48,27 @@ pub fn binary() -> Result<PathBuf, Error> {
         .ok_or(Error::Missing)
 }
 
+/// The arguments of `s3s-fs` listening on `host:port` with [`ACCESS_KEY`] and
+/// [`SECRET_KEY`], keeping its objects under `root` (one directory per bucket).
+pub(crate) fn server_args(host: &str, port: u16, root: &Path) -> Vec<std::ffi::OsString> {
+    let port = port.to_string();
+    let mut args: Vec<std::ffi::OsString> = [
+        "--host",
+        host,
+        "--port",
+        &port,
+        "--access-key",
+        ACCESS_KEY,
+        "--secret-key",
+        SECRET_KEY,
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    args.push(root.into());
+    args
+}
+
 /// A running (or stopped) `s3s-fs`.
 pub struct S3Server {
     port: u16,
@@ -76,9 +97,7 @@ impl S3Server {
     /// Starts the server again on the same port and data.
     pub fn resume(&mut self) -> Result<(), Error> {
         let mut cmd = Command::new(binary()?);
-        cmd.args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(&self.root);
+        cmd.args(server_args("127.0.0.1", self.port, &self.root));
         let log = self.root.with_extension("log");
         let process = ManagedProcess::spawn("s3s-fs", cmd, &log).map_err(Error::Start)?;
         let started = Instant::now();

@@ -24,8 +24,10 @@ mod config;
 mod dns;
 mod holder;
 mod proxy;
+mod s3;
 mod volumes;
 
+pub use s3::{NodesS3, S3_SERVICE_PORT};
 pub use volumes::STORAGE_CLASS;
 
 pub use config::{CLUSTER_CIDR, CLUSTER_DNS, SERVICE_CIDR, node_ip, normalized_image, pod_cidr};
@@ -476,6 +478,20 @@ impl RealNodes {
             nodes.wait_dns(&client).await?;
         }
         Ok(nodes)
+    }
+
+    /// Starts an S3-compatible server (`s3s-fs`, bucket [`crate::s3::BUCKET`], keys
+    /// [`crate::s3::ACCESS_KEY`] / [`crate::s3::SECRET_KEY`]) inside the nodes' network,
+    /// listening on the switch's bridge address (`http://10.250.0.1:<port>`), where every
+    /// Pod reaches it; [`NodesS3::publish`] gives it a Service name. Its objects are kept
+    /// under this run's directory (`switch/s3/<bucket>/<key>`). Drop it before the nodes.
+    pub async fn start_s3(&self) -> Result<NodesS3, Error> {
+        let (Some(switch), Some(tree)) = (&self.switch, &self.switch_tree) else {
+            return Err(Error::NotContained("the switch is not running".into()));
+        };
+        let dir = self.workdir.path().join("switch");
+        let owner = self.workdir.path().display().to_string();
+        s3::start(switch.pid(), &tree.join_script(), &owner, &dir).await
     }
 
     /// The nodes' names, in index order.

@@ -11,6 +11,16 @@ use std::thread::JoinHandle;
 /// Binds a listener inside the network namespace of process `pid`. A thread enters the
 /// namespace, binds and exits; the socket stays in that namespace.
 pub fn listen_in(pid: u32, addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    in_netns(pid, move || {
+        let listener = std::net::TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        Ok(listener)
+    })
+}
+
+/// Runs `f` on a short-lived thread that entered the network namespace of process `pid`:
+/// the sockets it creates belong to that namespace.
+pub fn in_netns<T: Send>(pid: u32, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
     std::thread::scope(|scope| {
         scope
@@ -20,9 +30,7 @@ pub fn listen_in(pid: u32, addr: SocketAddr) -> io::Result<std::net::TcpListener
                 if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                let listener = std::net::TcpListener::bind(addr)?;
-                listener.set_nonblocking(true)?;
-                Ok(listener)
+                f()
             })
             .join()
             .map_err(|_| io::Error::other("the namespace thread panicked"))?
