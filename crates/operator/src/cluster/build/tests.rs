@@ -342,12 +342,18 @@ fn a_spec_in_canonical_form_hashes_as_before() {
 fn pod_with_affinity(yaml: &str) -> Pod {
     let mut cluster = fixture();
     cluster.spec.affinity = serde_yaml::from_str(yaml).expect("affinity parses");
-    children(&cluster, &instances(), &passwords(), &Settings::default())
-        .expect("builds")
-        .pods
-        .into_iter()
-        .find(|p| p.metadata.name.as_deref() == Some("main-2"))
-        .expect("pod built")
+    children(
+        &cluster,
+        &instances(),
+        &passwords(),
+        &Settings::default(),
+        &Budgets::new(3, false, true),
+    )
+    .expect("builds")
+    .pods
+    .into_iter()
+    .find(|p| p.metadata.name.as_deref() == Some("main-2"))
+    .expect("pod built")
 }
 
 fn anti_affinity(p: &Pod) -> k8s_openapi::api::core::v1::PodAntiAffinity {
