@@ -230,22 +230,7 @@ async fn main() -> Result {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
-    let env = RealEnv::start(3, true).await?;
-    let infra = RealEnv::on_infra();
-    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
-    env.install_operator(&extra).await?;
-    env.restricted_namespace(NS).await?;
-    env.create_cluster(
-        NS,
-        "db",
-        json!({
-            "replicas": 3,
-            "storage": {"size": "1Gi"},
-            "replication": {"synchronous": 1, "dataDurability": "required"}
-        }),
-    )
-    .await?;
-    env.wait_ready(NS, "db", 3, Duration::from_secs(300)).await;
+    let (env, _) = real::synchronous_cluster_on_three_nodes(NS).await?;
     let writer = start_writer(&env, NS, "db", "bench").await?;
 
     let mut rows = Vec::new();

@@ -24,36 +24,11 @@ fn now() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Three workload nodes and an infrastructure node, the operator installed by its chart on
-/// the latter, and a Ready 3-instance cluster `db` in `ns` (restricted) with
-/// `synchronous: 1, dataDurability: required`: one instance per workload node.
-async fn synchronous_cluster_on_three_nodes(
-    ns: &str,
-) -> Result<(RealEnv, pgop_api::PostgresCluster)> {
-    let env = RealEnv::start(3, true).await?;
-    let infra = RealEnv::on_infra();
-    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
-    env.install_operator(&extra).await?;
-    env.restricted_namespace(ns).await?;
-    env.create_cluster(
-        ns,
-        "db",
-        json!({
-            "replicas": 3,
-            "storage": {"size": "1Gi"},
-            "replication": {"synchronous": 1, "dataDurability": "required"}
-        }),
-    )
-    .await?;
-    let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
-    Ok((env, ready))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rejoins() -> Result {
     let _serial = SERIAL.lock().await;
     let ns = "faults";
-    let (env, cluster) = synchronous_cluster_on_three_nodes(ns).await?;
+    let (env, cluster) = real::synchronous_cluster_on_three_nodes(ns).await?;
     let status = cluster.status.unwrap_or_default();
     let old_primary = status.current_primary.ok_or("no primary")?;
     let mut placed = Vec::new();
@@ -84,24 +59,7 @@ async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rej
     // they are, without a clean shutdown.
     let fault = now();
     env.nodes.freeze(index)?;
-    let clusters = env.clusters(ns);
-    let new_primary = eventually(
-        "a new primary after the node hung",
-        Duration::from_secs(120),
-        || async {
-            let s = clusters
-                .get("db")
-                .await
-                .map_err(|e| e.to_string())?
-                .status
-                .unwrap_or_default();
-            match s.current_primary {
-                Some(p) if p != old_primary => Ok(p),
-                other => Err(format!("primary {other:?}, phase {:?}", s.phase)),
-            }
-        },
-    )
-    .await;
+    let new_primary = new_primary_after(&env, ns, &old_primary).await;
     let promoted = now() - fault;
     let first_write = writer.first_write_after(&env.nodes, fault).await;
     println!(
@@ -234,7 +192,7 @@ async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_
 -> Result {
     let _serial = SERIAL.lock().await;
     let ns = "pods";
-    let (env, ready) = synchronous_cluster_on_three_nodes(ns).await?;
+    let (env, ready) = real::synchronous_cluster_on_three_nodes(ns).await?;
     let mut primary = ready
         .status
         .and_then(|s| s.current_primary)
@@ -291,7 +249,7 @@ async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_
 async fn partitions_never_leave_two_writable_primaries_and_lose_no_acknowledged_write() -> Result {
     let _serial = SERIAL.lock().await;
     let ns = "partition";
-    let (env, ready) = synchronous_cluster_on_three_nodes(ns).await?;
+    let (env, ready) = real::synchronous_cluster_on_three_nodes(ns).await?;
     let mut primary = ready
         .status
         .and_then(|s| s.current_primary)
@@ -360,7 +318,7 @@ async fn partitions_never_leave_two_writable_primaries_and_lose_no_acknowledged_
 async fn draining_the_primary_node_switches_over_once_and_the_drain_completes() -> Result {
     let _serial = SERIAL.lock().await;
     let ns = "drain";
-    let (env, ready) = synchronous_cluster_on_three_nodes(ns).await?;
+    let (env, ready) = real::synchronous_cluster_on_three_nodes(ns).await?;
     let primary = ready
         .status
         .and_then(|s| s.current_primary)

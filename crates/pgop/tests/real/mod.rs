@@ -633,3 +633,26 @@ pub async fn read_ids(
     let ids = std::fs::read_to_string(env.nodes.empty_dir(index, &uid, "out").join("ids"))?;
     Ok(ids.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
+
+/// Three workload nodes and an infrastructure node, the operator installed by its chart on
+/// the latter, and a Ready 3-instance cluster `db` in `ns` (restricted) with
+/// `synchronous: 1, dataDurability: required`: one instance per workload node.
+pub async fn synchronous_cluster_on_three_nodes(ns: &str) -> Result<(RealEnv, PostgresCluster)> {
+    let env = RealEnv::start(3, true).await?;
+    let infra = RealEnv::on_infra();
+    let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
+    env.install_operator(&extra).await?;
+    env.restricted_namespace(ns).await?;
+    env.create_cluster(
+        ns,
+        "db",
+        json!({
+            "replicas": 3,
+            "storage": {"size": "1Gi"},
+            "replication": {"synchronous": 1, "dataDurability": "required"}
+        }),
+    )
+    .await?;
+    let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
+    Ok((env, ready))
+}
