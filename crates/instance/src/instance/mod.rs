@@ -617,6 +617,18 @@ impl Instance {
     /// the shutdown checkpoint included, to the connected standbys before the postmaster
     /// exits. The data stays a primary's (no standby.signal) until a rejoin.
     pub async fn step_down(&self) -> Result<(), Error> {
+        self.step_down_within(None).await
+    }
+
+    /// [`Self::step_down`], but a fast shutdown that has not finished within `bound` turns
+    /// into an immediate one. For a primary fenced by a failover (the operator could not
+    /// reach it): walsenders that cannot reach their standbys (a network partition) would
+    /// hold the fast shutdown, and the Lease with it, for the whole stop timeout, while
+    /// every acknowledged commit the failover must keep is already on the chosen standby
+    /// (`dataDurability: required`) or lost anyway with the unreachable link. Reachable
+    /// standbys still get the WAL: a fast shutdown with connected standbys ends well within
+    /// the bound.
+    pub async fn step_down_within(&self, bound: Option<Duration>) -> Result<(), Error> {
         let _op = self.ops.lock().await;
         if self.supervisor.pid().is_none() {
             return Ok(());
@@ -631,10 +643,23 @@ impl Instance {
                 tracing::warn!(error = %crate::error_chain(&err), "no connection for a CHECKPOINT before stepping down; stopping anyway");
             }
         }
-        self.supervisor
-            .stop_with(supervisor::Stop::Fast)
-            .await
-            .map_err(Error::StopPostgres)
+        let fast = self.supervisor.stop_with(supervisor::Stop::Fast);
+        let Some(bound) = bound else {
+            return fast.await.map_err(Error::StopPostgres);
+        };
+        match tokio::time::timeout(bound, fast).await {
+            Ok(stopped) => stopped.map_err(Error::StopPostgres),
+            Err(_) => {
+                tracing::warn!(
+                    ?bound,
+                    "the fast shutdown did not finish in time (standbys unreachable?): immediate shutdown"
+                );
+                self.supervisor
+                    .stop_with(supervisor::Stop::Immediate)
+                    .await
+                    .map_err(Error::StopPostgres)
+            }
+        }
     }
 
     /// Self-fencing: an immediate stop, at once, without waiting for an operation under

@@ -39,6 +39,9 @@ use std::time::{Duration, Instant};
 const SOON: Duration = Duration::from_millis(400);
 /// How soon a failed pass is retried while the primary changes.
 const RETRY_WHILE_CHANGING: Duration = Duration::from_secs(1);
+/// How long a primary fenced by a failover waits for its fast shutdown (walsenders shipping
+/// the last WAL) before an immediate one.
+const FAILOVER_STEP_DOWN_BOUND: Duration = Duration::from_secs(2);
 /// Added to `spec.failoverDelay`: how long a crashed primary stays down before restarting
 /// as the primary, if the status still names it then.
 const CRASH_HOLD_OFF_EXTRA: Duration = Duration::from_secs(10);
@@ -460,8 +463,12 @@ async fn reconcile(
         Action::Wait => return Ok(next),
         Action::Keep => {}
         Action::StepDown => {
-            tracing::info!(target = ?status.target_primary, "stepping down: another instance is to be the primary; checkpoint and clean shutdown");
-            instance.step_down().await.map_err(manage)?;
+            // Fenced by a failover (the operator lost this primary): bounded, so that a
+            // partition from the standbys does not hold the Lease for the stop timeout.
+            let failover = status.phase == Some(pgop_api::cluster::ClusterPhase::FailingOver);
+            let bound = failover.then_some(FAILOVER_STEP_DOWN_BOUND);
+            tracing::info!(target = ?status.target_primary, failover, "stepping down: another instance is to be the primary; checkpoint and clean shutdown");
+            instance.step_down_within(bound).await.map_err(manage)?;
             hold.give_up().await;
             tracing::info!("stepped down; waiting for the new primary to be confirmed");
             return Ok(Next::Soon);
