@@ -121,6 +121,27 @@ pub fn begin(pgdata: &Path, run_as: Option<RunAs>) -> Result<(), Error> {
     })
 }
 
+/// Gives an existing data directory back the mode PostgreSQL demands (0700: it refuses to
+/// start on a directory that its group may write or others may read). A kubelet applying
+/// the Pod's `fsGroup` to a volume with `fsGroupChangePolicy: Always` (the default; pgop's
+/// Pods ask for `OnRootMismatch`) adds group write permission to every file on each
+/// mount, so a Pod created anew on its old volume would find it 2770. Returns the mode it
+/// found when it changed it; nothing when PGDATA is missing or already private.
+pub fn restore_mode(pgdata: &Path) -> std::io::Result<Option<u32>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = match std::fs::metadata(pgdata) {
+        Ok(m) if m.is_dir() => m.permissions().mode() & 0o7777,
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if mode & 0o7077 == 0 {
+        return Ok(None);
+    }
+    std::fs::set_permissions(pgdata, std::fs::Permissions::from_mode(0o700))?;
+    Ok(Some(mode))
+}
+
 /// Removes the marker once the data directory is complete and durable.
 pub fn finish(pgdata: &Path) -> Result<(), Error> {
     std::fs::remove_file(marker_path(pgdata))
@@ -164,6 +185,25 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_directory_opened_to_its_group_is_made_private_again() -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pgop-restore-mode-{}", std::process::id()));
+        let pgdata = dir.join("pgdata");
+        std::fs::create_dir_all(&pgdata)?;
+        let mode = |p: &Path| -> std::io::Result<u32> {
+            Ok(std::fs::metadata(p)?.permissions().mode() & 0o7777)
+        };
+        // What a kubelet's fsGroup change leaves: group rwx and setgid.
+        std::fs::set_permissions(&pgdata, std::fs::Permissions::from_mode(0o2770))?;
+        assert_eq!(restore_mode(&pgdata)?, Some(0o2770));
+        assert_eq!(mode(&pgdata)?, 0o700);
+        assert_eq!(restore_mode(&pgdata)?, None, "already private");
+        assert_eq!(restore_mode(&dir.join("missing"))?, None);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
 
     #[test]
     fn the_marker_sits_beside_pgdata() {

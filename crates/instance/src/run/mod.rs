@@ -248,6 +248,22 @@ pub async fn run(
         release_pending: true,
         waiting_logged: false,
     };
+    // A Pod created anew on its old volume (a rolling update, a deleted Pod) may find
+    // PGDATA opened to its group by the kubelet's fsGroup change; PostgreSQL would refuse
+    // to start on it.
+    match crate::bootstrap::restore_mode(&settings.pgdata) {
+        Ok(Some(mode)) => tracing::warn!(
+            pgdata = %settings.pgdata.display(),
+            mode = format!("{mode:o}"),
+            "the data directory was not private (a volume ownership change?); made it 0700"
+        ),
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            pgdata = %settings.pgdata.display(),
+            error = %e,
+            "failed to check the data directory's mode"
+        ),
+    }
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let (addr, server) = http::bind(settings.http_listen, instance.clone(), async move {
         let _ = http_stopped.await;

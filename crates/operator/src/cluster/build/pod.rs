@@ -201,6 +201,11 @@ pub fn pod(
                 run_as_user: Some(settings.run_as_user),
                 run_as_group: Some(settings.run_as_group),
                 fs_group: Some(settings.run_as_group),
+                // Change the volume's ownership only when its root does not match already
+                // (its first mount): with `Always`, every new Pod on an old volume would
+                // find PGDATA made group-writable, which PostgreSQL refuses, and a large
+                // volume would be walked file by file at each start.
+                fs_group_change_policy: Some("OnRootMismatch".to_string()),
                 seccomp_profile: Some(SeccompProfile {
                     type_: "RuntimeDefault".to_string(),
                     ..SeccompProfile::default()
