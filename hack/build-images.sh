@@ -7,6 +7,12 @@
 #
 #   hack/build-images.sh             build what changed, print the archives
 #   hack/build-images.sh --refresh   also rebuild the Debian base and re-run apt (updates)
+#   hack/build-images.sh --next-version[=VERSION]
+#                                    also build pgop:VERSION, the same sources compiled
+#                                    with PGOP_VERSION=VERSION: a binary that reports
+#                                    VERSION, for upgrade tests (default VERSION: the
+#                                    workspace version with its patch number + 1, and
+#                                    `-next`, e.g. 0.1.1-next)
 #
 # The base rootfs is made by mmdebstrap (bookworm, minbase) and imported as a local
 # image; buildah builds images/Containerfile on it with --build-arg BASE=..., the same
@@ -14,6 +20,7 @@
 #
 #   ${PGOP_IMAGES_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/images}/
 #     pgop-<version>-<commit>.oci.tar    docker.io/library/pgop:<version>{,-<commit>}
+#     pgop-<next>-<commit>.oci.tar       docker.io/library/pgop:<next>{,-<commit>} (--next-version)
 #     pgop-pause-<version>.oci.tar       docker.io/library/pgop-pause:<version>
 #     pgop-coredns-<version>.oci.tar     docker.io/library/pgop-coredns:<coredns version>
 #     images.env                         the archives and image names, for scripts/tests
@@ -43,9 +50,12 @@ storage_driver=${PGOP_IMAGES_STORAGE_DRIVER:-overlay}
 profile=${PGOP_IMAGE_PROFILE:-release}
 
 refresh=false
+next=
 for arg in "$@"; do
   case $arg in
     --refresh) refresh=true ;;
+    --next-version) next=default ;;
+    --next-version=*) next=${arg#--next-version=} ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images: unknown argument $arg (see --help)" >&2; exit 2 ;;
   esac
@@ -78,6 +88,16 @@ B=(buildah --root "$out/storage" --runroot "$out/run" --storage-driver "$storage
 
 version=$(awk -F'"' '/^\[workspace.package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{print $2; exit}' "$repo/Cargo.toml")
 [ -n "$version" ] || die "found no [workspace.package] version in Cargo.toml"
+if [ "$next" = default ]; then
+  IFS=. read -r major minor patch <<<"${version%%-*}"
+  next=$major.$minor.$((patch + 1))-next
+fi
+# The version goes into an image tag and into the binary: semantic versions only.
+if [ -n "$next" ]; then
+  [[ $next =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$ ]] && [ ${#next} -le 64 ] ||
+    die "--next-version must be a version like 1.2.3 or 1.2.3-rc.1 (at most 64 characters), not '$next'"
+  [ "$next" != "$version" ] || die "--next-version must differ from the workspace version $version"
+fi
 commit=$(git -C "$repo" rev-parse --short HEAD)
 if [ -n "$(git -C "$repo" status --porcelain --untracked-files=no -- Cargo.toml Cargo.lock crates images)" ]; then
   commit=$commit-dirty
@@ -171,18 +191,31 @@ case $profile in
   dev) cargo_profile=() bin_dir=debug ;;
   *) die "PGOP_IMAGE_PROFILE must be release or dev, not $profile" ;;
 esac
+# Stripped: symbols and debug info are half of an unstripped binary and no Pod needs them.
+stage_binary() { # stage_binary CONTEXT-DIR
+  mkdir -p "$1"
+  strip -o "$1/pgop.tmp" "$CARGO_TARGET_DIR/$bin_dir/pgop"
+  if cmp -s "$1/pgop.tmp" "$1/pgop"; then
+    rm "$1/pgop.tmp" # keep the mtime: buildah's cache looks at content anyway
+  else
+    mv "$1/pgop.tmp" "$1/pgop"
+  fi
+}
+# The next version first: PGOP_VERSION is read by the bin crate alone (option_env!), so
+# cargo recompiles only that crate, twice (a few seconds each), and the binary left in the
+# target directory is the ordinary one, which `cargo test` then finds up to date.
+if [ -n "$next" ]; then
+  log "cargo build ${cargo_profile[*]} -p pgop --locked with PGOP_VERSION=$next"
+  t=$SECONDS
+  (cd "$repo" && PGOP_VERSION=$next cargo build "${cargo_profile[@]}" -p pgop --locked --quiet)
+  stage_binary "$out/ctx/pgop-next"
+  log "pgop binary reporting $next ready in $((SECONDS - t))s"
+fi
 log "cargo build ${cargo_profile[*]} -p pgop --locked (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
 t=$SECONDS
-(cd "$repo" && cargo build "${cargo_profile[@]}" -p pgop --locked --quiet)
+(cd "$repo" && env -u PGOP_VERSION cargo build "${cargo_profile[@]}" -p pgop --locked --quiet)
 log "pgop binary ($profile profile) ready in $((SECONDS - t))s"
-mkdir -p "$out/ctx/pgop"
-# Stripped: symbols and debug info are half of an unstripped binary and no Pod needs them.
-strip -o "$out/ctx/pgop/pgop.tmp" "$CARGO_TARGET_DIR/$bin_dir/pgop"
-if cmp -s "$out/ctx/pgop/pgop.tmp" "$out/ctx/pgop/pgop"; then
-  rm "$out/ctx/pgop/pgop.tmp" # keep the mtime: buildah's cache looks at content anyway
-else
-  mv "$out/ctx/pgop/pgop.tmp" "$out/ctx/pgop/pgop"
-fi
+stage_binary "$out/ctx/pgop"
 
 # --- the Debian base --------------------------------------------------------------------
 suite=bookworm
@@ -237,6 +270,20 @@ build_pgop() {
 }
 build pgop "$pgop_archive" "$pgop_key" build_pgop "${pgop_names[@]}"
 
+# --- pgop, the next version (--next-version) ---------------------------------------------
+next_archive=
+if [ -n "$next" ]; then
+  next_names=("docker.io/library/pgop:$next" "docker.io/library/pgop:$next-$commit")
+  next_archive=$out/pgop-$next-$commit.oci.tar
+  next_key=$(printf '%s\n' "$(sha <"$out/ctx/pgop-next/pgop")" "$(sha <"$repo/images/Containerfile")" \
+    "$base_id" "${next_names[@]}" | sha)
+  build_next() {
+    bud pgop-next "$out/ctx/pgop-next" "$repo/images/Containerfile" --build-arg "BASE=$base_tag" \
+      "${@/#/--tag=}"
+  }
+  build pgop-next "$next_archive" "$next_key" build_next "${next_names[@]}"
+fi
+
 # --- pause ------------------------------------------------------------------------------
 pause_names=("docker.io/library/pgop-pause:$version")
 pause_archive=$out/pgop-pause-$version.oci.tar
@@ -270,9 +317,11 @@ fi
 
 # --- keep the cache small ---------------------------------------------------------------
 # The three newest pgop archives stay (others may be importing an older one).
-mapfile -t old < <(find "$out" -maxdepth 1 -name "pgop-$version-*.oci.tar" -printf '%T@ %p\n' |
-  sort -rn | tail -n +4 | cut -d' ' -f2-)
-for f in "${old[@]}"; do rm -f "$f" "$f.inputs" "$f.report"; done
+for v in "$version" ${next:+"$next"}; do
+  mapfile -t old < <(find "$out" -maxdepth 1 -name "pgop-$v-*.oci.tar" -printf '%T@ %p\n' |
+    sort -rn | tail -n +4 | cut -d' ' -f2-)
+  for f in "${old[@]}"; do rm -f "$f" "$f.inputs" "$f.report"; done
+done
 "${B[@]}" rmi --prune >/dev/null 2>&1 || true
 
 {
@@ -281,6 +330,12 @@ for f in "${old[@]}"; do rm -f "$f" "$f.inputs" "$f.report"; done
   echo "PGOP_IMAGE_COMMIT=${pgop_names[1]}"
   echo "PGOP_IMAGE_ARCHIVE=$pgop_archive"
   echo "PGOP_IMAGE_PROFILE=$profile"
+  if [ -n "$next" ]; then
+    echo "PGOP_NEXT_VERSION=$next"
+    echo "PGOP_NEXT_IMAGE=${next_names[0]}"
+    echo "PGOP_NEXT_IMAGE_COMMIT=${next_names[1]}"
+    echo "PGOP_NEXT_IMAGE_ARCHIVE=$next_archive"
+  fi
   echo "PAUSE_IMAGE=${pause_names[0]}"
   echo "PAUSE_IMAGE_ARCHIVE=$pause_archive"
   if [ -n "$coredns_archive" ]; then
@@ -291,6 +346,6 @@ for f in "${old[@]}"; do rm -f "$f" "$f.inputs" "$f.report"; done
 mv "$out/images.env.tmp" "$out/images.env"
 
 log "done in $((SECONDS - t0))s; archives (ctr -n k8s.io images import FILE):"
-for f in "$pgop_archive" "$pause_archive" ${coredns_archive:+"$coredns_archive"}; do
+for f in "$pgop_archive" ${next_archive:+"$next_archive"} "$pause_archive" ${coredns_archive:+"$coredns_archive"}; do
   printf '%s\n' "$f"
 done

@@ -28,8 +28,9 @@ hack/install-s3-server.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 # The images the real-node tests import into their nodes (docs/images.md), with the
 # debug build of pgop, which the tests build anyway (a release build from nothing takes
-# about 25 minutes on 2 cores).
-PGOP_IMAGE_PROFILE=${PGOP_IMAGE_PROFILE:-dev} hack/build-images.sh >/dev/null
+# about 25 minutes on 2 cores), and a second pgop image whose binary reports the next
+# version, for the upgrade tests (e2e_real_upgrade).
+PGOP_IMAGE_PROFILE=${PGOP_IMAGE_PROFILE:-dev} hack/build-images.sh --next-version >/dev/null
 # --no-fail-fast unless the caller already passed it (before any `--`): cargo refuses
 # a flag given twice.
 no_fail_fast=(--no-fail-fast)

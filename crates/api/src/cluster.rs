@@ -754,6 +754,12 @@ pub struct InstanceStatus {
     /// Standby: the last LSN replayed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replayed_lsn: Option<String>,
+
+    /// The version of the instance manager (the pgop binary in the instance's Pod), as it
+    /// reports it on `/pg/status`; unset while it does not answer, and for managers that
+    /// predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager_version: Option<String>,
 }
 
 /// The role the instance runs in: `primary` or `replica` (the same values as the
@@ -787,6 +793,38 @@ mod tests {
             serde_json::from_value(serde_json::json!({})).expect("parses");
         assert_eq!(empty, PostgresClusterStatus::default());
         assert_eq!(empty.next_serial, 1);
+    }
+
+    /// An instance manager reads its cluster as the operator wrote it: one of another pgop
+    /// version (an upgrade, a pinned `spec.image`) may have written fields this one does
+    /// not know, or not yet those this one added.
+    #[test]
+    fn a_cluster_written_by_another_pgop_version_parses() {
+        let newer: PostgresCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "database.example.com/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": "db", "namespace": "a", "generation": 3},
+            "spec": {"replicas": 2, "storage": {"size": "1Gi"}},
+            "status": {
+                "currentPrimary": "db-1", "targetPrimary": "db-2", "nextSerial": 3,
+                "aStatusFieldFromTheFuture": true,
+                "instances": [{"name": "db-1", "serial": 1, "role": "primary",
+                               "managerVersion": "0.2.0", "somethingNew": 1}]
+            }
+        }))
+        .expect("unknown status fields are ignored");
+        let status = newer.status.expect("status");
+        assert_eq!(status.target_primary.as_deref(), Some("db-2"));
+        assert_eq!(
+            status.instances[0].manager_version.as_deref(),
+            Some("0.2.0")
+        );
+        let older: PostgresClusterStatus = serde_json::from_value(serde_json::json!({
+            "currentPrimary": "db-1", "targetPrimary": "db-1",
+            "instances": [{"name": "db-1", "serial": 1, "role": "primary", "ready": true}]
+        }))
+        .expect("an older operator's status parses");
+        assert_eq!(older.instances[0].manager_version, None);
     }
 
     #[test]

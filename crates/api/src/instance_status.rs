@@ -30,6 +30,10 @@ pub enum PgRole {
 #[serde(rename_all = "camelCase")]
 pub struct PgStatus {
     pub instance: String,
+    /// The version of the pgop binary serving this (the instance manager), as
+    /// `pgop --version` prints it. Unset from managers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manager_version: Option<String>,
     pub role: PgRole,
     /// Whether PostgreSQL answers queries.
     pub running: bool,
@@ -160,6 +164,7 @@ impl PgStatus {
     pub fn stopped(instance: &str, fenced: bool) -> Self {
         Self {
             instance: instance.to_string(),
+            manager_version: None,
             role: PgRole::Stopped,
             running: false,
             fenced,
@@ -316,5 +321,55 @@ impl BackupJob {
             databases: Vec::new(),
             error: None,
         }
+    }
+}
+
+/// The compatibility contract between an operator and the instance managers of another
+/// pgop version (an operator upgrade, a cluster that pins `spec.image`): `/pg/status` only
+/// ever gains optional fields, so each side reads what the other serves.
+#[cfg(test)]
+mod compatibility {
+    use super::*;
+
+    #[test]
+    fn an_operator_reads_the_status_of_a_manager_that_predates_fields() {
+        // What a manager of 0.1.0 before `managerVersion` served for a primary.
+        let old = r#"{"instance":"db-1","role":"primary","running":true,"fenced":false,
+            "inRecovery":false,"timeline":1,"systemIdentifier":"7300000000000000001",
+            "currentLsn":"0/3000148","streaming":false,"pendingRestart":false,
+            "appliedGeneration":2,"postgresVersion":"15.14","postgresVersionNum":150014,
+            "postmasterStartTime":"2026-12-01T10:00:00+00:00"}"#;
+        let status: PgStatus = serde_json::from_str(old).expect("the old shape parses");
+        assert_eq!(status.role, PgRole::Primary);
+        assert_eq!(status.manager_version, None);
+        assert_eq!(status.wal_position(), parse_lsn("0/3000148"));
+        // The least any manager has ever served: name, role, whether PostgreSQL runs.
+        let least: PgStatus =
+            serde_json::from_str(r#"{"instance":"db-2","role":"stopped","running":false}"#)
+                .expect("the least shape parses");
+        assert_eq!(least, PgStatus::stopped("db-2", false));
+    }
+
+    #[test]
+    fn an_operator_reads_the_status_of_a_newer_manager_with_fields_it_does_not_know() {
+        let newer = r#"{"instance":"db-2","managerVersion":"0.2.0","role":"replica",
+            "running":true,"inRecovery":true,"timeline":2,"receivedLsn":"0/5000000",
+            "replayedLsn":"0/4FFFF00","streaming":true,"aFieldFromTheFuture":{"x":[1,2]},
+            "pendingRestart":false}"#;
+        let status: PgStatus = serde_json::from_str(newer).expect("unknown fields are ignored");
+        assert_eq!(status.role, PgRole::Replica);
+        assert!(status.streaming);
+        assert_eq!(status.manager_version.as_deref(), Some("0.2.0"));
+    }
+
+    #[test]
+    fn a_status_without_a_version_is_served_without_the_field() {
+        // An older operator's strict reader never meets a `null` it did not expect.
+        let json = serde_json::to_value(PgStatus::stopped("db-1", false)).expect("json");
+        assert!(json.get("managerVersion").is_none(), "{json}");
+        let mut with = PgStatus::stopped("db-1", false);
+        with.manager_version = Some("0.1.0".into());
+        let json = serde_json::to_value(&with).expect("json");
+        assert_eq!(json["managerVersion"], "0.1.0");
     }
 }

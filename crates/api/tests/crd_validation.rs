@@ -624,6 +624,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 timeline: Some(1),
                 received_lsn: Some("0/3000060".into()),
                 replayed_lsn: None,
+                manager_version: Some("0.1.0".into()),
             },
             InstanceStatus {
                 name: "main-2".into(),
@@ -633,6 +634,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 timeline: Some(1),
                 received_lsn: Some("0/3000060".into()),
                 replayed_lsn: Some("0/3000060".into()),
+                manager_version: None,
             },
         ],
         recovery_source: None,

@@ -53,6 +53,8 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
     let decreases: Vec<String> = row.try_get(10).map_err(e)?;
     let mut status = PgStatus {
         instance: instance.to_string(),
+        // Set by the manager (`Instance::status`), not by PostgreSQL.
+        manager_version: None,
         role: if in_recovery {
             PgRole::Replica
         } else {

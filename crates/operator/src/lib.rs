@@ -74,6 +74,9 @@ pub struct Options {
     /// ([`leader`]); always run them when `None`, the default here (`pgop operator` turns
     /// it on in a cluster).
     pub leader_election: Option<LeaderElection>,
+    /// The operator's version, as `pgop --version` prints it: the `version` label of
+    /// `pgop_operator_build_info`. This crate's version by default.
+    pub version: String,
 }
 
 impl Default for Options {
@@ -84,6 +87,7 @@ impl Default for Options {
             settings: Settings::default(),
             metrics_bind_address: None,
             leader_election: None,
+            version: env!("CARGO_PKG_VERSION").to_string(),
         }
     }
 }
@@ -195,7 +199,7 @@ impl Operator {
         let mut ctx = Context::new(client.clone(), options.settings.clone());
         ctx.nodes = cluster::nodes::NodeFacts::new(node_reader);
         let ctx = Arc::new(ctx);
-        let recorded = Arc::new(metrics::Metrics::default());
+        let recorded = Arc::new(metrics::Metrics::with_version(&options.version));
         let election = options
             .leader_election
             .as_ref()

@@ -79,16 +79,31 @@ pub struct Metrics {
     errors: IntCounter,
     /// 1 while this replica leads (runs the controllers), 0 while it waits for leadership.
     leader: Gauge<i64, AtomicI64>,
+    /// `pgop_operator_build_info{version}`: always 1, with the operator's version.
+    build_info: IntGauge,
 }
 
 impl Default for Metrics {
+    /// Reports this crate's version; `pgop operator` uses [`Metrics::with_version`].
     fn default() -> Self {
+        Self::with_version(env!("CARGO_PKG_VERSION"))
+    }
+}
+
+impl Metrics {
+    /// Metrics of an operator of `version` (as `pgop --version` prints it).
+    pub fn with_version(version: &str) -> Self {
         let metrics = Self {
             durations: Histograms::new_with_constructor(duration_histogram),
             reconciles: IntCounter::default(),
             errors: IntCounter::default(),
             leader: Gauge::default(),
+            build_info: IntGauge::default(),
         };
+        metrics
+            .build_info
+            .get_or_create(&vec![("version", version.to_string())])
+            .set(1);
         // Every controller and result has a series from the start, so a rate over them
         // has a first sample at 0 instead of appearing with the first failure.
         for controller in Controller::ALL {
@@ -259,6 +274,11 @@ pub fn encode(
         "operator_leader",
         "1 while this operator replica is the leader and runs the controllers, 0 while it waits for leadership",
         metrics.leader.clone(),
+    );
+    b.registry.register(
+        "operator_build_info",
+        "Always 1, labelled with the version of this operator (pgop --version)",
+        metrics.build_info.clone(),
     );
     b.registry.register(
         "operator_reconcile_errors",
@@ -792,6 +812,21 @@ mod tests {
             .unwrap_or_default()
             .to_string();
         (code, content_type)
+    }
+
+    #[test]
+    fn the_build_info_names_the_version() {
+        let text = encode(&[], &[], &Metrics::with_version("0.2.0-next")).expect("encode");
+        has_line(&text, "# TYPE pgop_operator_build_info gauge");
+        has_line(&text, r#"pgop_operator_build_info{version="0.2.0-next"} 1"#);
+        let text = encode(&[], &[], &Metrics::default()).expect("encode");
+        has_line(
+            &text,
+            &format!(
+                r#"pgop_operator_build_info{{version="{}"}} 1"#,
+                env!("CARGO_PKG_VERSION")
+            ),
+        );
     }
 
     #[test]

@@ -848,3 +848,91 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
     home.delete().await?;
     Ok(())
 }
+
+/// Whether every label of `selector` (a matchLabels map) is in `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    selector
+        .as_mapping()
+        .is_some_and(|m| m.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// Two releases side by side in one namespace, as in a canary of a new version
+/// (docs/operator.md, "Upgrading pgop"): one per watched namespace, the second with
+/// another image tag. No object of one is an object of the other (and so neither
+/// `helm install` fails on the other's objects), their leader Leases differ, and each
+/// Deployment and Service selects its own release's Pods only. Cluster-wide, their
+/// ClusterRoles differ too. Both renderings apply to a real API server.
+#[tokio::test]
+async fn two_releases_side_by_side_share_no_object() -> Result {
+    let (plane, admin, home) = setup("helm-two-home").await?;
+    let first = TestNamespace::create(plane.config(), "helm-two-a").await?;
+    let second = TestNamespace::create(plane.config(), "helm-two-b").await?;
+    let (h, a, b) = (home.name(), first.name(), second.name());
+    let stable = template("pgop-stable", h, &namespaced(b))?;
+    let canary = template(
+        "pgop-canary",
+        h,
+        &format!("watchNamespace: {a}\nimage: {{tag: 0.1.1-next}}\n"),
+    )?;
+    let shared = |x: &[Value], y: &[Value]| -> Vec<String> {
+        let theirs = objects(y);
+        objects(x)
+            .into_iter()
+            .filter(|o| theirs.contains(o))
+            .collect()
+    };
+    assert_eq!(shared(&stable, &canary), Vec::<String>::new());
+    let cluster_wide = (
+        template("pgop-stable", h, DEFAULTS)?,
+        template("pgop-canary", h, DEFAULTS)?,
+    );
+    assert_eq!(
+        shared(&cluster_wide.0, &cluster_wide.1),
+        Vec::<String>::new()
+    );
+    let flag = |docs: &[Value], name: &str| {
+        args(docs)
+            .into_iter()
+            .find(|a| a.starts_with(name))
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        flag(&stable, "--leader-election-name="),
+        "--leader-election-name=pgop-stable-operator"
+    );
+    assert_eq!(
+        flag(&canary, "--leader-election-name="),
+        "--leader-election-name=pgop-canary-operator"
+    );
+    assert_eq!(flag(&stable, "--namespace="), format!("--namespace={b}"));
+    assert_eq!(flag(&canary, "--namespace="), format!("--namespace={a}"));
+    assert_eq!(
+        flag(&canary, "--image="),
+        "--image=pgop:0.1.1-next",
+        "the canary's instances run its image"
+    );
+    assert_eq!(flag(&stable, "--image="), format!("--image=pgop:{VERSION}"));
+    let deployment = |docs: &[Value]| one(docs, "Deployment").clone();
+    for (mine, theirs) in [(&stable, &canary), (&canary, &stable)] {
+        let pods = &deployment(mine)["spec"]["template"]["metadata"]["labels"];
+        let other_pods = &deployment(theirs)["spec"]["template"]["metadata"]["labels"];
+        let selector = &deployment(mine)["spec"]["selector"]["matchLabels"];
+        assert!(selects(selector, pods));
+        assert!(
+            !selects(selector, other_pods),
+            "a Deployment selects the other release's Pods"
+        );
+        let service = one(mine, "Service")["spec"]["selector"].clone();
+        assert!(selects(&service, pods));
+        assert!(
+            !selects(&service, other_pods),
+            "a Service selects the other release's Pods"
+        );
+    }
+    apply(&admin, &stable).await?;
+    apply(&admin, &canary).await?;
+    second.delete().await?;
+    first.delete().await?;
+    home.delete().await?;
+    Ok(())
+}

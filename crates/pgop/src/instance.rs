@@ -176,8 +176,9 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
         pgop_binary: std::env::current_exe()
             .map_err(|e| format!("failed to find the pgop binary's own path: {e}"))?,
         backup_volume_path: args.backup_volume,
+        version: crate::VERSION.to_string(),
     };
-    tracing::info!(instance = %settings.pod_name, cluster = %settings.cluster, bin = %settings.binaries.dir().display(), "starting the instance manager");
+    tracing::info!(version = crate::VERSION, instance = %settings.pod_name, cluster = %settings.cluster, bin = %settings.binaries.dir().display(), "starting the instance manager");
     pgop_instance::run::run(client, settings, crate::operator::shutdown_signal()).await?;
     tracing::info!("instance manager stopped");
     Ok(())

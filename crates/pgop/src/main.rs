@@ -10,9 +10,19 @@ use clap::{Parser, Subcommand};
 use pgop_api::error_chain;
 use std::process::ExitCode;
 
+/// The version this binary reports: `pgop --version`, the operator's log and its
+/// `pgop_operator_build_info` metric, the instance manager's `managerVersion` on
+/// `/pg/status`, and the default instance image `pgop:<version>`. The workspace version,
+/// unless `PGOP_VERSION` was set when this crate was compiled: `hack/build-images.sh
+/// --next-version` builds a second image that way, to test upgrades (docs/images.md).
+pub const VERSION: &str = match option_env!("PGOP_VERSION") {
+    Some(v) if !v.is_empty() => v,
+    _ => env!("CARGO_PKG_VERSION"),
+};
+
 /// pgop: a Kubernetes operator for highly available PostgreSQL.
 #[derive(Debug, Parser)]
-#[command(name = "pgop", version, about, long_about = None)]
+#[command(name = "pgop", version = VERSION, about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -2,7 +2,7 @@
 //! in-cluster service account.
 
 use pgop_operator::leader::DEFAULT_LEASE_NAME;
-use pgop_operator::{DEFAULT_IMAGE, LeaderElection, Options, Settings};
+use pgop_operator::{LeaderElection, Options, Settings};
 use std::net::{Ipv4Addr, SocketAddr};
 
 /// `pgop operator`'s metrics address when `--metrics-bind-address` is not given.
@@ -43,9 +43,9 @@ pub struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
     /// Image of PostgreSQL instance pods when a cluster does not name one (PostgreSQL
-    /// plus the pgop binary).
-    #[arg(long, env = "PGOP_IMAGE", default_value = DEFAULT_IMAGE)]
-    image: String,
+    /// plus the pgop binary) [default: pgop:<this binary's version>].
+    #[arg(long, env = "PGOP_IMAGE")]
+    image: Option<String>,
     /// uid instance containers run as (PostgreSQL refuses to run as root) [default: 26;
     /// `pgop dev`: the local `postgres` user].
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
@@ -145,7 +145,10 @@ impl Args {
             namespace: self.namespace,
             concurrency: self.concurrency,
             settings: Settings {
-                image: self.image,
+                image: self
+                    .image
+                    .filter(|i| !i.trim().is_empty())
+                    .unwrap_or_else(default_image),
                 run_as_user: self.instance_uid.unwrap_or(Settings::default().run_as_user),
                 run_as_group: self
                     .instance_gid
@@ -157,8 +160,14 @@ impl Args {
                 Some(BindAddress::Off) => None,
             },
             leader_election,
+            version: crate::VERSION.to_string(),
         })
     }
+}
+
+/// The image of instance pods when neither `--image` nor the cluster names one.
+pub fn default_image() -> String {
+    format!("pgop:{}", crate::VERSION)
 }
 
 pub async fn run(args: Args) -> Result<(), Error> {
@@ -166,7 +175,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
-    tracing::info!(namespace = ?options.namespace, concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
+    tracing::info!(version = crate::VERSION, namespace = ?options.namespace, concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
     pgop_operator::run(client, options, shutdown_signal())
         .await
         .map_err(|e| pgop_operator::error_chain(&e))?;
@@ -302,6 +311,17 @@ mod tests {
                 .leader_election
                 .is_none()
         );
+    }
+
+    #[test]
+    fn the_instance_image_defaults_to_this_version() {
+        let options = args(&[]).options(&outside()).expect("valid");
+        assert_eq!(options.settings.image, format!("pgop:{}", crate::VERSION));
+        assert_eq!(options.version, crate::VERSION);
+        let options = args(&["--image=registry.example/pgop:1.2.3"])
+            .options(&outside())
+            .expect("valid");
+        assert_eq!(options.settings.image, "registry.example/pgop:1.2.3");
     }
 
     #[test]

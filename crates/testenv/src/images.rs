@@ -24,6 +24,10 @@ pub struct Images {
     pub pgop: Image,
     pub pause: Image,
     pub coredns: Image,
+    /// The next version of the pgop image, for upgrade tests, with the version its binary
+    /// reports: built by `hack/build-images.sh --next-version` only. Not in
+    /// [`Images::archives`]: the tests that need it import it themselves.
+    pub next: Option<(String, Image)>,
 }
 
 impl Images {
@@ -33,6 +37,22 @@ impl Images {
             .iter()
             .map(|i| i.archive.clone())
             .collect()
+    }
+}
+
+impl Images {
+    /// The next pgop image and its version, or an error naming the command that builds it.
+    pub fn next(&self) -> Result<(&str, &Image), MissingImages> {
+        self.next
+            .as_ref()
+            .map(|(version, image)| (version.as_str(), image))
+            .ok_or_else(|| {
+                MissingImages(format!(
+                    "no next version of the pgop image (PGOP_NEXT_IMAGE in {}): build it \
+                     with `{BUILD_COMMAND} --next-version`",
+                    dir().join("images.env").display()
+                ))
+            })
     }
 }
 
@@ -73,9 +93,14 @@ pub fn built() -> Result<Images, MissingImages> {
         }
         Ok(image)
     };
+    let next = match vars.get("PGOP_NEXT_VERSION") {
+        Some(version) => Some((version.to_string(), image("PGOP_NEXT")?)),
+        None => None,
+    };
     Ok(Images {
         pgop: image("PGOP")?,
         pause: image("PAUSE")?,
         coredns: image("COREDNS")?,
+        next,
     })
 }

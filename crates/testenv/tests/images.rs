@@ -267,6 +267,28 @@ fn images_run_in_a_real_runtime() {
     );
     assert!(output.contains("answer 42"), "the query:\n{output}");
 
+    // The next version (`hack/build-images.sh --next-version`, for upgrade tests): the
+    // same sources, a binary that reports that version.
+    match (
+        images.get("PGOP_NEXT_IMAGE_ARCHIVE"),
+        images.get("PGOP_NEXT_IMAGE"),
+    ) {
+        (Some(archive), Some(next)) => {
+            containerd.ok(&["images", "import", archive]);
+            let out = containerd.run("pgop-next-version", next, &[], &["pgop", "--version"]);
+            let want = format!("pgop {}", images["PGOP_NEXT_VERSION"]);
+            assert_eq!(text(&out).trim(), want, "{next} --version");
+            assert_ne!(
+                images["PGOP_NEXT_VERSION"],
+                env!("CARGO_PKG_VERSION"),
+                "the next version differs"
+            );
+        }
+        _ => eprintln!(
+            "no next pgop image in images.env (hack/build-images.sh --next-version): not checked"
+        ),
+    }
+
     // The entrypoint is pgop.
     let out = containerd.run("pgop-image-entrypoint", pgop, &[], &[]);
     assert!(out.status.success(), "pgop --help: {}", text(&out));

@@ -156,6 +156,9 @@ pub struct Instance {
     ops: tokio::sync::Mutex<()>,
     /// Base backups taken on request (`/pg/backups`).
     backups: Arc<std::sync::Mutex<Jobs>>,
+    /// The pgop version reported as `managerVersion` on `/pg/status`
+    /// ([`Instance::with_manager_version`]); none by default.
+    manager_version: Option<String>,
 }
 
 impl std::fmt::Debug for Instance {
@@ -206,7 +209,14 @@ impl Instance {
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
+            manager_version: None,
         }
+    }
+
+    /// Reports `version` (the running pgop binary's) as `managerVersion` on `/pg/status`.
+    pub fn with_manager_version(mut self, version: &str) -> Self {
+        self.manager_version = Some(version.to_string());
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -953,6 +963,7 @@ impl Instance {
             },
             None => PgStatus::stopped(self.name(), fenced),
         };
+        status.manager_version = self.manager_version.clone();
         status.invalid_parameters = invalid;
         status.fenced = fenced;
         status.bootstrap_error = bootstrap_error;

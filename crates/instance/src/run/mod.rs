@@ -197,6 +197,8 @@ pub struct Settings {
     pub pgop_binary: PathBuf,
     /// Where a `spec.backup.store.volume` claim is mounted in the pod.
     pub backup_volume_path: PathBuf,
+    /// The running pgop binary's version, reported on `/pg/status` (`managerVersion`).
+    pub version: String,
 }
 
 /// Runs the manager until `shutdown` completes, then stops PostgreSQL cleanly.
@@ -215,25 +217,28 @@ pub async fn run(
         () = &mut shutdown => return Ok(()),
         credentials = wait_for_credentials(&client, &settings) => credentials,
     };
-    let instance = Arc::new(Instance::new(Options {
-        layout: Layout {
-            instance: settings.pod_name.clone(),
-            cluster: settings.cluster.clone(),
-            pgdata: settings.pgdata.clone(),
-            listen_addresses: settings.listen_addresses.clone(),
-            port: settings.pg_port,
-            socket_dir: settings.socket_dir.clone(),
-        },
-        binaries: settings.binaries.clone(),
-        run_as: settings.run_as,
-        credentials,
-        stop_timeout: settings.stop_timeout,
-        start_timeout: Duration::from_secs(300),
-        forward_logs: true,
-        // A crashed primary waits: the Lease is released first and the operator may fail
-        // over (see `Observed::held_off`).
-        restart_crashed_primary: false,
-    }));
+    let instance = Arc::new(
+        Instance::new(Options {
+            layout: Layout {
+                instance: settings.pod_name.clone(),
+                cluster: settings.cluster.clone(),
+                pgdata: settings.pgdata.clone(),
+                listen_addresses: settings.listen_addresses.clone(),
+                port: settings.pg_port,
+                socket_dir: settings.socket_dir.clone(),
+            },
+            binaries: settings.binaries.clone(),
+            run_as: settings.run_as,
+            credentials,
+            stop_timeout: settings.stop_timeout,
+            start_timeout: Duration::from_secs(300),
+            forward_logs: true,
+            // A crashed primary waits: the Lease is released first and the operator may fail
+            // over (see `Observed::held_off`).
+            restart_crashed_primary: false,
+        })
+        .with_manager_version(&settings.version),
+    );
     let mut hold = LeaseHold {
         lease: Arc::new(PrimaryLease::new(
             client.clone(),

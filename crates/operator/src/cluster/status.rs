@@ -136,6 +136,9 @@ pub fn compute(
                 timeline,
                 received_lsn: received,
                 replayed_lsn: replayed,
+                // Only while it answers: a Pod replaced by one of another image runs
+                // another manager, which says its version once it answers.
+                manager_version: pg.and_then(|s| s.manager_version.clone()),
                 name: instance,
                 serial: *serial,
             }

@@ -656,3 +656,83 @@ pub async fn synchronous_cluster_on_three_nodes(ns: &str) -> Result<(RealEnv, Po
     let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
     Ok((env, ready))
 }
+
+impl RealEnv {
+    /// `helm install RELEASE charts/pgop` into `pgop-system` with the pgop image `image`
+    /// (a full name, `repository:tag`) and `extra` arguments, then waits until a Pod of
+    /// that release holds its leader Lease (`<release>-operator`); returns the holder.
+    /// For several releases side by side and upgrades (e2e_real_upgrade).
+    pub async fn install_release(
+        &self,
+        release: &str,
+        image: &str,
+        extra: &[&str],
+    ) -> Result<String> {
+        let (repository, tag) = image.rsplit_once(':').ok_or("the image has no tag")?;
+        let chart = repo().join("charts/pgop").display().to_string();
+        let (repository, tag) = (
+            format!("image.repository={repository}"),
+            format!("image.tag={tag}"),
+        );
+        let mut args = vec![
+            "install",
+            release,
+            &chart,
+            "--namespace",
+            "pgop-system",
+            "--create-namespace",
+            "--set",
+            &repository,
+            "--set",
+            &tag,
+            "--wait",
+            "--timeout",
+            "180s",
+        ];
+        args.extend_from_slice(extra);
+        self.helm(&args)?;
+        self.release_leader(release, image).await
+    }
+
+    /// Waits until the leader Lease of `release` is held by a running Pod of that release
+    /// whose image is `image` (after an install, an upgrade or a rollback); returns it.
+    pub async fn release_leader(&self, release: &str, image: &str) -> Result<String> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), "pgop-system");
+        let pods = self.pods("pgop-system");
+        let lease = format!("{release}-operator");
+        let holder = eventually(
+            &format!("{release} leads with {image}"),
+            Duration::from_secs(180),
+            || async {
+                let holder = leases
+                    .get_opt(&lease)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity)
+                    .ok_or("no holder yet")?;
+                let pod = pods
+                    .get(&holder)
+                    .await
+                    .map_err(|e| format!("{holder}: {e}"))?;
+                let running = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.containers.first())
+                    .and_then(|c| c.image.clone())
+                    .unwrap_or_default();
+                if running == image || running.ends_with(&format!("/{image}")) {
+                    Ok(holder)
+                } else {
+                    Err(format!("held by {holder}, which runs {running}"))
+                }
+            },
+        )
+        .await;
+        println!(
+            "{release} leading ({holder}, {image}) at {:.1?}",
+            self.started.elapsed()
+        );
+        Ok(holder)
+    }
+}
