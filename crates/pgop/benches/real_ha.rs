@@ -3,6 +3,11 @@
 //! from each fault to the first write acknowledged through `-rw` by DNS name, median and
 //! max over `PGOP_BENCH_RUNS` runs (default 5), and the acknowledged writes lost.
 //!
+//! Two figures per fault: the first write acknowledged after it (for a switchover or a
+//! drain, writes may go on to the old primary until it steps down, so this can be ~0), and
+//! the longest gap without an acknowledged write from the fault until the cluster is
+//! Ready again (what a client felt).
+//!
 //! One 3-instance cluster (`synchronous: 1`, `dataDurability: required`) on three
 //! workload nodes, the operator (installed by its chart), CoreDNS and the writer on a
 //! fourth, infrastructure node. The writer opens a new connection for every insert (each
@@ -199,6 +204,22 @@ fn undo(env: &RealEnv, undo: Undo) -> Result {
     Ok(())
 }
 
+/// The longest time without an acknowledged write from the last one before `from` until
+/// `to` (seconds): what a client felt, whether or not writes went on to the old primary
+/// for a while (a switchover or a drain lets them).
+fn longest_gap(attempts: &[real::Attempt], from: f64, to: f64) -> f64 {
+    let mut ends: Vec<f64> = attempts.iter().filter(|a| a.ok).map(|a| a.end).collect();
+    ends.sort_by(f64::total_cmp);
+    let before = ends.iter().copied().rfind(|e| *e <= from).unwrap_or(from);
+    let mut last = before;
+    let mut longest = 0.0_f64;
+    for end in ends.iter().copied().filter(|e| *e > from && *e <= to) {
+        longest = longest.max(end - last);
+        last = end;
+    }
+    longest.max(to - last)
+}
+
 fn stats(v: &[f64]) -> (f64, f64) {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -235,34 +256,42 @@ async fn main() -> Result {
 
     let mut rows = Vec::new();
     for fault in Fault::ALL {
-        let mut times = Vec::new();
+        let (mut times, mut gaps) = (Vec::new(), Vec::new());
         for run in 0..runs {
             tokio::time::sleep(Duration::from_secs(2)).await;
             let (at, then) = inflict(&env, fault).await?;
             let first = writer.first_write_after(&env.nodes, at).await;
-            times.push(first.end - at);
-            eprintln!("{} run {}: {:.2} s", fault.what(), run + 1, first.end - at);
             undo(&env, then)?;
             env.wait_ready(NS, "db", 3, Duration::from_secs(300)).await;
+            let gap = longest_gap(&writer.read(&env.nodes), at, now());
+            eprintln!(
+                "{} run {}: first write {:.2} s after, longest gap {gap:.2} s",
+                fault.what(),
+                run + 1,
+                first.end - at
+            );
+            times.push(first.end - at);
+            gaps.push(gap);
         }
-        rows.push((fault, times));
+        rows.push((fault, times, gaps));
     }
     let (acknowledged, missing) = lost(&env, &writer).await?;
 
     println!();
-    println!("| fault (real nodes) | runs | median | max | local-node row of `--bench ha` |");
-    println!("|---|---|---|---|---|");
-    for (fault, times) in &rows {
+    println!(
+        "| fault (real nodes) | runs | first write after: median | max | longest write gap: median | max | local-node row of `--bench ha` |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (fault, times, gaps) in &rows {
         let (median, max) = stats(times);
+        let (gap_median, gap_max) = stats(gaps);
         println!(
-            "| {} | {} | {median:.2} s | {max:.2} s | {} |",
+            "| {} | {} | {median:.2} s | {max:.2} s | {gap_median:.2} s | {gap_max:.2} s | {} |",
             fault.what(),
             times.len(),
             fault.local()
         );
     }
-    println!(
-        "| acknowledged writes lost, over every fault above | {acknowledged} acknowledged | {missing} lost | | |"
-    );
+    println!("\nacknowledged writes lost over every fault above: {missing} of {acknowledged}");
     Ok(())
 }
