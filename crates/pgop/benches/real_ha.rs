@@ -141,10 +141,22 @@ async fn inflict(env: &RealEnv, fault: Fault) -> Result<(f64, Undo)> {
         }
         Fault::ContainerKilled => {
             let label = format!("io.kubernetes.pod.name={old}");
-            let id = env.nodes.crictl(
-                index,
-                &["ps", "-q", "--name", "postgres", "--label", &label],
-            )?;
+            // A container the kubelet is still restarting (back-off after an earlier
+            // kill of the same Pod) is not listed yet: wait for it.
+            let mut id = String::new();
+            for _ in 0..120 {
+                id = env.nodes.crictl(
+                    index,
+                    &["ps", "-q", "--name", "postgres", "--label", &label],
+                )?;
+                if !id.trim().is_empty() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            if id.trim().is_empty() {
+                return Err(format!("no running container for {old} on {node}").into());
+            }
             let at = now();
             env.nodes
                 .crictl(index, &["stop", "--timeout", "0", id.trim()])?;
