@@ -174,6 +174,35 @@ async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Wri
     Ok(())
 }
 
+/// SIGKILL to the instance container of `pod` on node `index` (its init, the instance
+/// manager, takes PostgreSQL with it), as the OOM killer or a crash would; returns when.
+async fn kill_container(env: &RealEnv, index: usize, pod: &str) -> Result<f64> {
+    let label = format!("io.kubernetes.pod.name={pod}");
+    let id = eventually(
+        &format!("a running container of {pod}"),
+        Duration::from_secs(120),
+        || async {
+            let id = env
+                .nodes
+                .crictl(
+                    index,
+                    &["ps", "-q", "--name", "postgres", "--label", &label],
+                )
+                .map_err(|e| e.to_string())?;
+            let id = id.trim().to_string();
+            if id.is_empty() {
+                Err("none".to_string())
+            } else {
+                Ok(id)
+            }
+        },
+    )
+    .await;
+    let fault = now();
+    env.nodes.crictl(index, &["stop", "--timeout", "0", &id])?;
+    Ok(fault)
+}
+
 /// Fault, then: writes through `-rw` resume and the cluster is Ready again with every
 /// instance. Returns (seconds to the first acknowledged write after the fault, the
 /// primary afterwards).
@@ -201,22 +230,60 @@ async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_
     tokio::time::sleep(Duration::from_secs(2)).await;
     let pods = env.pods(ns);
 
-    // The PostgreSQL container is killed: SIGKILL to its init (the instance manager),
-    // which takes PostgreSQL with it, as the OOM killer or a crash would.
+    // The PostgreSQL container is killed.
     let node = env
         .nodes
         .index_of(&env.node_of(ns, &primary).await?)
         .ok_or("node")?;
-    let label = format!("io.kubernetes.pod.name={primary}");
-    let id = env
-        .nodes
-        .crictl(node, &["ps", "-q", "--name", "postgres", "--label", &label])?;
-    let id = id.trim().to_string();
-    assert!(!id.is_empty(), "no container for {primary}");
-    let fault = now();
-    env.nodes.crictl(node, &["stop", "--timeout", "0", &id])?;
+    let killed = primary.clone();
+    let fault = kill_container(&env, node, &killed).await?;
     let (first, after) = recover(&env, ns, &writer, fault).await;
-    println!("container of {primary} killed → first write {first:.1} s after; primary now {after}");
+    println!("container of {killed} killed → first write {first:.1} s after; primary now {after}");
+
+    // Killed again once it is the primary again: the kubelet now restarts the container
+    // only after a back-off, so its manager cannot release the Lease at start; the
+    // operator, seeing the kubelet report the container stopped, releases it.
+    env.clusters(ns)
+        .patch(
+            "db",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"annotations": {
+                pgop_api::constants::ANNOTATION_SWITCHOVER_TO: killed
+            }}})),
+        )
+        .await?;
+    eventually(
+        "the killed instance is the primary again",
+        Duration::from_secs(120),
+        || async {
+            let c = env
+                .clusters(ns)
+                .get("db")
+                .await
+                .map_err(|e| e.to_string())?;
+            let s = c.status.unwrap_or_default();
+            if s.current_primary.as_deref() == Some(killed.as_str())
+                && s.target_primary == s.current_primary
+            {
+                Ok(())
+            } else {
+                Err(format!("{:?}", s.current_primary))
+            }
+        },
+    )
+    .await;
+    env.wait_ready(ns, "db", 3, Duration::from_secs(180)).await;
+    let fault = kill_container(&env, node, &killed).await?;
+    let (first, after) = recover(&env, ns, &writer, fault).await;
+    let released = events(&env, ns, "db", "LeaseReleased").await?;
+    println!(
+        "container of {killed} killed again (restart back-off) → first write {first:.1} s after; \
+         primary now {after}; {released:?}"
+    );
+    assert!(
+        released.iter().any(|m| m.contains(&killed)),
+        "no LeaseReleased Event about {killed}: {released:?}"
+    );
     primary = after;
 
     // The primary Pod is deleted (graceful), then deleted with --grace-period=0 --force.

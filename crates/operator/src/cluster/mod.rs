@@ -26,6 +26,7 @@ pub mod apply;
 pub mod build;
 pub mod dereference;
 pub mod instances;
+pub mod lease;
 pub mod nodes;
 pub mod probe;
 pub mod roles;
@@ -441,6 +442,35 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             about,
         )
         .await;
+    }
+
+    // A failover from a primary whose container the kubelet reports stopped: its Lease
+    // goes now rather than after its duration (see lease.rs).
+    if roles.in_transition() && roles.phase == Some(ClusterPhase::FailingOver) {
+        let old = observed.pods.iter().find(|p| p.name_any() == roles.current);
+        match lease::release_if_dead(&ctx.client, &namespace, &name, &roles.current, old).await {
+            Ok(true) => {
+                let note = format!(
+                    "the primary Lease held by {} was released: its container is not running",
+                    roles.current
+                );
+                tracing::info!(cluster = %key(cluster), "{note}");
+                let about = Some(roles.current.as_str());
+                publish_about(
+                    ctx,
+                    cluster,
+                    EventType::Normal,
+                    "LeaseReleased",
+                    &note,
+                    about,
+                )
+                .await;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(cluster = %key(cluster), error = %e, "releasing the Lease of a stopped primary");
+            }
+        }
     }
 
     // 9. apply, then delete what the plan removed and the outdated Pod; first, volumes
