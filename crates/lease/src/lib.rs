@@ -184,6 +184,34 @@ impl Contender {
         .await
     }
 
+    /// Records a version of the Lease seen elsewhere (a watch), held by someone else: the
+    /// clock of a takeover starts when a version is first seen, so seeing each renewal as
+    /// it happens lets a contender take over an abandoned Lease about its duration after
+    /// the last renewal, rather than its duration after it first looked. Safe: a takeover
+    /// still needs a fresh read showing that very version ([`Self::try_acquire`]), which
+    /// the holder has then not renewed since this contender first saw it.
+    pub fn observe(&self, lease: &Lease) {
+        let Some(holder) = holder_of(lease) else {
+            return;
+        };
+        if holder == self.identity {
+            return;
+        }
+        let Some(version) = lease.metadata.resource_version.clone() else {
+            return;
+        };
+        let mut observed = lock(&self.observed);
+        if observed
+            .as_ref()
+            .is_none_or(|o| o.resource_version != version)
+        {
+            *observed = Some(Observation {
+                resource_version: version,
+                since: Instant::now(),
+            });
+        }
+    }
+
     /// The current holder (`None`: absent or released).
     pub async fn holder(&self) -> Result<Option<String>, Error> {
         Ok(self

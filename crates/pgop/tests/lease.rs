@@ -159,6 +159,40 @@ async fn a_holder_that_stops_renewing_is_taken_over_only_after_the_lease_duratio
     Ok(())
 }
 
+/// A contender that saw each version as it was written (the instance manager watches the
+/// Lease) takes an abandoned Lease over the duration after the version it saw, not the
+/// duration after it first looked; a version it has not seen still restarts the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contender_that_watched_the_renewals_takes_over_from_the_last_one_it_saw() -> Result {
+    let (client, ns) = setup("lease-observe").await?;
+    let a = contender(&client, ns.name(), "demo-1");
+    let b = contender(&client, ns.name(), "demo-2");
+    let c = contender(&client, ns.name(), "demo-3");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    assert!(a.try_acquire().await?);
+    b.observe(&leases.get("demo").await?);
+    // The holder renews once more after b saw it: b has not seen that version.
+    assert!(a.try_acquire().await?);
+    tokio::time::sleep(TIMINGS.duration + Duration::from_millis(300)).await;
+    assert!(
+        !b.try_acquire().await?,
+        "taken over on a version it had not seen"
+    );
+    // Now b sees the last renewal, and it stays the last one for the Lease's duration.
+    b.observe(&leases.get("demo").await?);
+    tokio::time::sleep(TIMINGS.duration + Duration::from_millis(300)).await;
+    // c looks for the first time: its clock starts now.
+    assert!(!c.try_acquire().await?, "c took over on its first look");
+    // b saw this very version the whole duration ago: it takes over at once.
+    assert!(b.try_acquire().await?, "b did not take over");
+    assert_eq!(b.holder().await?.as_deref(), Some("demo-2"));
+    // Its own Lease, or a released one, is not an observation of someone else's.
+    b.observe(&leases.get("demo").await?);
+    assert!(b.try_acquire().await?);
+    ns.delete().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewing_holder_that_finds_another_holder_fences_itself_at_once() -> Result {
     let (client, ns) = setup("lease-lost").await?;

@@ -256,6 +256,14 @@ pub async fn run(
         release_pending: true,
         waiting_logged: false,
     };
+    // Every renewal of the primary Lease as it happens (a watch on that one object), so
+    // that a standby named to take over a primary that vanished (a lost node) waits the
+    // Lease's duration from the last renewal, not from when it was named.
+    tokio::spawn(watch_lease(
+        client.clone(),
+        settings.namespace.clone(),
+        hold.lease.clone(),
+    ));
     // A Pod created anew on its old volume (a rolling update, a deleted Pod) may find
     // PGDATA opened to its group by the kubelet's fsGroup change; PostgreSQL would refuse
     // to start on it.
@@ -775,6 +783,32 @@ async fn read_credentials(
         replication_user: key(&replication, "username")?,
         replication_password: key(&replication, "password")?,
     })
+}
+
+/// Feeds every version of the primary Lease to the contender ([`pgop_lease::Contender::observe`])
+/// until the manager exits. Errors (a missing permission, a lost connection) are retried
+/// with back-off; without the watch the takeover clock starts at the first read, as before.
+async fn watch_lease(client: kube::Client, namespace: String, lease: Arc<PrimaryLease>) {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    use kube::runtime::watcher::{Config, Event, watcher};
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client, &namespace);
+    let fields = format!("metadata.name={}", lease.name());
+    let events = watcher(api, Config::default().fields(&fields)).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut warned = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(l) | Event::InitApply(l)) => lease.observe(&l),
+            Ok(_) => {}
+            Err(err) if !warned => {
+                tracing::warn!(error = %error_chain(&err), "watching the primary Lease (retrying)");
+                warned = true;
+            }
+            Err(_) => {}
+        }
+    }
 }
 
 #[cfg(test)]

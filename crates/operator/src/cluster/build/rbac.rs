@@ -69,7 +69,7 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
             rule(
                 &["coordination.k8s.io"],
                 &["leases"],
-                &["get", "update"],
+                &["get", "list", "watch", "update"],
                 &cluster,
             ),
             rule(
