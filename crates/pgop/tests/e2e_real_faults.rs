@@ -11,7 +11,7 @@ use kube::api::Api;
 use kube::api::DeleteParams;
 use pgop_testenv::real_nodes::Cut;
 use real::{
-    RealEnv, Result, SERIAL, Writer, events, eventually, operator_log, read_ids, start_writer,
+    RealEnv, Result, SERIAL, Writer, events, eventually, operator_log, start_writer,
     start_writer_on,
 };
 use serde_json::json;
@@ -120,7 +120,7 @@ async fn a_hung_primary_node_fails_over_within_the_lease_loses_no_commit_and_rej
         now() - deleted
     );
 
-    assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
+    real::assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
     Ok(())
 }
 
@@ -144,34 +144,6 @@ async fn new_primary_after(env: &RealEnv, ns: &str, old: &str) -> String {
         },
     )
     .await
-}
-
-/// Stops the writer, reads the table through `-rw` from a Pod and checks that every write
-/// the writer saw acknowledged is there.
-async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Writer) -> Result {
-    // Every acknowledged write is in the table.
-    writer.stop(&env.nodes).await?;
-    let acknowledged: Vec<u64> = writer
-        .read(&env.nodes)
-        .into_iter()
-        .filter(|a| a.ok)
-        .map(|a| a.id)
-        .collect();
-    let stored = read_ids(env, ns, "db", &writer.table).await?;
-    let lost: Vec<u64> = acknowledged
-        .iter()
-        .copied()
-        .filter(|id| !stored.contains(id))
-        .collect();
-    println!(
-        "{} writes acknowledged, {} rows stored, {} acknowledged writes lost",
-        acknowledged.len(),
-        stored.len(),
-        lost.len()
-    );
-    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-    assert!(!acknowledged.is_empty());
-    Ok(())
 }
 
 /// SIGKILL to the instance container of `pod` on node `index` (its init, the instance
@@ -303,7 +275,7 @@ async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_
         );
         primary = after;
     }
-    assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
+    real::assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
     Ok(())
 }
 
@@ -373,7 +345,7 @@ async fn partitions_never_leave_two_writable_primaries_and_lose_no_acknowledged_
         primary = next;
     }
     for writer in writers.iter().chain([&outside]) {
-        assert_no_acknowledged_write_lost(&env, ns, writer).await?;
+        real::assert_no_acknowledged_write_lost(&env, ns, writer).await?;
     }
     Ok(())
 }
@@ -448,6 +420,6 @@ async fn draining_the_primary_node_switches_over_once_and_the_drain_completes() 
     env.kubectl(&["uncordon", &node])?;
     env.wait_ready(ns, "db", 3, Duration::from_secs(240)).await;
     println!("uncordoned: {primary} back as a standby, cluster Ready");
-    assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
+    real::assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
     Ok(())
 }

@@ -13,12 +13,12 @@ mod real;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use pgop_api::PostgresCluster;
 use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
-use real::{RealEnv, Result, SERIAL, Writer, client_pod, eventually, finished, infra_placement};
+use real::{RealEnv, Result, SERIAL, Writer, eventually};
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -331,51 +331,6 @@ fn writes_between(writer: &Writer, env: &RealEnv, from: f64, to: f64) -> (usize,
     (ok.len(), attempts.len() - ok.len(), gap)
 }
 
-/// Stops the writer and reads the table back through `-rw` from a Pod: every write the
-/// writer saw acknowledged is there.
-async fn no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Writer) -> Result {
-    writer.stop(&env.nodes).await?;
-    let acknowledged: Vec<u64> = writer
-        .read(&env.nodes)
-        .into_iter()
-        .filter(|a| a.ok)
-        .map(|a| a.id)
-        .collect();
-    let name = format!("reader-{}", writer.table);
-    let reader = client_pod(
-        &name,
-        &env.images.pgop.name,
-        "db-app",
-        &format!(
-            "psql -qAt -h db-rw.{ns}.svc.cluster.local -c 'select id from {t} order by id' \
-             > /out/ids && echo done > /dev/termination-log",
-            t = writer.table
-        ),
-        infra_placement(),
-    )?;
-    let created = env.pods(ns).create(&PostParams::default(), &reader).await?;
-    let (code, message) = finished(&env.pods(ns), &name, Duration::from_secs(120)).await;
-    assert_eq!((code, message.trim()), (0, "done"), "reader: {message}");
-    let uid = created.metadata.uid.ok_or("no uid")?;
-    let infra = env.nodes.names().len() - 1;
-    let ids = std::fs::read_to_string(env.nodes.empty_dir(infra, &uid, "out").join("ids"))?;
-    let stored: BTreeSet<u64> = ids.lines().filter_map(|l| l.trim().parse().ok()).collect();
-    let lost: Vec<u64> = acknowledged
-        .iter()
-        .copied()
-        .filter(|id| !stored.contains(id))
-        .collect();
-    println!(
-        "{} writes acknowledged in all, {} rows stored, {} acknowledged writes lost",
-        acknowledged.len(),
-        stored.len(),
-        lost.len()
-    );
-    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-    assert!(!acknowledged.is_empty());
-    Ok(())
-}
-
 fn primary_of(c: &PostgresCluster) -> Result<String> {
     Ok(c.status
         .as_ref()
@@ -527,7 +482,7 @@ async fn helm_upgrade_rolls_every_instance_once_standbys_first_with_one_switchov
         2,
         "one switchover each way"
     );
-    no_acknowledged_write_lost(&env, ns, &writer).await?;
+    real::assert_no_acknowledged_write_lost(&env, ns, &writer).await?;
     println!("done at {:.1?}", env.started.elapsed());
     Ok(())
 }
