@@ -242,19 +242,8 @@ fn stats(v: &[f64]) -> (f64, f64) {
 }
 
 async fn lost(env: &RealEnv, writer: &Writer) -> Result<(usize, usize)> {
-    writer.stop(&env.nodes).await?;
-    let acknowledged: Vec<u64> = writer
-        .read(&env.nodes)
-        .into_iter()
-        .filter(|a| a.ok)
-        .map(|a| a.id)
-        .collect();
-    let stored = real::read_ids(env, NS, "db", &writer.table).await?;
-    let missing = acknowledged
-        .iter()
-        .filter(|id| !stored.contains(id))
-        .count();
-    Ok((acknowledged.len(), missing))
+    let (acknowledged, lost) = real::acknowledged_and_lost(env, NS, writer).await?;
+    Ok((acknowledged.len(), lost.len()))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]

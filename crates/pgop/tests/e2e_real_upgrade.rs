@@ -409,16 +409,8 @@ async fn helm_upgrade_rolls_every_instance_once_standbys_first_with_one_switchov
     let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
     env.install_release("pgop", &old, &extra).await?;
     env.restricted_namespace(ns).await?;
-    env.create_cluster(
-        ns,
-        "db",
-        json!({
-            "replicas": 3,
-            "storage": {"size": "1Gi"},
-            "replication": {"synchronous": 1, "dataDurability": "required"}
-        }),
-    )
-    .await?;
+    env.create_cluster(ns, "db", real::synchronous_spec())
+        .await?;
     wait_rolled(&env, ns, "db", 3, &old, VERSION).await;
     println!("cluster Ready at {:.1?}", env.started.elapsed());
     let writer = real::start_writer(&env, ns, "db", "u").await?;

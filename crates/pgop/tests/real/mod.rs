@@ -471,16 +471,7 @@ pub async fn synchronous_cluster_on_three_nodes(ns: &str) -> Result<(RealEnv, Po
     let extra: Vec<&str> = infra.iter().map(String::as_str).collect();
     env.install_operator(&extra).await?;
     env.restricted_namespace(ns).await?;
-    env.create_cluster(
-        ns,
-        "db",
-        json!({
-            "replicas": 3,
-            "storage": {"size": "1Gi"},
-            "replication": {"synchronous": 1, "dataDurability": "required"}
-        }),
-    )
-    .await?;
+    env.create_cluster(ns, "db", synchronous_spec()).await?;
     let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
     Ok((env, ready))
 }
@@ -563,4 +554,14 @@ impl RealEnv {
         );
         Ok(holder)
     }
+}
+
+/// The spec of the real-node fault tests' cluster: 3 instances, one synchronous standby,
+/// `dataDurability: required`.
+pub fn synchronous_spec() -> serde_json::Value {
+    json!({
+        "replicas": 3,
+        "storage": {"size": "1Gi"},
+        "replication": {"synchronous": 1, "dataDurability": "required"}
+    })
 }

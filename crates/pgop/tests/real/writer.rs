@@ -184,10 +184,13 @@ pub async fn read_ids(
     Ok(ids.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
 
-/// Stops the writer, reads the table through `-rw` from a Pod and checks that every write
-/// the writer saw acknowledged is there.
-pub async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Writer) -> Result {
-    // Every acknowledged write is in the table.
+/// Stops the writer and reads the table back through `-rw` from a Pod: the writes the
+/// writer saw acknowledged, and those of them missing from the table.
+pub async fn acknowledged_and_lost(
+    env: &RealEnv,
+    ns: &str,
+    writer: &Writer,
+) -> Result<(Vec<u64>, Vec<u64>)> {
     writer.stop(&env.nodes).await?;
     let acknowledged: Vec<u64> = writer
         .read(&env.nodes)
@@ -196,15 +199,21 @@ pub async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: 
         .map(|a| a.id)
         .collect();
     let stored = read_ids(env, ns, "db", &writer.table).await?;
-    let lost: Vec<u64> = acknowledged
+    let lost = acknowledged
         .iter()
         .copied()
         .filter(|id| !stored.contains(id))
         .collect();
+    Ok((acknowledged, lost))
+}
+
+/// Stops the writer, reads the table through `-rw` from a Pod and checks that every write
+/// the writer saw acknowledged is there.
+pub async fn assert_no_acknowledged_write_lost(env: &RealEnv, ns: &str, writer: &Writer) -> Result {
+    let (acknowledged, lost) = acknowledged_and_lost(env, ns, writer).await?;
     println!(
-        "{} writes acknowledged, {} rows stored, {} acknowledged writes lost",
+        "{} writes acknowledged, {} acknowledged writes lost",
         acknowledged.len(),
-        stored.len(),
         lost.len()
     );
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
