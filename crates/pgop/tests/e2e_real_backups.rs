@@ -17,7 +17,9 @@ use pgop_api::conditions;
 use pgop_backup::config::CONFIG_FORMAT;
 use pgop_backup::{Location, S3Location, StoreConfig};
 use pgop_testenv::s3::{ACCESS_KEY, BUCKET, SECRET_KEY};
-use real::{RealEnv, Result, SERIAL, client_pod, eventually, finished, infra_placement};
+use real::{
+    RealEnv, Result, SERIAL, client_pod, eventually, finished, infra_placement, psql_retrying,
+};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -77,9 +79,9 @@ async fn ids_through_rw(env: &RealEnv, cluster: &str, pod: &str) -> Result<BTree
         env,
         pod,
         &format!("{cluster}-app"),
-        &format!(
-            "psql -qAt -h {cluster}-rw.{NS}.svc.cluster.local -c 'select id from w order by id' \
-             > /out/result"
+        &psql_retrying(
+            &format!("{cluster}-rw.{NS}.svc.cluster.local"),
+            "-c 'select id from w order by id' > /out/result",
         ),
     )
     .await?;
@@ -298,11 +300,11 @@ async fn archiving_a_scheduled_backup_pitr_and_a_logical_backup_on_real_nodes() 
         &env,
         "wal-src",
         "src-app",
-        &format!(
-            "psql -qAt -h src-rw.{NS}.svc.cluster.local \
-             -c 'create table wal_marker (at timestamptz default now())' \
+        &psql_retrying(
+            &format!("src-rw.{NS}.svc.cluster.local"),
+            "-c 'create table wal_marker (at timestamptz default now())' \
              -c 'insert into wal_marker default values' \
-             -c 'select pg_walfile_name(pg_current_wal_lsn())' > /out/result"
+             -c 'select pg_walfile_name(pg_current_wal_lsn())' > /out/result",
         ),
     )
     .await?;

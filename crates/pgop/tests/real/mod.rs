@@ -344,6 +344,18 @@ pub async fn finished(pods: &Api<Pod>, name: &str, timeout: Duration) -> (i32, S
     .await
 }
 
+/// A bash command running `psql -qAt -h <host> <args>` the way a client would: a
+/// connection that fails to open (psql's exit status 2, e.g. "No route to host" while
+/// kube-proxy has not yet programmed a Service's new endpoint, which can trail the Pod's
+/// readiness by seconds on a loaded machine) is retried once a second for up to 60 s;
+/// any other failure ends it at once with psql's status.
+pub fn psql_retrying(host: &str, args: &str) -> String {
+    format!(
+        "n=0; until psql -qAt -h {host} {args}; do s=$?; n=$((n+1)); \
+         if [ $s -ne 2 ] || [ $n -ge 60 ]; then exit $s; fi; sleep 1; done"
+    )
+}
+
 /// The restricted-compliant security settings of a client Pod of the pgop image.
 pub fn client_pod(
     name: &str,

@@ -2,7 +2,7 @@
 //! emptyDir the test reads from the node's filesystem; and the check that every write it
 //! saw acknowledged is in the table.
 
-use super::{RealEnv, Result, client_pod, eventually, finished, infra_placement};
+use super::{RealEnv, Result, client_pod, eventually, finished, infra_placement, psql_retrying};
 use kube::api::PostParams;
 use pgop_testenv::real_nodes::RealNodes;
 use std::path::PathBuf;
@@ -167,8 +167,11 @@ pub async fn read_ids(
         &env.images.pgop.name,
         &format!("{cluster}-app"),
         &format!(
-            "psql -qAt -h {cluster}-rw.{ns}.svc.cluster.local -c 'select id from {table} order by id' \
-             > /out/ids && echo done > /dev/termination-log"
+            "{} && echo done > /dev/termination-log",
+            psql_retrying(
+                &format!("{cluster}-rw.{ns}.svc.cluster.local"),
+                &format!("-c 'select id from {table} order by id' > /out/ids"),
+            )
         ),
         infra_placement(),
     )?;
