@@ -12,6 +12,7 @@ pub mod backup;
 pub mod cluster;
 pub mod leader;
 pub mod metrics;
+pub mod selector;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
@@ -40,6 +41,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// The Nodes, from a watch cache ([`cluster::nodes`]); unknown until it is filled.
     pub nodes: cluster::nodes::NodeFacts,
+    /// Which PostgresClusters this operator manages ([`Options::cluster_selector`]).
+    pub cluster_selector: Option<kube::core::Selector>,
 }
 
 impl Context {
@@ -54,6 +57,7 @@ impl Context {
             settings,
             backoff: backoff::Backoff::default(),
             nodes: cluster::nodes::NodeFacts::default(),
+            cluster_selector: None,
         }
     }
 }
@@ -63,6 +67,10 @@ impl Context {
 pub struct Options {
     /// Watch this namespace only; all namespaces when `None`.
     pub namespace: Option<String>,
+    /// Manage only the PostgresClusters whose labels match ([`selector::parse`]), and the
+    /// PostgresBackups of those clusters; all of them when `None`. Two operators with
+    /// complementary selectors split the clusters between them (a canary release).
+    pub cluster_selector: Option<kube::core::Selector>,
     /// Most clusters reconciled at the same time.
     pub concurrency: u16,
     pub settings: Settings,
@@ -83,6 +91,7 @@ impl Default for Options {
     fn default() -> Self {
         Self {
             namespace: None,
+            cluster_selector: None,
             concurrency: 4,
             settings: Settings::default(),
             metrics_bind_address: None,
@@ -198,6 +207,7 @@ impl Operator {
         let (node_reader, node_writer) = kube::runtime::reflector::store::<Node>();
         let mut ctx = Context::new(client.clone(), options.settings.clone());
         ctx.nodes = cluster::nodes::NodeFacts::new(node_reader);
+        ctx.cluster_selector = options.cluster_selector.clone();
         let ctx = Arc::new(ctx);
         let recorded = Arc::new(metrics::Metrics::with_version(&options.version));
         let election = options
@@ -224,20 +234,24 @@ impl Operator {
                 tracing::warn!(error = %error_chain(&e), "watching Nodes");
             }
         });
-        let clusters = Controller::new(
-            api::<PostgresCluster>(&client, ns),
-            watcher::Config::default(),
-        )
-        .owns(api::<Pod>(&client, ns), children.clone())
-        .owns(api::<PersistentVolumeClaim>(&client, ns), children.clone())
-        .owns(api::<Service>(&client, ns), children.clone())
-        .owns(api::<Secret>(&client, ns), children.clone())
-        .owns(api::<PodDisruptionBudget>(&client, ns), children.clone())
-        .owns(api::<ServiceAccount>(&client, ns), children.clone())
-        .owns(api::<Role>(&client, ns), children.clone())
-        .owns(api::<RoleBinding>(&client, ns), children)
-        .with_config(controller::Config::default().concurrency(options.concurrency))
-        .graceful_shutdown_on(stopped());
+        // With a selector the API server sends only the selected clusters: a cluster
+        // relabelled out of it leaves the store (and this operator leaves it alone), one
+        // relabelled into it arrives as new.
+        let selected = match &options.cluster_selector {
+            Some(selector) => watcher::Config::default().labels_from(selector),
+            None => watcher::Config::default(),
+        };
+        let clusters = Controller::new(api::<PostgresCluster>(&client, ns), selected)
+            .owns(api::<Pod>(&client, ns), children.clone())
+            .owns(api::<PersistentVolumeClaim>(&client, ns), children.clone())
+            .owns(api::<Service>(&client, ns), children.clone())
+            .owns(api::<Secret>(&client, ns), children.clone())
+            .owns(api::<PodDisruptionBudget>(&client, ns), children.clone())
+            .owns(api::<ServiceAccount>(&client, ns), children.clone())
+            .owns(api::<Role>(&client, ns), children.clone())
+            .owns(api::<RoleBinding>(&client, ns), children)
+            .with_config(controller::Config::default().concurrency(options.concurrency))
+            .graceful_shutdown_on(stopped());
         let cluster_store = clusters.store();
         let m = recorded.clone();
         let clusters = clusters
@@ -257,6 +271,11 @@ impl Operator {
                 match result {
                     Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
                     Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
+                    // A child changed whose cluster is not in the store: the cluster was
+                    // just deleted, or another operator manages it (--cluster-selector).
+                    Err(controller::Error::ObjectNotFound(obj)) => {
+                        tracing::trace!(cluster = %obj, "not managed here (or deleted)")
+                    }
                     Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
                 }
             });
@@ -295,6 +314,7 @@ impl Operator {
                 metrics: recorded.clone(),
                 clusters: cluster_store,
                 backups: backup_store,
+                selective: options.cluster_selector.is_some(),
             });
             let serve = axum::serve(listener, router).with_graceful_shutdown(stopped());
             let stopped = stopped();

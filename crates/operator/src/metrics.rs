@@ -419,6 +419,10 @@ pub struct Sources {
     pub metrics: Arc<Metrics>,
     pub clusters: Store<PostgresCluster>,
     pub backups: Store<PostgresBackup>,
+    /// Whether the operator manages only selected clusters (`--cluster-selector`): then
+    /// only the backups of the clusters in the store are reported, so that two operators
+    /// side by side never both report one backup.
+    pub selective: bool,
 }
 
 impl Sources {
@@ -468,9 +472,26 @@ async fn readyz(State(sources): State<Arc<Sources>>) -> (StatusCode, &'static st
     }
 }
 
+/// The backups to report: all of them, or with `selective` only those of the clusters
+/// (namespace and name) in `clusters`.
+fn reported_backups(
+    clusters: &[Arc<PostgresCluster>],
+    mut backups: Vec<Arc<PostgresBackup>>,
+    selective: bool,
+) -> Vec<Arc<PostgresBackup>> {
+    if selective {
+        backups.retain(|b| {
+            clusters
+                .iter()
+                .any(|c| c.namespace() == b.namespace() && c.name_any() == b.spec.cluster.name)
+        });
+    }
+    backups
+}
+
 async fn serve_metrics(State(sources): State<Arc<Sources>>) -> Response {
     let clusters = sources.clusters.state();
-    let backups = sources.backups.state();
+    let backups = reported_backups(&clusters, sources.backups.state(), sources.selective);
     match encode(&clusters, &backups, &sources.metrics) {
         Ok(body) => ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
         Err(std::fmt::Error) => (
@@ -846,6 +867,28 @@ mod tests {
         has_line(&text, "pgop_operator_leader 0");
     }
 
+    #[test]
+    fn a_selective_operator_reports_only_the_backups_of_its_clusters() {
+        let backups = || {
+            vec![
+                backup("prod", "mine", "main", Some("Completed")),
+                backup("prod", "theirs", "other", Some("Completed")),
+                backup("dev", "same-name-elsewhere", "main", None),
+            ]
+        };
+        let clusters = [ready_cluster()]; // prod/main
+        let names =
+            |b: Vec<Arc<PostgresBackup>>| b.iter().map(|b| b.name_any()).collect::<Vec<_>>();
+        assert_eq!(
+            names(reported_backups(&clusters, backups(), true)),
+            ["mine"]
+        );
+        assert_eq!(
+            names(reported_backups(&clusters, backups(), false)),
+            ["mine", "theirs", "same-name-elsewhere"]
+        );
+    }
+
     /// A standby (not leading, its controllers not started, so its stores never list) is
     /// healthy and ready; once it leads, it is ready only after the first lists.
     #[tokio::test]
@@ -859,6 +902,7 @@ mod tests {
             metrics: metrics.clone(),
             clusters,
             backups,
+            selective: false,
         });
         assert_eq!(status(&router, "/healthz").await.0, 200);
         assert_eq!(status(&router, "/readyz").await.0, 200, "standby");
@@ -888,6 +932,7 @@ mod tests {
             metrics,
             clusters,
             backups,
+            selective: false,
         });
         assert_eq!(status(&router, "/healthz").await.0, 200);
         assert_eq!(status(&router, "/readyz").await.0, 503);

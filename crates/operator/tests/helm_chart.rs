@@ -347,6 +347,7 @@ image: {repository: registry.example/pgop, tag: 1.2.3, pullPolicy: Always}
 imagePullSecrets: [{name: regcred}]
 instances: {image: registry.example/pgop-postgres:15, runAsUser: 1001, runAsGroup: 1002}
 logLevel: info,pgop_operator=debug
+clusterSelector: 'pgop.example.com/channel in (canary, next),!legacy'
 concurrency: 8
 leaderElection: {enabled: false}
 serviceAccount: {annotations: {example.com/role: pgop}}
@@ -408,6 +409,11 @@ fn values_the_operator_cannot_honour_are_refused() -> Result {
         ("instances: {runAsUser: 0}\n", "runAsUser"),
         ("metrics: {port: 70000}\n", "port"),
         ("image: {pullPolicy: Sometimes}\n", "pullPolicy"),
+        // A selector is a label selector and nothing else: no quotes, `$( )` or newlines
+        // reach the operator's command line (the operator checks the grammar itself).
+        ("clusterSelector: 'a=$(reboot)'\n", "clusterSelector"),
+        ("clusterSelector: \"a=x\\nb=y\"\n", "clusterSelector"),
+        ("clusterSelector: \"a='x'\"\n", "clusterSelector"),
     ];
     for (values, expected) in refused {
         match template("refused", "pgop-system", values) {
@@ -666,6 +672,7 @@ async fn custom_image_resources_and_scheduling_render_and_apply() -> Result {
             "--metrics-bind-address=0.0.0.0:8080",
             "--image=registry.example/pgop-postgres:15",
             "--concurrency=8",
+            "--cluster-selector=pgop.example.com/channel in (canary, next),!legacy",
             "--leader-elect=false",
             "--instance-uid=1001",
             "--instance-gid=1002",

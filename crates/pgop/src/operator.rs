@@ -39,6 +39,14 @@ pub struct Args {
     /// Watch only this namespace (all namespaces when unset).
     #[arg(long, env = "PGOP_NAMESPACE")]
     namespace: Option<String>,
+    /// Manage only the PostgresClusters whose labels match this label selector (`kubectl
+    /// -l` syntax: `key=value`, `key!=value`, `key`, `!key`, `key in (a,b)`, `key notin
+    /// (a,b)`, joined by commas), and the PostgresBackups of those clusters [default:
+    /// every cluster]. Two operators with complementary selectors, such as
+    /// `pgop.example.com/channel=canary` and `pgop.example.com/channel!=canary`, split the
+    /// clusters between them.
+    #[arg(long, env = "PGOP_CLUSTER_SELECTOR", value_name = "SELECTOR", value_parser = pgop_operator::selector::parse)]
+    cluster_selector: Option<kube::core::Selector>,
     /// Most clusters reconciled at the same time.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
@@ -143,6 +151,7 @@ impl Args {
         let leader_election = self.leader_election(env)?;
         Ok(Options {
             namespace: self.namespace,
+            cluster_selector: self.cluster_selector,
             concurrency: self.concurrency,
             settings: Settings {
                 image: self
@@ -175,7 +184,7 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
-    tracing::info!(version = crate::VERSION, namespace = ?options.namespace, concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
+    tracing::info!(version = crate::VERSION, namespace = ?options.namespace, cluster_selector = ?options.cluster_selector.as_ref().map(ToString::to_string), concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
     pgop_operator::run(client, options, shutdown_signal())
         .await
         .map_err(|e| pgop_operator::error_chain(&e))?;
@@ -322,6 +331,26 @@ mod tests {
             .options(&outside())
             .expect("valid");
         assert_eq!(options.settings.image, "registry.example/pgop:1.2.3");
+    }
+
+    #[test]
+    fn the_cluster_selector_reaches_the_options_and_a_bad_one_names_the_flag() {
+        let options = args(&[]).options(&outside()).expect("valid");
+        assert!(options.cluster_selector.is_none());
+        let options = args(&["--cluster-selector=pgop.example.com/channel!=canary"])
+            .options(&outside())
+            .expect("valid");
+        assert_eq!(
+            options.cluster_selector.map(|s| s.to_string()).as_deref(),
+            Some("pgop.example.com/channel!=canary")
+        );
+        let refused = Cli::try_parse_from(["pgop", "--cluster-selector=a=$(reboot)"])
+            .expect_err("a hostile value");
+        let message = refused.to_string();
+        assert!(
+            message.contains("--cluster-selector") && message.contains("not a label value"),
+            "{message}"
+        );
     }
 
     #[test]

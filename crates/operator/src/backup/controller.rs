@@ -88,6 +88,9 @@ pub fn choose_instance(status: &PostgresClusterStatus, method: BackupMethod) -> 
     }
 }
 
+/// How often a backup of a cluster that another operator manages is looked at again.
+const NOT_MANAGED_RECHECK: Duration = Duration::from_secs(60);
+
 pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = backup.namespace().ok_or(Error::NoNamespace)?;
     let name = backup.name_any();
@@ -116,6 +119,12 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
         )
         .await;
     };
+    // Another operator's cluster (--cluster-selector): its operator takes the backup. Look
+    // again later, in case the cluster is relabelled into this operator's selection.
+    if !crate::selector::manages(ctx.cluster_selector.as_ref(), cluster.labels()) {
+        tracing::debug!(backup = %name, cluster = %cluster_name, "the cluster is not managed here");
+        return Ok(Action::requeue(NOT_MANAGED_RECHECK));
+    }
     if cluster
         .spec
         .backup
