@@ -13,7 +13,7 @@ mod real;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use pgop_api::PostgresCluster;
 use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
 use real::{RealEnv, Result, SERIAL, Writer, eventually};
@@ -533,49 +533,74 @@ async fn pod_uids(env: &RealEnv, ns: &str, cluster: &str) -> Result<BTreeMap<Str
         .collect())
 }
 
+/// The label the two releases' `clusterSelector`s split the clusters by.
+const CHANNEL: &str = "pgop.example.com/channel";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_canary_release_upgrades_one_namespace_and_mixed_versions_switch_over() -> Result {
+async fn a_canary_release_upgrades_its_labelled_clusters_and_mixed_versions_switch_over() -> Result
+{
     let _serial = SERIAL.lock().await;
     let (env, next_version, next) = env_with_both_images().await?;
     let old = env.images.pgop.name.clone();
-    let (canary, stable) = ("canary", "stable");
+    let ns = "apps";
     let infra = RealEnv::on_infra();
-    // Two releases of the old version, one per namespace (each watches one).
-    for (release, ns) in [("pgop-a", canary), ("pgop-b", stable)] {
-        env.restricted_namespace(ns).await?;
-        let watch = format!("watchNamespace={ns}");
+    env.restricted_namespace(ns).await?;
+    // Two releases of the old version, both watching every namespace: pgop-a the clusters
+    // labelled for the canary, pgop-b the rest (complementary selectors).
+    for (release, selector) in [
+        ("pgop-a", format!("clusterSelector={CHANNEL}=canary")),
+        ("pgop-b", format!("clusterSelector={CHANNEL}!=canary")),
+    ] {
         let mut extra: Vec<&str> = infra.iter().map(String::as_str).collect();
-        extra.extend_from_slice(&["--set", &watch]);
+        extra.extend_from_slice(&["--set-string", &selector]);
         env.install_release(release, &old, &extra).await?;
     }
-    let spec = |image: Option<&str>| {
-        let mut spec = json!({"replicas": 2, "storage": {"size": "1Gi"}});
+    // Canary: `db` follows its operator's image, `pinned` pins the old one. The rest:
+    // `rest` follows its operator's image, `next` pins the next one under the old operator.
+    for (name, canary, replicas, image) in [
+        ("db", true, 2, None),
+        ("pinned", true, 2, Some(&old)),
+        ("rest", false, 1, None),
+        ("next", false, 2, Some(&next)),
+    ] {
+        let mut spec = json!({"replicas": replicas, "storage": {"size": "1Gi"}});
         if let Some(image) = image {
             spec["image"] = json!(image);
         }
-        spec
-    };
-    // canary/db follows its operator's image; canary/pinned pins the old one;
-    // stable/pinned pins the next one under the old operator.
-    env.create_cluster(canary, "db", spec(None)).await?;
-    env.create_cluster(canary, "pinned", spec(Some(&old)))
-        .await?;
-    env.create_cluster(stable, "pinned", spec(Some(&next)))
-        .await?;
-    wait_rolled(&env, canary, "db", 2, &old, VERSION).await;
-    wait_rolled(&env, canary, "pinned", 2, &old, VERSION).await;
-    wait_rolled(&env, stable, "pinned", 2, &next, &next_version).await;
-    println!("three clusters Ready at {:.1?}", env.started.elapsed());
+        let labels = if canary {
+            json!({CHANNEL: "canary"})
+        } else {
+            json!({})
+        };
+        let cluster = serde_json::from_value::<PostgresCluster>(json!({
+            "apiVersion": "database.example.com/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec
+        }))?;
+        env.clusters(ns)
+            .create(&PostParams::default(), &cluster)
+            .await?;
+    }
+    wait_rolled(&env, ns, "db", 2, &old, VERSION).await;
+    wait_rolled(&env, ns, "pinned", 2, &old, VERSION).await;
+    wait_rolled(&env, ns, "rest", 1, &old, VERSION).await;
+    wait_rolled(&env, ns, "next", 2, &next, &next_version).await;
+    println!("four clusters Ready at {:.1?}", env.started.elapsed());
 
     // An old operator with new instance managers: a switchover.
-    let took = switchover(&env, stable, "pinned").await?;
+    let took = switchover(&env, ns, "next").await?;
     println!("operator {VERSION}, managers {next_version}: switchover in {took:.1} s");
 
-    // The canary: release pgop-a moves to the next version; only its namespace follows.
-    let untouched = (
-        pod_uids(&env, canary, "pinned").await?,
-        pod_uids(&env, stable, "pinned").await?,
-    );
+    // The canary: release pgop-a moves to the next version; only its clusters follow.
+    let untouched = || async {
+        let mut uids = BTreeMap::new();
+        for cluster in ["pinned", "rest", "next"] {
+            uids.insert(cluster, pod_uids(&env, ns, cluster).await?);
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(uids)
+    };
+    let before = untouched().await?;
     let chart = real::repo().join("charts/pgop").display().to_string();
     let tag = format!(
         "image.tag={}",
@@ -596,27 +621,42 @@ async fn a_canary_release_upgrades_one_namespace_and_mixed_versions_switch_over(
         "180s",
     ])?;
     env.release_leader("pgop-a", &next).await?;
-    wait_rolled(&env, canary, "db", 2, &next, &next_version).await;
+    wait_rolled(&env, ns, "db", 2, &next, &next_version).await;
     println!(
-        "canary: pgop-a at {next_version}, canary/db rolled in {:.1} s",
+        "canary: pgop-a at {next_version}, db rolled in {:.1} s",
         now() - start
     );
     // pgop-b still runs the old version and leads.
     env.release_leader("pgop-b", &old).await?;
     assert_eq!(
-        (
-            pod_uids(&env, canary, "pinned").await?,
-            pod_uids(&env, stable, "pinned").await?
-        ),
-        untouched,
-        "pinned clusters and the other namespace are not touched"
+        untouched().await?,
+        before,
+        "the pinned canary cluster and the stable release's clusters are not touched"
     );
 
     // A new operator with old instance managers: a switchover.
-    let took = switchover(&env, canary, "pinned").await?;
+    let took = switchover(&env, ns, "pinned").await?;
     println!("operator {next_version}, managers {VERSION}: switchover in {took:.1} s");
 
-    // Roll the canary back.
+    // The staged rollout goes on: `rest` is relabelled into the canary, whose operator
+    // adopts it and rolls it onto its image; pgop-b lets go of it.
+    let start = now();
+    env.clusters(ns)
+        .patch(
+            "rest",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {CHANNEL: "canary"}}})),
+        )
+        .await?;
+    wait_rolled(&env, ns, "rest", 1, &next, &next_version).await;
+    println!(
+        "rest relabelled into the canary and rolled in {:.1} s",
+        now() - start
+    );
+
+    // Roll the canary back: its clusters, `rest` now among them, return to the old version.
+    let pinned = pod_uids(&env, ns, "pinned").await?;
+    let stable = pod_uids(&env, ns, "next").await?;
     let start = now();
     env.helm(&[
         "rollback",
@@ -629,20 +669,21 @@ async fn a_canary_release_upgrades_one_namespace_and_mixed_versions_switch_over(
         "180s",
     ])?;
     env.release_leader("pgop-a", &old).await?;
-    wait_rolled(&env, canary, "db", 2, &old, VERSION).await;
+    wait_rolled(&env, ns, "db", 2, &old, VERSION).await;
+    wait_rolled(&env, ns, "rest", 1, &old, VERSION).await;
     println!(
-        "helm rollback pgop-a: canary/db back on {VERSION} in {:.1} s",
+        "helm rollback pgop-a: db and rest back on {VERSION} in {:.1} s",
         now() - start
     );
-    let after = (
-        pod_uids(&env, canary, "pinned").await?,
-        pod_uids(&env, stable, "pinned").await?,
-    );
     assert_eq!(
-        after, untouched,
-        "neither the pinned cluster nor the other namespace was touched"
+        (
+            pod_uids(&env, ns, "pinned").await?,
+            pod_uids(&env, ns, "next").await?
+        ),
+        (pinned, stable),
+        "neither the pinned canary cluster nor the stable release's cluster was touched"
     );
-    for (ns, cluster) in [(canary, "db"), (canary, "pinned"), (stable, "pinned")] {
+    for cluster in ["db", "pinned", "rest", "next"] {
         assert_eq!(
             events(&env, ns, cluster, "FailoverStarted").await?,
             0,
