@@ -36,6 +36,20 @@ pub const POSTGRES_PORT_NAME: &str = "postgres";
 pub const MANAGER_PORT: u16 = 8000;
 /// Name of the instance manager's port in Pods.
 pub const MANAGER_PORT_NAME: &str = "manager";
+/// The instance manager's HTTPS port with mutual TLS: every route, the state-changing
+/// ones (backups, retention) only here, answered only to the operator's certificate.
+pub const MANAGER_TLS_PORT: u16 = 8001;
+/// Name of the instance manager's TLS port in Pods.
+pub const MANAGER_TLS_PORT_NAME: &str = "manager-tls";
+/// Suffix of the Secret holding a cluster's certificate authority (`ca.crt`, `ca.key`):
+/// only the operator reads it.
+pub const CA_SECRET_SUFFIX: &str = "-ca";
+/// Suffix of the Secret holding the instance managers' serving certificate (`tls.crt`,
+/// `tls.key`) and the authority's certificate (`ca.crt`), which the instances read.
+pub const MANAGER_TLS_SECRET_SUFFIX: &str = "-manager-tls";
+/// Annotation on the manager certificate's Secret: when the certificate expires (RFC 3339);
+/// the operator renews it ahead of that.
+pub const ANNOTATION_NOT_AFTER: &str = "database.example.com/not-after";
 
 /// Liveness of the instance manager.
 pub const PATH_HEALTHZ: &str = "/healthz";

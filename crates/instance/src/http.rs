@@ -1,6 +1,6 @@
-//! The manager's HTTP endpoints (axum): `/healthz`, `/readyz`, `/pg/status`, `/metrics`,
-//! `/pg/backups` (backups on request) and `/pg/retention` (retention of the store), the
-//! only things HTTP may start. It must never change the instance's role or configuration
+//! The manager's HTTP endpoints (axum): `/healthz`, `/readyz`, `/pg/status`, `/metrics` in
+//! plain HTTP, and over mutual TLS only (see [`crate::tls`]) also `/pg/backups` (backups on
+//! request) and `/pg/retention` (retention of the store), the only things HTTP may start. It must never change the instance's role or configuration
 //! (those come from the cluster status).
 
 use crate::backups::Begin;
@@ -26,21 +26,32 @@ pub enum Error {
     Serve(#[source] std::io::Error),
 }
 
-/// The routes, for serving or testing.
+/// The read-only routes of the plain-HTTP port ([`pgop_api::constants::MANAGER_PORT`]):
+/// health, readiness, status and metrics, for the kubelet, Prometheus and the operator's
+/// status probes. Nothing here changes anything.
 pub fn router(instance: Arc<Instance>) -> Router {
     Router::new()
         .route(PATH_HEALTHZ, get(healthz))
         .route(PATH_READYZ, get(readyz))
         .route(PATH_PG_STATUS, get(pg_status))
         .route(PATH_METRICS, get(metrics))
-        .route(PATH_BACKUPS, post(start_backup))
-        .route(&format!("{PATH_BACKUPS}/{{name}}"), get(backup_job))
-        .route(PATH_RETENTION, post(retention))
         .with_state(instance)
 }
 
-/// Binds `addr` (so a port conflict is an error at once) and returns the server future,
-/// which ends when `shutdown` completes.
+/// Every route, the state-changing ones (backups, retention) and the backup jobs
+/// included: served only over mutual TLS ([`bind_tls`]).
+pub fn authenticated_router(instance: Arc<Instance>) -> Router {
+    router(instance.clone()).merge(
+        Router::new()
+            .route(PATH_BACKUPS, post(start_backup))
+            .route(&format!("{PATH_BACKUPS}/{{name}}"), get(backup_job))
+            .route(PATH_RETENTION, post(retention))
+            .with_state(instance),
+    )
+}
+
+/// Binds `addr` (so a port conflict is an error at once) for the read-only routes and
+/// returns the server future, which ends when `shutdown` completes.
 pub async fn bind(
     addr: SocketAddr,
     instance: Arc<Instance>,
@@ -51,6 +62,23 @@ pub async fn bind(
         .map_err(|e| Error::Listen(addr, e))?;
     let local = listener.local_addr().map_err(|e| Error::Listen(addr, e))?;
     let server = axum::serve(listener, router(instance)).with_graceful_shutdown(shutdown);
+    Ok((local, async move { server.await.map_err(Error::Serve) }))
+}
+
+/// Binds `addr` for every route over mutual TLS with the configuration `tls` holds (see
+/// [`crate::tls`]); returns the server future, which ends when `shutdown` completes.
+pub async fn bind_tls(
+    addr: SocketAddr,
+    instance: Arc<Instance>,
+    tls: crate::tls::ServerTls,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = Result<(), Error>>), Error> {
+    let listener = crate::tls::TlsListener::bind(addr, tls)
+        .await
+        .map_err(|e| Error::Listen(addr, e))?;
+    let local = axum::serve::Listener::local_addr(&listener).map_err(|e| Error::Listen(addr, e))?;
+    let server =
+        axum::serve(listener, authenticated_router(instance)).with_graceful_shutdown(shutdown);
     Ok((local, async move { server.await.map_err(Error::Serve) }))
 }
 

@@ -16,6 +16,7 @@ pub mod run;
 pub mod status;
 pub mod supervisor;
 pub mod sync;
+pub mod tls;
 
 pub use bootstrap::{Credentials, DataState};
 pub use config::{InvalidParameter, Layout, Mode};

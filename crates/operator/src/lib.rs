@@ -43,6 +43,8 @@ pub struct Context {
     pub nodes: cluster::nodes::NodeFacts,
     /// Which PostgresClusters this operator manages ([`Options::cluster_selector`]).
     pub cluster_selector: Option<kube::core::Selector>,
+    /// Client certificates for the managers' authenticated endpoint ([`cluster::pki`]).
+    pub manager_clients: cluster::pki::ManagerClients,
 }
 
 impl Context {
@@ -58,6 +60,7 @@ impl Context {
             backoff: backoff::Backoff::default(),
             nodes: cluster::nodes::NodeFacts::default(),
             cluster_selector: None,
+            manager_clients: cluster::pki::ManagerClients::default(),
         }
     }
 }

@@ -54,7 +54,18 @@ async fn a_cluster_gets_every_child_and_turns_ready_when_its_pods_are() -> Resul
     wait_names::<PersistentVolumeClaim>(&client, n, "main", &["main-1", "main-2", "main-3"])
         .await?;
     wait_names::<Service>(&client, n, "main", &["main-r", "main-ro", "main-rw"]).await?;
-    wait_names::<Secret>(&client, n, "main", &["main-app", "main-replication"]).await?;
+    wait_names::<Secret>(
+        &client,
+        n,
+        "main",
+        &[
+            "main-app",
+            "main-ca",
+            "main-manager-tls",
+            "main-replication",
+        ],
+    )
+    .await?;
     wait_names::<PodDisruptionBudget>(&client, n, "main", &["main"]).await?;
     wait_names::<ServiceAccount>(&client, n, "main", &["main"]).await?;
     wait_names::<Role>(&client, n, "main", &["main"]).await?;
@@ -244,7 +255,18 @@ async fn deleting_the_cluster_removes_every_child_through_the_garbage_collector(
     let op = Operator::start(&client, n);
     create(&client, n, &cluster("gone", 2)).await?;
     wait_names::<Pod>(&client, n, "gone", &["gone-1", "gone-2"]).await?;
-    wait_names::<Secret>(&client, n, "gone", &["gone-app", "gone-replication"]).await?;
+    wait_names::<Secret>(
+        &client,
+        n,
+        "gone",
+        &[
+            "gone-app",
+            "gone-ca",
+            "gone-manager-tls",
+            "gone-replication",
+        ],
+    )
+    .await?;
     Api::<PostgresCluster>::namespaced(client.clone(), n)
         .delete("gone", &DeleteParams::foreground())
         .await?;
@@ -388,7 +410,18 @@ async fn an_operator_killed_mid_reconcile_converges_to_the_same_state_after_rest
     let expected: Vec<&str> = instances.iter().map(String::as_str).collect();
     wait_names::<Pod>(&client, n, "crash", &expected).await?;
     wait_names::<PersistentVolumeClaim>(&client, n, "crash", &expected).await?;
-    wait_names::<Secret>(&client, n, "crash", &["crash-app", "crash-replication"]).await?;
+    wait_names::<Secret>(
+        &client,
+        n,
+        "crash",
+        &[
+            "crash-app",
+            "crash-ca",
+            "crash-manager-tls",
+            "crash-replication",
+        ],
+    )
+    .await?;
     let max_serial = status
         .instances
         .iter()

@@ -836,7 +836,18 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
     );
     create(&admin, w, &cluster("scoped", 2)).await?;
     wait_names::<Pod>(&admin, w, "scoped", &["scoped-1", "scoped-2"]).await?;
-    wait_names::<Secret>(&admin, w, "scoped", &["scoped-app", "scoped-replication"]).await?;
+    wait_names::<Secret>(
+        &admin,
+        w,
+        "scoped",
+        &[
+            "scoped-app",
+            "scoped-ca",
+            "scoped-manager-tls",
+            "scoped-replication",
+        ],
+    )
+    .await?;
     for pod in ["scoped-1", "scoped-2"] {
         make_ready(&admin, w, pod, true).await?;
     }

@@ -76,7 +76,18 @@ async fn the_operator_needs_no_more_than_its_published_rbac() -> Result {
     );
     create(&admin, n, &cluster("least", 2)).await?;
     wait_names::<Pod>(&admin, n, "least", &["least-1", "least-2"]).await?;
-    wait_names::<Secret>(&admin, n, "least", &["least-app", "least-replication"]).await?;
+    wait_names::<Secret>(
+        &admin,
+        n,
+        "least",
+        &[
+            "least-app",
+            "least-ca",
+            "least-manager-tls",
+            "least-replication",
+        ],
+    )
+    .await?;
     for pod in ["least-1", "least-2"] {
         make_ready(&admin, n, pod, true).await?;
     }

@@ -1,6 +1,6 @@
 //! `pgop instance ...`: the instance manager, PID 1 of every PostgreSQL pod.
 
-use pgop_api::constants::{MANAGER_PORT, POSTGRES_PORT};
+use pgop_api::constants::{MANAGER_PORT, MANAGER_TLS_PORT, POSTGRES_PORT};
 use pgop_instance::run::Settings;
 use pgop_instance::{Binaries, RunAs};
 use std::net::SocketAddr;
@@ -17,7 +17,7 @@ pub struct Args {
 enum Command {
     /// Bootstrap, configure, supervise and replicate this pod's PostgreSQL as the
     /// PostgresCluster's status says, and serve /healthz, /readyz and /pg/status.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// PostgreSQL's `archive_command`: archive one WAL file (`%p`) to the backup store
     /// (idempotent: the same content already there is a success; different content under
     /// the same name is an error). Run by PostgreSQL, not by hand.
@@ -82,6 +82,10 @@ struct RunArgs {
     /// Address of the health and status endpoints [default: the pod IP, port 8000].
     #[arg(long, env = "PGOP_LISTEN")]
     listen: Option<SocketAddr>,
+    /// Address of the mutual-TLS endpoint (backups, retention) [default: the pod IP, port
+    /// 8001; with --listen, its IP and any free port].
+    #[arg(long, env = "PGOP_TLS_LISTEN")]
+    tls_listen: Option<SocketAddr>,
     /// OS user PostgreSQL runs as when pgop itself runs as root (tests, CI).
     #[arg(long, env = "PGOP_PG_USER", default_value = "postgres")]
     pg_user: String,
@@ -105,7 +109,7 @@ pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 pub async fn run(args: Args) -> Result<(), Error> {
     match args.command {
-        Command::Run(args) => run_instance(args).await,
+        Command::Run(args) => run_instance(*args).await,
         Command::WalArchive(args) => wal_archive(args).await,
         Command::WalRestore(args) => wal_restore(args).await,
     }
@@ -150,15 +154,19 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
         .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
     // The pod IP rather than 0.0.0.0: the same in a real pod, and on the local node,
     // where every pod shares one network namespace, the only address that is its own.
+    let pod_ip = || -> Result<std::net::IpAddr, Error> {
+        args.pod_ip
+            .parse()
+            .map_err(|e| format!("POD_IP {:?} is not an IP address: {e}", args.pod_ip).into())
+    };
     let http_listen = match args.listen {
         Some(addr) => addr,
-        None => {
-            let ip: std::net::IpAddr = args
-                .pod_ip
-                .parse()
-                .map_err(|e| format!("POD_IP {:?} is not an IP address: {e}", args.pod_ip))?;
-            SocketAddr::new(ip, MANAGER_PORT)
-        }
+        None => SocketAddr::new(pod_ip()?, MANAGER_PORT),
+    };
+    let tls_listen = match (args.tls_listen, args.listen) {
+        (Some(addr), _) => addr,
+        (None, Some(listen)) => SocketAddr::new(listen.ip(), 0),
+        (None, None) => SocketAddr::new(pod_ip()?, MANAGER_TLS_PORT),
     };
     let settings = Settings {
         pod_name: args.pod_name,
@@ -169,6 +177,7 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
         pgdata: args.pgdata,
         socket_dir: args.socket_dir,
         http_listen,
+        tls_listen,
         binaries,
         run_as,
         stop_timeout: Duration::from_secs(args.stop_timeout),

@@ -542,71 +542,178 @@ impl Primary {
     }
 }
 
-/// The manager's HTTP endpoints of `node` on a free loopback port (`http::bind`).
-struct Served {
+/// Where a test request goes: a manager's plain read-only port, or its mutual-TLS port
+/// with the client configuration of the operator's certificate.
+#[derive(Clone)]
+struct Endpoint {
     port: u16,
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<Result<(), pgop_instance::http::Error>>,
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+}
+
+impl Endpoint {
+    fn plain(port: u16) -> Self {
+        Self { port, tls: None }
+    }
+}
+
+/// The manager's endpoints of `node` on free loopback ports: the read-only plain port
+/// (`http::bind`) and the mutual-TLS port (`http::bind_tls`), with a certificate
+/// authority made for the test and a client certificate as the operator holds one.
+struct Served {
+    /// The TLS port, as the operator reaches it.
+    target: Endpoint,
+    /// The plain, read-only port.
+    plain: u16,
+    authority: pgop_tls::Authority,
+    stop: Vec<tokio::sync::oneshot::Sender<()>>,
+    servers: Vec<tokio::task::JoinHandle<Result<(), pgop_instance::http::Error>>>,
+    _material: std::sync::Arc<pgop_instance::tls::Material>,
 }
 
 impl Served {
     async fn start(node: &Node) -> Self {
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let (addr, server) = pgop_instance::http::bind(
+        let now = jiff::Timestamp::now();
+        let authority = pgop_tls::Authority::generate(now).expect("an authority");
+        let server = authority
+            .issue(pgop_tls::Usage::ManagerServer, now, 1)
+            .expect("a manager certificate");
+        let (material, tls) = pgop_instance::tls::Material::new();
+        material
+            .load(&server.cert_pem, &server.key_pem, authority.cert_pem())
+            .expect("load the manager certificate");
+        let client = authority
+            .issue(pgop_tls::Usage::OperatorClient, now, 1)
+            .expect("an operator certificate");
+        let client =
+            pgop_tls::client_config(authority.cert_pem(), &client.cert_pem, &client.key_pem)
+                .expect("the operator's client configuration");
+        let (stop_tls, tls_stopped) = tokio::sync::oneshot::channel::<()>();
+        let (tls_addr, tls_server) = pgop_instance::http::bind_tls(
             "127.0.0.1:0".parse().expect("address"),
             node.instance.clone(),
+            tls,
             async move {
-                let _ = stopped.await;
+                let _ = tls_stopped.await;
             },
         )
         .await
-        .expect("bind the manager's HTTP endpoints");
+        .expect("bind the manager's TLS endpoint");
+        let (stop_plain, plain_stopped) = tokio::sync::oneshot::channel::<()>();
+        let (plain_addr, plain_server) = pgop_instance::http::bind(
+            "127.0.0.1:0".parse().expect("address"),
+            node.instance.clone(),
+            async move {
+                let _ = plain_stopped.await;
+            },
+        )
+        .await
+        .expect("bind the manager's plain endpoint");
         Self {
-            port: addr.port(),
-            stop,
-            server: tokio::spawn(server),
+            target: Endpoint {
+                port: tls_addr.port(),
+                tls: Some(client),
+            },
+            plain: plain_addr.port(),
+            authority,
+            stop: vec![stop_tls, stop_plain],
+            servers: vec![tokio::spawn(tls_server), tokio::spawn(plain_server)],
+            _material: material,
         }
     }
 
     async fn stop(self) {
-        let _ = self.stop.send(());
-        let _ = self.server.await;
+        for stop in self.stop {
+            let _ = stop.send(());
+        }
+        for server in self.servers {
+            let _ = server.await;
+        }
     }
 }
 
-async fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the manager");
-    let body = body.unwrap_or("");
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .expect("send the request");
-    let mut response = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        stream.read_to_string(&mut response),
-    )
+async fn http(target: &Endpoint, method: &str, path: &str, body: Option<&str>) -> (u16, String) {
+    let host = format!("127.0.0.1:{}", target.port);
+    let body = body.map(str::as_bytes);
+    let answer = tokio::time::timeout(Duration::from_secs(30), async {
+        match &target.tls {
+            Some(tls) => {
+                pgop_operator::cluster::probe::request_tls(tls, &host, method, path, body).await
+            }
+            None => pgop_operator::cluster::probe::request(&host, method, path, body).await,
+        }
+    })
     .await
-    .expect("a response within 30 s")
-    .expect("read the response");
-    let code = response
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {response}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
+    .expect("a response within 30 s");
+    let (code, body) = answer.unwrap_or_else(|e| panic!("{method} {path} on {host}: {e}"));
+    (code, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `POST /pg/backups` is refused to every caller without the operator's certificate: on
+/// the plain port there is no such route; on the TLS port the handshake fails for plain
+/// HTTP, for a client without a certificate and for one of another authority; and no job
+/// was started by any of them.
+async fn refuses_unauthenticated_backups(served: &Served) {
+    let body = Some(r#"{"name":"intruder"}"#);
+    let (code, _) = http(&Endpoint::plain(served.plain), "POST", "/pg/backups", body).await;
+    assert_eq!(code, 404, "the plain port has no state-changing route");
+    let tls_host = format!("127.0.0.1:{}", served.target.port);
+    let plain_to_tls = pgop_operator::cluster::probe::request(
+        &tls_host,
+        "POST",
+        "/pg/backups",
+        body.map(str::as_bytes),
+    )
+    .await;
+    assert!(
+        plain_to_tls.is_err(),
+        "plain HTTP on the TLS port: {plain_to_tls:?}"
+    );
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            served.authority.cert_pem().as_bytes(),
+        )
+    {
+        roots
+            .add(cert.expect("the authority's certificate"))
+            .expect("a root");
+    }
+    let anonymous = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let now = jiff::Timestamp::now();
+    let other = pgop_tls::Authority::generate(now).expect("another authority");
+    let stranger = other
+        .issue(pgop_tls::Usage::OperatorClient, now, 1)
+        .expect("a certificate of another authority");
+    let stranger = pgop_tls::client_config(
+        served.authority.cert_pem(),
+        &stranger.cert_pem,
+        &stranger.key_pem,
+    )
+    .expect("a client configuration");
+    for (who, config) in [
+        ("no certificate", anonymous),
+        ("another authority's", stranger),
+    ] {
+        let answer = pgop_operator::cluster::probe::request_tls(
+            &config,
+            &tls_host,
+            "POST",
+            "/pg/backups",
+            body.map(str::as_bytes),
+        )
+        .await;
+        assert!(answer.is_err(), "{who}: {answer:?}");
+    }
+    let (code, _) = http(&served.target, "GET", "/pg/backups/intruder", None).await;
+    assert_eq!(code, 404, "no job was started");
 }
 
 fn job(body: &str) -> pgop_api::instance_status::BackupJob {
@@ -614,7 +721,7 @@ fn job(body: &str) -> pgop_api::instance_status::BackupJob {
 }
 
 /// Polls `GET /pg/backups/<name>` until the job is no longer running.
-async fn finished_job(port: u16, name: &str) -> pgop_api::instance_status::BackupJob {
+async fn finished_job(port: &Endpoint, name: &str) -> pgop_api::instance_status::BackupJob {
     let start = Instant::now();
     loop {
         let (code, body) = http(port, "GET", &format!("/pg/backups/{name}"), None).await;
@@ -647,7 +754,10 @@ async fn backups_and_retention_on_request_through_the_managers_http_endpoint() {
     };
     insert(&node, 1, 20_000).await;
     let served = Served::start(&node).await;
-    let port = served.port;
+    let port = &served.target;
+
+    // Nothing that changes state answers an unauthenticated caller.
+    refuses_unauthenticated_backups(&served).await;
 
     let (code, _) = http(port, "GET", "/pg/backups/unknown", None).await;
     assert_eq!(code, 404, "a job this manager never ran");
@@ -844,7 +954,7 @@ impl RunningManager {
     async fn pg_status(&self) -> Option<serde_json::Value> {
         let connected = tokio::net::TcpStream::connect(("127.0.0.1", self.http_port)).await;
         drop(connected.ok()?);
-        let (code, body) = http(self.http_port, "GET", "/pg/status", None).await;
+        let (code, body) = http(&Endpoint::plain(self.http_port), "GET", "/pg/status", None).await;
         (code == 200).then(|| serde_json::from_str(&body).ok())?
     }
 
@@ -1179,7 +1289,7 @@ async fn a_backup_requested_with_verify_is_restored_and_checked_before_it_comple
     let node_data = dir.0.join("src-1-data");
     insert(&node, 1, 20_000).await;
     let served = Served::start(&node).await;
-    let port = served.port;
+    let port = &served.target;
 
     // verify: true — the job stays running through the check, then completes verified.
     let start = Instant::now();

@@ -188,6 +188,8 @@ pub struct Settings {
     pub pgdata: PathBuf,
     pub socket_dir: PathBuf,
     pub http_listen: SocketAddr,
+    /// Where the mutual-TLS endpoint listens ([`crate::tls`]).
+    pub tls_listen: SocketAddr,
     pub binaries: Binaries,
     pub run_as: Option<RunAs>,
     pub stop_timeout: Duration,
@@ -288,6 +290,20 @@ pub async fn run(
     .map_err(Error::ServeHttp)?;
     tracing::info!(%addr, instance = %settings.pod_name, "serving health and status");
     let server = tokio::spawn(server);
+    let (material, server_tls) = crate::tls::Material::new();
+    let (stop_tls, tls_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (tls_addr, tls_server) = http::bind_tls(
+        settings.tls_listen,
+        instance.clone(),
+        server_tls,
+        async move {
+            let _ = tls_stopped.await;
+        },
+    )
+    .await
+    .map_err(Error::ServeHttp)?;
+    tracing::info!(address = %tls_addr, "serving backups and retention over mutual TLS once the certificate is read");
+    let tls_server = tokio::spawn(tls_server);
 
     let events = watcher(
         clusters.clone(),
@@ -334,6 +350,7 @@ pub async fn run(
                     &client,
                     &settings,
                     &instance,
+                    &material,
                     &mut hold,
                     &cluster,
                     &mut bootstrap_failed,
@@ -363,7 +380,9 @@ pub async fn run(
     // Released after the stop, so that the next primary can start at once.
     hold.give_up().await;
     let _ = stop_http.send(());
+    let _ = stop_tls.send(());
     let _ = server.await;
+    let _ = tls_server.await;
     stopped
 }
 
@@ -373,6 +392,7 @@ async fn reconcile(
     client: &kube::Client,
     settings: &Settings,
     instance: &Arc<Instance>,
+    material: &crate::tls::Material,
     hold: &mut LeaseHold,
     cluster: &PostgresCluster,
     bootstrap_failed: &mut Option<Instant>,
@@ -389,6 +409,24 @@ async fn reconcile(
         Ok(c) => instance.set_passwords(&c.app_password, &c.replication_password),
         Err(err) => {
             tracing::warn!(error = %error_chain(&err), "failed to read the cluster's Secrets; keeping the passwords known")
+        }
+    }
+    // The TLS endpoint's certificate: renewed by the operator ahead of its expiry.
+    match read_manager_tls(client, settings).await {
+        Ok((cert, key, ca)) => match material.load(&cert, &key, &ca) {
+            Ok(true) => {
+                tracing::info!("the TLS endpoint uses the certificate of the Secret from now on")
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(error = %error_chain(&err), "the manager certificate's Secret holds no usable certificate; keeping the one in use")
+            }
+        },
+        Err(err) if material.is_loaded() => {
+            tracing::warn!(error = %error_chain(&err), "failed to read the manager certificate; keeping the one in use")
+        }
+        Err(err) => {
+            tracing::info!(error = %error_chain(&err), "no manager certificate yet: backups wait for it")
         }
     }
     let status = cluster.status.clone().unwrap_or_default();
@@ -743,6 +781,39 @@ async fn wait_for_credentials(client: &kube::Client, settings: &Settings) -> Cre
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+}
+
+/// The manager certificate, its key and the authority's certificate (PEM), from the
+/// Secret `<cluster>-manager-tls` the operator keeps.
+async fn read_manager_tls(
+    client: &kube::Client,
+    settings: &Settings,
+) -> Result<(String, String, String), Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    let name = format!(
+        "{}{}",
+        settings.cluster,
+        pgop_api::constants::MANAGER_TLS_SECRET_SUFFIX
+    );
+    let secret = secrets
+        .get(&name)
+        .await
+        .map_err(|source| Error::ReadSecret {
+            name: name.clone(),
+            source,
+        })?;
+    let key = |key: &'static str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            .ok_or_else(|| Error::ReadSecretKey {
+                name: name.clone(),
+                key,
+            })
+    };
+    Ok((key("tls.crt")?, key("tls.key")?, key("ca.crt")?))
 }
 
 async fn read_credentials(

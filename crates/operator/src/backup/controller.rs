@@ -19,7 +19,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use pgop_api::backup::{BackupMethod, BackupPhase, PostgresBackup, PostgresBackupStatus};
 use pgop_api::cluster::InstanceRole;
-use pgop_api::constants::{FIELD_MANAGER, MANAGER_PORT, PATH_BACKUPS, PATH_RETENTION};
+use pgop_api::constants::{FIELD_MANAGER, MANAGER_TLS_PORT, PATH_BACKUPS, PATH_RETENTION};
 use pgop_api::instance_status::{
     BackupJob, BackupJobPhase, BackupRequest, RetentionDone, RetentionRequest, parse_lsn,
 };
@@ -197,7 +197,19 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
         )
         .await;
     };
-    let host = format!("{ip}:{MANAGER_PORT}");
+    // State-changing requests go to the manager's mutual-TLS port only.
+    let host = format!("{ip}:{MANAGER_TLS_PORT}");
+    let tls = match ctx
+        .manager_clients
+        .for_cluster(&ctx.client, &namespace, cluster_name)
+        .await
+    {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::info!(backup = %name, error = %crate::error_chain(&e), "no client certificate for the instance managers yet; retrying");
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+    };
     let verify = cluster.spec.backup.as_ref().is_some_and(|b| b.verify);
     let body = serde_json::to_vec(&BackupRequest {
         name: name.clone(),
@@ -206,7 +218,7 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
     })
     .unwrap_or_default();
     // The request is idempotent: the same name returns the same job.
-    let answer = probe::request(&host, "POST", PATH_BACKUPS, Some(&body)).await;
+    let answer = probe::request_tls(&tls, &host, "POST", PATH_BACKUPS, Some(&body)).await;
     let job: BackupJob = match answer {
         Ok((200 | 202, body)) => match serde_json::from_slice(&body) {
             Ok(job) => job,
@@ -287,7 +299,7 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
                 )
                 .await;
             }
-            retention(&ctx, &cluster, &namespace, &host).await;
+            retention(&ctx, &cluster, &namespace, &tls, &host).await;
             Ok(Action::await_change())
         }
     }
@@ -368,7 +380,13 @@ async fn publish(
 /// Retention after a completed backup, run by the instance manager at `host` (it mounts
 /// the store, whatever its kind); failures are logged and retried after the next backup
 /// (the data stays, which is the safe side).
-async fn retention(ctx: &Context, cluster: &PostgresCluster, namespace: &str, host: &str) {
+async fn retention(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+    host: &str,
+) {
     let Some(spec) = cluster.spec.backup.as_ref() else {
         return;
     };
@@ -377,7 +395,14 @@ async fn retention(ctx: &Context, cluster: &PostgresCluster, namespace: &str, ho
         retention_days: u32::try_from(spec.retention_days).unwrap_or(1).max(1),
     };
     let body = serde_json::to_vec(&request).unwrap_or_default();
-    let done: RetentionDone = match probe::request(host, "POST", PATH_RETENTION, Some(&body)).await
+    let done: RetentionDone = match probe::request_tls(
+        tls,
+        host,
+        "POST",
+        PATH_RETENTION,
+        Some(&body),
+    )
+    .await
     {
         Ok((200, body)) => match serde_json::from_slice(&body) {
             Ok(done) => done,

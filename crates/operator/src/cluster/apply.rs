@@ -6,8 +6,9 @@
 //!   add (a user's extra label, server defaults) are neither fought over nor counted as drift.
 //!   Quantities compare by value: the API server stores them in canonical form (a PVC
 //!   asked for `1.5Gi` holds `1536Mi`), which is no drift either.
-//! - Secrets are created once and their data never rewritten (passwords are generated
-//!   once); Pods are created once, since their spec is immutable (restarts for new
+//! - Secrets are created once and their data never rewritten (passwords and the
+//!   certificate authority are generated once), except the managers' certificate, which
+//!   is server-side applied like the rest and so rewritten when it is renewed; Pods are created once, since their spec is immutable (restarts for new
 //!   settings are the rolling update's job). For both, drifted labels and a missing
 //!   ownerReference are repaired with a metadata-only patch.
 //! - Instances the plan removed lose their Pod, then their PVC.
@@ -276,6 +277,8 @@ pub async fn apply(
         role_binding,
         app_secret,
         replication_secret,
+        ca_secret,
+        manager_tls_secret,
         services,
         pod_disruption_budgets,
         pvcs,
@@ -307,6 +310,17 @@ pub async fn apply(
         namespace,
         replication_secret,
         &observed.secrets,
+        &mut out,
+    )
+    .await?;
+    create_or_fix_metadata(client, namespace, ca_secret, &observed.secrets, &mut out).await?;
+    // Renewed certificates are written here: the managers read them on their next pass.
+    apply_if_changed(
+        client,
+        namespace,
+        manager_tls_secret,
+        &observed.secrets,
+        always,
         &mut out,
     )
     .await?;

@@ -28,6 +28,7 @@ pub mod dereference;
 pub mod instances;
 pub mod lease;
 pub mod nodes;
+pub mod pki;
 pub mod probe;
 pub mod roles;
 pub mod rollout;
@@ -75,6 +76,8 @@ pub enum Error {
     ScheduleBackup(#[source] kube::Error),
     #[error("failed to generate a password")]
     GeneratePassword(#[source] getrandom::Error),
+    #[error("the operator-to-manager certificates")]
+    Certificates(#[from] pki::Error),
     #[error("the cluster has no namespace")]
     NoNamespace,
 }
@@ -92,6 +95,7 @@ impl Error {
             Error::ListBackups(_) => "ListBackups",
             Error::ScheduleBackup(_) => "ScheduleBackup",
             Error::GeneratePassword(_) => "GeneratePassword",
+            Error::Certificates(_) => "Certificates",
             Error::NoNamespace => "NoNamespace",
         }
     }
@@ -224,7 +228,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     let primary_budget = nodes::primary_budget_wanted(&placed, &roles, &ctx.nodes);
 
     // 6. build: only a confirmed primary carries the primary role label
-    let passwords = build::Passwords {
+    let passwords = build::Credentials {
         app: password_of(
             &observed.secrets,
             &format!("{name}{}", build::APP_SECRET_SUFFIX),
@@ -233,6 +237,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             &observed.secrets,
             &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
         )?,
+        certificates: {
+            let pki = pki::plan(&observed.secrets, &name, now().0)?;
+            build::Certificates {
+                ca_cert: pki.authority.cert_pem().to_string(),
+                ca_key: pki.authority.key_pem().to_string(),
+                manager_cert: pki.manager.cert_pem,
+                manager_key: pki.manager.key_pem,
+                manager_not_after: pki.manager.not_after.to_string(),
+            }
+        },
     };
     let build = |roles: &roles::Roles| {
         let wanted: Vec<build::InstanceSpec> = named

@@ -89,9 +89,50 @@ pub async fn request(
     path: &str,
     json: Option<&[u8]>,
 ) -> Result<(u16, Vec<u8>), String> {
-    let mut stream = tokio::net::TcpStream::connect(host)
+    let stream = tokio::net::TcpStream::connect(host)
         .await
         .map_err(|e| format!("failed to connect to {host}: {e}"))?;
+    exchange(stream, host, method, path, json).await
+}
+
+/// How long a request over TLS may take, handshake included.
+pub const TLS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`request`] over mutual TLS to a manager's authenticated port (`host` is `ip:port`),
+/// presenting the operator's certificate of `config` and verifying the manager's
+/// (`pgop_tls`).
+pub async fn request_tls(
+    config: &std::sync::Arc<rustls::ClientConfig>,
+    host: &str,
+    method: &str,
+    path: &str,
+    json: Option<&[u8]>,
+) -> Result<(u16, Vec<u8>), String> {
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(host)
+            .await
+            .map_err(|e| format!("failed to connect to {host}: {e}"))?;
+        let stream = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(pgop_tls::manager_server_name(), tcp)
+            .await
+            .map_err(|e| format!("TLS handshake with {host} failed: {e}"))?;
+        exchange(stream, host, method, path, json).await
+    };
+    tokio::time::timeout(TLS_TIMEOUT, exchange)
+        .await
+        .map_err(|_| format!("no answer from {host} within {TLS_TIMEOUT:?}"))?
+}
+
+async fn exchange<S>(
+    mut stream: S,
+    host: &str,
+    method: &str,
+    path: &str,
+    json: Option<&[u8]>,
+) -> Result<(u16, Vec<u8>), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let body = json.unwrap_or_default();
     let content = if json.is_some() {
         format!(
@@ -110,6 +151,10 @@ pub async fn request(
         .map_err(|e| format!("failed to send to {host}: {e}"))?;
     stream
         .write_all(body)
+        .await
+        .map_err(|e| format!("failed to send to {host}: {e}"))?;
+    stream
+        .flush()
         .await
         .map_err(|e| format!("failed to send to {host}: {e}"))?;
     let mut raw = Vec::new();

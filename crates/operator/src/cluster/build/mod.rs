@@ -51,12 +51,33 @@ pub struct InstanceSpec {
     pub primary: bool,
 }
 
-/// The passwords of the two credentials Secrets: read from the existing Secrets, or
-/// freshly generated when a Secret does not exist yet (it is then created once).
+/// The passwords of the two credentials Secrets, read from the existing Secrets or
+/// freshly generated when a Secret does not exist yet (it is then created once), and the
+/// certificates of the operator-to-manager channel (see `cluster::pki`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Passwords {
+pub struct Credentials {
     pub app: String,
     pub replication: String,
+    pub certificates: Certificates,
+}
+
+/// The cluster's authority and the managers' serving certificate, PEM-encoded.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Certificates {
+    pub ca_cert: String,
+    pub ca_key: String,
+    pub manager_cert: String,
+    pub manager_key: String,
+    pub manager_not_after: String,
+}
+
+impl std::fmt::Debug for Certificates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the keys.
+        f.debug_struct("Certificates")
+            .field("manager_not_after", &self.manager_not_after)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Every child of one cluster. Destructured without `..` by the applier, so adding a
@@ -68,6 +89,10 @@ pub struct Children {
     pub role_binding: RoleBinding,
     pub app_secret: Secret,
     pub replication_secret: Secret,
+    /// The authority (`<cluster>-ca`): created once, never rewritten.
+    pub ca_secret: Secret,
+    /// The managers' certificate (`<cluster>-manager-tls`): rewritten when renewed.
+    pub manager_tls_secret: Secret,
     pub services: Vec<Service>,
     /// The replicas' budget, and the primary's while a switchover could move it.
     pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
@@ -145,7 +170,7 @@ impl Common {
 pub fn children(
     cluster: &PostgresCluster,
     instances: &[InstanceSpec],
-    passwords: &Passwords,
+    passwords: &Credentials,
     settings: &Settings,
     budgets: &Budgets,
 ) -> Result<Children, Error> {
@@ -157,6 +182,8 @@ pub fn children(
         role_binding: rbac::role_binding(&common),
         app_secret: secret::app(&common, spec, &passwords.app),
         replication_secret: secret::replication(&common, &passwords.replication),
+        ca_secret: secret::authority(&common, &passwords.certificates),
+        manager_tls_secret: secret::manager_tls(&common, &passwords.certificates),
         services: service::all(&common),
         pod_disruption_budgets: pdb::pod_disruption_budgets(&common, budgets),
         pvcs: instances

@@ -14,8 +14,8 @@ use pgop_api::PostgresClusterSpec;
 use pgop_api::affinity::{AffinitySpec, PodAntiAffinityType};
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::constants::{
-    MANAGER_PORT, MANAGER_PORT_NAME, PATH_HEALTHZ, PATH_METRICS, PATH_READYZ, POSTGRES_PORT,
-    POSTGRES_PORT_NAME,
+    MANAGER_PORT, MANAGER_PORT_NAME, MANAGER_TLS_PORT, MANAGER_TLS_PORT_NAME, PATH_HEALTHZ,
+    PATH_METRICS, PATH_READYZ, POSTGRES_PORT, POSTGRES_PORT_NAME,
 };
 use pgop_api::labels;
 
@@ -184,6 +184,12 @@ pub fn pod(
             ContainerPort {
                 name: Some(MANAGER_PORT_NAME.to_string()),
                 container_port: i32::from(MANAGER_PORT),
+                protocol: Some("TCP".to_string()),
+                ..ContainerPort::default()
+            },
+            ContainerPort {
+                name: Some(MANAGER_TLS_PORT_NAME.to_string()),
+                container_port: i32::from(MANAGER_TLS_PORT),
                 protocol: Some("TCP".to_string()),
                 ..ContainerPort::default()
             },

@@ -30,6 +30,12 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
     let mut secrets = vec![
         format!("{}{}", c.cluster, super::APP_SECRET_SUFFIX),
         format!("{}{}", c.cluster, super::REPLICATION_SECRET_SUFFIX),
+        // The managers' serving certificate; never the authority (`<cluster>-ca`).
+        format!(
+            "{}{}",
+            c.cluster,
+            pgop_api::constants::MANAGER_TLS_SECRET_SUFFIX
+        ),
     ];
     // The S3 keys of the backup store, and of the store a recovery reads from.
     let spec = &cluster_object.spec;

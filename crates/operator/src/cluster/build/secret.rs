@@ -2,10 +2,13 @@
 //! passwords are generated once, when the Secret is created, and never again; the
 //! applier never rewrites the data of an existing Secret.
 
-use super::Common;
+use super::{Certificates, Common};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use pgop_api::PostgresClusterSpec;
-use pgop_api::constants::POSTGRES_PORT;
+use pgop_api::constants::{
+    ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX, POSTGRES_PORT,
+};
 use std::collections::BTreeMap;
 
 pub const APP_SECRET_SUFFIX: &str = "-app";
@@ -53,4 +56,45 @@ pub fn replication(c: &Common, password: &str) -> Secret {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     secret(c, format!("{}{REPLICATION_SECRET_SUFFIX}", c.cluster), data)
+}
+
+fn bytes(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+        .collect()
+}
+
+/// The cluster's authority for the operator-to-manager channel: only the operator reads
+/// it (the instances' Role names only the next Secret).
+pub fn authority(c: &Common, certs: &Certificates) -> Secret {
+    Secret {
+        metadata: c.meta(&format!("{}{CA_SECRET_SUFFIX}", c.cluster), &[]),
+        type_: Some("Opaque".to_string()),
+        data: Some(bytes(&[
+            ("ca.crt", &certs.ca_cert),
+            ("ca.key", &certs.ca_key),
+        ])),
+        ..Secret::default()
+    }
+}
+
+/// The managers' serving certificate and the authority's certificate, which the managers
+/// read; `data` (not `stringData`), so that an unchanged certificate is no drift.
+pub fn manager_tls(c: &Common, certs: &Certificates) -> Secret {
+    let mut metadata = c.meta(&format!("{}{MANAGER_TLS_SECRET_SUFFIX}", c.cluster), &[]);
+    metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_NOT_AFTER.to_string(),
+        certs.manager_not_after.clone(),
+    )]));
+    Secret {
+        metadata,
+        type_: Some("kubernetes.io/tls".to_string()),
+        data: Some(bytes(&[
+            ("tls.crt", &certs.manager_cert),
+            ("tls.key", &certs.manager_key),
+            ("ca.crt", &certs.ca_cert),
+        ])),
+        ..Secret::default()
+    }
 }

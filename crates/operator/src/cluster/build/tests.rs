@@ -29,10 +29,17 @@ fn instances() -> Vec<InstanceSpec> {
     ]
 }
 
-fn passwords() -> Passwords {
-    Passwords {
+fn passwords() -> Credentials {
+    Credentials {
         app: "app-password".into(),
         replication: "replication-password".into(),
+        certificates: Certificates {
+            ca_cert: "CA CERTIFICATE".into(),
+            ca_key: "CA KEY".into(),
+            manager_cert: "MANAGER CERTIFICATE".into(),
+            manager_key: "MANAGER KEY".into(),
+            manager_not_after: "2027-03-01T00:00:00Z".into(),
+        },
     }
 }
 
@@ -54,6 +61,8 @@ fn to_yaml(c: &Children) -> String {
         role_binding,
         app_secret,
         replication_secret,
+        ca_secret,
+        manager_tls_secret,
         services,
         pod_disruption_budgets,
         pvcs,
@@ -65,6 +74,8 @@ fn to_yaml(c: &Children) -> String {
         serde_yaml::to_string(role_binding),
         serde_yaml::to_string(app_secret),
         serde_yaml::to_string(replication_secret),
+        serde_yaml::to_string(ca_secret),
+        serde_yaml::to_string(manager_tls_secret),
     ];
     docs.extend(services.iter().map(serde_yaml::to_string));
     for pdb in pod_disruption_budgets {
@@ -177,7 +188,11 @@ fn the_pod_runs_the_instance_manager_under_a_restricted_security_context() {
         .collect();
     assert_eq!(
         ports,
-        vec![(Some("postgres"), 5432), (Some("manager"), 8000)],
+        vec![
+            (Some("postgres"), 5432),
+            (Some("manager"), 8000),
+            (Some("manager-tls"), 8001)
+        ],
         "a PodMonitor selects the manager's port by name"
     );
     let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {

@@ -1,0 +1,332 @@
+//! The certificates of the operator-to-manager channel (see `pgop_tls`): per cluster, an
+//! authority in Secret `<cluster>-ca` (created once, read only by the operator) and the
+//! managers' serving certificate in Secret `<cluster>-manager-tls` (read by the
+//! instances), renewed [`RENEW_BEFORE_DAYS`] days before it expires or as soon as it is
+//! not the authority's. The operator's own client certificates live in memory only
+//! ([`ManagerClients`]).
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client, ResourceExt};
+use pgop_api::constants::{ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX};
+use pgop_tls::{Authority, Issued, Usage};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// How long a manager certificate is valid.
+pub const MANAGER_CERT_DAYS: i64 = 90;
+/// A manager certificate is renewed when it has fewer days than this left.
+pub const RENEW_BEFORE_DAYS: i64 = 30;
+/// How long an operator client certificate is valid; one is issued anew after a day.
+const OPERATOR_CERT_DAYS: i64 = 2;
+const OPERATOR_CERT_REISSUE: jiff::SignedDuration = jiff::SignedDuration::from_hours(24);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "Secret {name} does not hold a usable certificate authority (ca.crt, ca.key); delete \
+         it to have a new one made (the managers then get new certificates)"
+    )]
+    BadAuthority {
+        name: String,
+        #[source]
+        source: pgop_tls::Error,
+    },
+    #[error("Secret {name} lacks {key}")]
+    MissingKey { name: String, key: &'static str },
+    #[error("failed to issue a certificate")]
+    Issue(#[source] pgop_tls::Error),
+    #[error("failed to read Secret {name}")]
+    Read {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("Secret {name} does not exist yet (the cluster's reconcile creates it)")]
+    NoAuthority { name: String },
+}
+
+pub fn ca_secret_name(cluster: &str) -> String {
+    format!("{cluster}{CA_SECRET_SUFFIX}")
+}
+
+pub fn manager_tls_secret_name(cluster: &str) -> String {
+    format!("{cluster}{MANAGER_TLS_SECRET_SUFFIX}")
+}
+
+fn text(secret: &Secret, key: &'static str) -> Result<String, Error> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .ok_or_else(|| Error::MissingKey {
+            name: secret.name_any(),
+            key,
+        })
+}
+
+fn authority_of(secret: &Secret) -> Result<Authority, Error> {
+    let name = secret.name_any();
+    let bad = |source| Error::BadAuthority {
+        name: name.clone(),
+        source,
+    };
+    let cert = text(secret, "ca.crt")?;
+    let key = text(secret, "ca.key")?;
+    Authority::from_pem(&cert, &key).map_err(bad)
+}
+
+/// A cluster's authority and its managers' current certificate.
+pub struct Pki {
+    pub authority: Authority,
+    pub manager: Issued,
+}
+
+/// The authority of the observed Secret (a new one when there is none) and the managers'
+/// certificate: the observed one while it is the authority's and has more than
+/// [`RENEW_BEFORE_DAYS`] left, else a new one.
+pub fn plan(secrets: &[Secret], cluster: &str, now: jiff::Timestamp) -> Result<Pki, Error> {
+    let ca_name = ca_secret_name(cluster);
+    let authority = match secrets.iter().find(|s| s.name_any() == ca_name) {
+        Some(secret) => authority_of(secret)?,
+        None => Authority::generate(now).map_err(Error::Issue)?,
+    };
+    let tls_name = manager_tls_secret_name(cluster);
+    let current = secrets
+        .iter()
+        .find(|s| s.name_any() == tls_name)
+        .and_then(|s| {
+            let not_after: jiff::Timestamp =
+                s.annotations().get(ANNOTATION_NOT_AFTER)?.parse().ok()?;
+            let issued = Issued {
+                cert_pem: text(s, "tls.crt").ok()?,
+                key_pem: text(s, "tls.key").ok()?,
+                not_after,
+            };
+            let ours = text(s, "ca.crt").ok()? == authority.cert_pem();
+            let fresh = not_after.duration_since(now)
+                > jiff::SignedDuration::from_hours(24 * RENEW_BEFORE_DAYS);
+            (ours && fresh).then_some(issued)
+        });
+    let manager = match current {
+        Some(issued) => issued,
+        None => authority
+            .issue(Usage::ManagerServer, now, MANAGER_CERT_DAYS)
+            .map_err(Error::Issue)?,
+    };
+    Ok(Pki { authority, manager })
+}
+
+struct Cached {
+    ca_pem: String,
+    issued_at: jiff::Timestamp,
+    config: Arc<rustls::ClientConfig>,
+}
+
+/// The operator's client configurations for the managers, per cluster: a client
+/// certificate from the cluster's authority, issued in memory and renewed daily.
+#[derive(Default)]
+pub struct ManagerClients {
+    cache: Mutex<HashMap<(String, String), Cached>>,
+}
+
+impl ManagerClients {
+    /// The configuration for `namespace/cluster`, whose authority is in Secret
+    /// `<cluster>-ca` (read from the API server).
+    pub async fn for_cluster(
+        &self,
+        client: &Client,
+        namespace: &str,
+        cluster: &str,
+    ) -> Result<Arc<rustls::ClientConfig>, Error> {
+        let name = ca_secret_name(cluster);
+        let secret = Api::<Secret>::namespaced(client.clone(), namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|source| Error::Read {
+                name: name.clone(),
+                source,
+            })?
+            .ok_or(Error::NoAuthority { name })?;
+        self.for_authority(
+            namespace,
+            cluster,
+            &authority_of(&secret)?,
+            jiff::Timestamp::now(),
+        )
+    }
+
+    /// The configuration for `namespace/cluster` with this authority.
+    pub fn for_authority(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        authority: &Authority,
+        now: jiff::Timestamp,
+    ) -> Result<Arc<rustls::ClientConfig>, Error> {
+        let key = (namespace.to_string(), cluster.to_string());
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cache.get(&key)
+            && c.ca_pem == authority.cert_pem()
+            && now.duration_since(c.issued_at) < OPERATOR_CERT_REISSUE
+        {
+            return Ok(c.config.clone());
+        }
+        let issued = authority
+            .issue(Usage::OperatorClient, now, OPERATOR_CERT_DAYS)
+            .map_err(Error::Issue)?;
+        let config =
+            pgop_tls::client_config(authority.cert_pem(), &issued.cert_pem, &issued.key_pem)
+                .map_err(Error::Issue)?;
+        cache.insert(
+            key,
+            Cached {
+                ca_pem: authority.cert_pem().to_string(),
+                issued_at: now,
+                config: config.clone(),
+            },
+        );
+        Ok(config)
+    }
+
+    /// Forgets a deleted cluster's configuration.
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.remove(&(namespace.to_string(), cluster.to_string()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use std::collections::BTreeMap;
+
+    fn secret(name: &str, data: &[(&str, &str)], not_after: Option<&str>) -> Secret {
+        let mut s = Secret::default();
+        s.metadata.name = Some(name.to_string());
+        if let Some(at) = not_after {
+            s.metadata.annotations = Some(BTreeMap::from([(
+                ANNOTATION_NOT_AFTER.to_string(),
+                at.to_string(),
+            )]));
+        }
+        s.data = Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        );
+        s
+    }
+
+    fn ts(s: &str) -> jiff::Timestamp {
+        s.parse().expect("timestamp")
+    }
+
+    #[test]
+    fn a_new_cluster_gets_an_authority_and_a_certificate_kept_until_renewal_is_due() {
+        let now = ts("2026-12-01T12:00:00Z");
+        let first = plan(&[], "db", now).expect("plan");
+        assert_eq!(first.manager.not_after, ts("2027-03-01T00:00:00Z"));
+        let stored = [
+            secret(
+                "db-ca",
+                &[
+                    ("ca.crt", first.authority.cert_pem()),
+                    ("ca.key", first.authority.key_pem()),
+                ],
+                None,
+            ),
+            secret(
+                "db-manager-tls",
+                &[
+                    ("tls.crt", &first.manager.cert_pem),
+                    ("tls.key", &first.manager.key_pem),
+                    ("ca.crt", first.authority.cert_pem()),
+                ],
+                Some(&first.manager.not_after.to_string()),
+            ),
+        ];
+        // Read back: the same authority and the same certificate, until 30 days are left.
+        let again = plan(&stored, "db", ts("2027-01-29T23:59:59Z")).expect("plan");
+        assert_eq!(again.authority.cert_pem(), first.authority.cert_pem());
+        assert_eq!(again.manager, first.manager);
+        let renewed = plan(&stored, "db", ts("2027-01-30T00:00:00Z")).expect("plan");
+        assert_eq!(renewed.authority.cert_pem(), first.authority.cert_pem());
+        assert_ne!(renewed.manager.cert_pem, first.manager.cert_pem);
+        assert_eq!(renewed.manager.not_after, ts("2027-04-30T00:00:00Z"));
+    }
+
+    #[test]
+    fn a_certificate_of_another_authority_or_without_its_expiry_is_replaced() {
+        let now = ts("2026-12-01T12:00:00Z");
+        let first = plan(&[], "db", now).expect("plan");
+        let ca = secret(
+            "db-ca",
+            &[
+                ("ca.crt", first.authority.cert_pem()),
+                ("ca.key", first.authority.key_pem()),
+            ],
+            None,
+        );
+        let other = plan(&[], "db", now).expect("another authority");
+        let foreign = secret(
+            "db-manager-tls",
+            &[
+                ("tls.crt", &other.manager.cert_pem),
+                ("tls.key", &other.manager.key_pem),
+                ("ca.crt", other.authority.cert_pem()),
+            ],
+            Some(&other.manager.not_after.to_string()),
+        );
+        let p = plan(&[ca.clone(), foreign], "db", now).expect("plan");
+        assert_ne!(p.manager.cert_pem, other.manager.cert_pem);
+        let unannotated = secret(
+            "db-manager-tls",
+            &[
+                ("tls.crt", &first.manager.cert_pem),
+                ("tls.key", &first.manager.key_pem),
+                ("ca.crt", first.authority.cert_pem()),
+            ],
+            None,
+        );
+        let p = plan(&[ca, unannotated], "db", now).expect("plan");
+        assert_ne!(p.manager.cert_pem, first.manager.cert_pem);
+    }
+
+    #[test]
+    fn a_broken_authority_is_an_error_naming_its_secret() {
+        let broken = secret("db-ca", &[("ca.crt", "junk"), ("ca.key", "junk")], None);
+        let err = plan(&[broken], "db", jiff::Timestamp::now())
+            .err()
+            .expect("an error");
+        assert!(err.to_string().contains("db-ca"), "{err}");
+        let partial = secret("db-ca", &[("ca.crt", "junk")], None);
+        let err = plan(&[partial], "db", jiff::Timestamp::now())
+            .err()
+            .expect("an error");
+        assert_eq!(err.to_string(), "Secret db-ca lacks ca.key");
+    }
+
+    #[test]
+    fn client_configurations_are_cached_per_cluster_and_authority() {
+        let now = ts("2026-12-01T12:00:00Z");
+        let clients = ManagerClients::default();
+        let a = Authority::generate(now).expect("authority");
+        let first = clients.for_authority("ns", "db", &a, now).expect("config");
+        let same = clients
+            .for_authority("ns", "db", &a, ts("2026-12-02T11:59:59Z"))
+            .expect("config");
+        assert!(Arc::ptr_eq(&first, &same));
+        let next_day = clients
+            .for_authority("ns", "db", &a, ts("2026-12-02T12:00:00Z"))
+            .expect("config");
+        assert!(!Arc::ptr_eq(&first, &next_day));
+        let b = Authority::generate(now).expect("authority");
+        let other = clients.for_authority("ns", "db", &b, now).expect("config");
+        assert!(
+            !Arc::ptr_eq(&next_day, &other),
+            "a new authority, a new certificate"
+        );
+    }
+}
