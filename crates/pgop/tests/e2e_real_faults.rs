@@ -148,7 +148,10 @@ async fn new_primary_after(env: &RealEnv, ns: &str, old: &str) -> String {
 
 /// SIGKILL to the instance container of `pod` on node `index` (its init, the instance
 /// manager, takes PostgreSQL with it), as the OOM killer or a crash would; returns when.
-async fn kill_container(env: &RealEnv, index: usize, pod: &str) -> Result<f64> {
+/// Stops the Pod's running `postgres` container at once (SIGKILL); returns when it was
+/// asked to and when the stop had returned. A write that started in between may still
+/// have reached the dying server, so recovery is only read from writes started after.
+async fn kill_container(env: &RealEnv, index: usize, pod: &str) -> Result<(f64, f64)> {
     let label = format!("io.kubernetes.pod.name={pod}");
     let id = eventually(
         &format!("a running container of {pod}"),
@@ -172,14 +175,20 @@ async fn kill_container(env: &RealEnv, index: usize, pod: &str) -> Result<f64> {
     .await;
     let fault = now();
     env.nodes.crictl(index, &["stop", "--timeout", "0", &id])?;
-    Ok(fault)
+    Ok((fault, now()))
 }
 
-/// Fault, then: writes through `-rw` resume and the cluster is Ready again with every
-/// instance. Returns (seconds to the first acknowledged write after the fault, the
-/// primary afterwards).
-async fn recover(env: &RealEnv, ns: &str, writer: &Writer, fault: f64) -> (f64, String) {
-    let first = writer.first_write_after(&env.nodes, fault).await;
+/// Fault at `fault`, done (its command returned) at `done`; then writes through `-rw`
+/// resume and the cluster is Ready again with every instance. Returns (seconds from the
+/// fault to the first acknowledged write started after it was done, the primary
+/// afterwards).
+async fn recover(
+    env: &RealEnv,
+    ns: &str,
+    writer: &Writer,
+    (fault, done): (f64, f64),
+) -> (f64, String) {
+    let first = writer.first_write_after(&env.nodes, done).await;
     let ready = env.wait_ready(ns, "db", 3, Duration::from_secs(180)).await;
     let primary = ready
         .status
@@ -269,7 +278,25 @@ async fn a_killed_container_a_deleted_and_a_force_deleted_primary_pod_hand_over_
             },
         )
         .await?;
-        let (first, after) = recover(&env, ns, &writer, fault).await;
+        // Until another instance is the primary, a write may still reach the old one
+        // while it shuts down.
+        let moved = eventually(
+            &format!("{primary} is no longer the primary"),
+            Duration::from_secs(120),
+            || async {
+                let c = env
+                    .clusters(ns)
+                    .get("db")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match c.status.and_then(|s| s.current_primary) {
+                    Some(p) if p != primary => Ok(now()),
+                    other => Err(format!("{other:?}")),
+                }
+            },
+        )
+        .await;
+        let (first, after) = recover(&env, ns, &writer, (fault, moved)).await;
         println!(
             "primary Pod {primary} {what} → first write {first:.1} s after; primary now {after}"
         );
