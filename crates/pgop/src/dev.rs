@@ -165,6 +165,7 @@ async fn run_until_stopped(
                     pod_ports: vec![
                         pgop_api::constants::POSTGRES_PORT,
                         pgop_api::constants::MANAGER_PORT,
+                        pgop_api::constants::MANAGER_TLS_PORT,
                     ],
                 },
             )

@@ -49,7 +49,11 @@ pub async fn start(prefix: &str) -> Result<Env> {
             namespace: Some(ns.name().to_string()),
             image: "pgop:".into(),
             pgop_binary: env!("CARGO_BIN_EXE_pgop").into(),
-            pod_ports: vec![5432, 8000],
+            pod_ports: vec![
+                pgop_api::constants::POSTGRES_PORT,
+                pgop_api::constants::MANAGER_PORT,
+                pgop_api::constants::MANAGER_TLS_PORT,
+            ],
         },
     )
     .await?;
