@@ -39,6 +39,12 @@ pub enum Error {
     ReadFileSettings(#[source] tokio_postgres::Error),
 }
 
+/// Where a standby's replication password is kept: a password file in the socket
+/// directory (a per-Pod volume), outside PGDATA, which base backups and clones copy.
+pub fn passfile_path(layout: &Layout) -> PathBuf {
+    layout.socket_dir.join("pgop-replication.pgpass")
+}
+
 /// Where the instance listens and what it is called: the parts of the config that come
 /// from the pod, not from the spec.
 #[derive(Debug, Clone)]
@@ -100,7 +106,7 @@ pub fn owned_parameters(
     if let Mode::Standby { upstream } = mode {
         params.push((
             "primary_conninfo",
-            upstream.conninfo(&layout.instance, None),
+            upstream.conninfo_with_passfile(&layout.instance, &passfile_path(layout)),
         ));
         params.push(("primary_slot_name", sql::slot_name(&layout.instance)));
     }

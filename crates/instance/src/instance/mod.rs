@@ -40,6 +40,11 @@ pub enum Error {
     WriteConfig(#[source] config::Error),
     #[error("failed to write {0}")]
     WriteSignal(&'static str, #[source] std::io::Error),
+    #[error(
+        "the replication user or password holds a line break, which a password file cannot \
+         hold: set a password without one in the cluster's -replication Secret"
+    )]
+    PasswordLineBreak,
     #[error("failed to apply the configuration")]
     ApplyConfig(#[source] config::Error),
     #[error("failed to check pg_hba.conf")]
@@ -302,7 +307,7 @@ impl Instance {
     fn write_config(&self) -> Result<(), Error> {
         let layout = &self.options.layout;
         let store_config = store_config_path(layout);
-        let (conf, hba, standby, archiving) = {
+        let (conf, hba, standby, archiving, passfile) = {
             let d = self.desired();
             let command = d
                 .archiving
@@ -327,6 +332,12 @@ impl Instance {
                 config::render_pg_hba(&d.pg_hba, &self.options.credentials.replication_user),
                 matches!(d.mode, Mode::Standby { .. }),
                 d.archiving.clone(),
+                match &d.mode {
+                    Mode::Standby { upstream } => {
+                        Some(upstream.passfile_line().ok_or(Error::PasswordLineBreak)?)
+                    }
+                    Mode::Primary => None,
+                },
             )
         };
         if let Some(archiving) = archiving {
@@ -340,6 +351,17 @@ impl Instance {
             .set_restart_on_crash(standby || self.options.restart_crashed_primary);
         let pgdata = &self.options.layout.pgdata;
         let run_as = self.options.run_as;
+        // The replication password, for primary_conninfo's passfile; before the file that
+        // names it, and gone when no longer a standby.
+        let passfile_path = config::passfile_path(layout);
+        match passfile {
+            Some(line) => {
+                config::write_file(&passfile_path, &line, run_as).map_err(Error::WriteConfig)?
+            }
+            None if passfile_path.exists() => std::fs::remove_file(&passfile_path)
+                .map_err(|e| Error::WriteSignal("(removing) the replication password file", e))?,
+            None => {}
+        }
         config::write_file(&pgdata.join("postgresql.conf"), &conf, run_as)
             .map_err(Error::WriteConfig)?;
         config::write_file(&pgdata.join("pg_hba.conf"), &hba, run_as)

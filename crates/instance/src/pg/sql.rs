@@ -2,7 +2,7 @@
 //! reaches its own server over the Unix socket as the superuser; it must never build SQL
 //! from unquoted input.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_postgres::{Client, NoTls};
 
@@ -95,12 +95,30 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// A libpq connection string; `application_name` is how the primary names this standby
-    /// (in `pg_stat_replication` and `synchronous_standby_names`).
-    pub fn conninfo(&self, application_name: &str, dbname: Option<&str>) -> String {
-        let mut parts = vec![self.conninfo_without_password(application_name, dbname)];
-        parts.push(format!("password={}", conninfo_value(&self.password)));
-        parts.join(" ")
+    /// The connection string of `primary_conninfo`; `application_name` is how the primary
+    /// names this standby (in `pg_stat_replication` and `synchronous_standby_names`). The
+    /// password is not in it but in `passfile` ([`Upstream::passfile_line`]), kept outside
+    /// PGDATA: a copy of PGDATA (a base backup, a clone) never carries it.
+    pub fn conninfo_with_passfile(&self, application_name: &str, passfile: &Path) -> String {
+        format!(
+            "{} passfile={}",
+            self.conninfo_without_password(application_name, None),
+            conninfo_value(&passfile.display().to_string())
+        )
+    }
+
+    /// The password file's line for this upstream (`*:*:*:user:password`, with `\` and `:`
+    /// escaped as libpq reads them); `None` when the user or the password holds a line
+    /// break, which a password file cannot.
+    pub fn passfile_line(&self) -> Option<String> {
+        let field = |v: &str| {
+            (!v.contains(['\n', '\r'])).then(|| v.replace('\\', "\\\\").replace(':', "\\:"))
+        };
+        Some(format!(
+            "*:*:*:{}:{}\n",
+            field(&self.user)?,
+            field(&self.password)?
+        ))
     }
 
     /// The connection string for programs that get the password as `PGPASSWORD` (so that
@@ -218,10 +236,32 @@ mod tests {
                 .conninfo_without_password("demo-2", None)
                 .contains("s3cret")
         );
+        let conninfo =
+            upstream.conninfo_with_passfile("demo-2", Path::new("/run/postgresql/x.pgpass"));
+        assert!(!conninfo.contains("s3cret"), "{conninfo}");
         assert!(
-            upstream
-                .conninfo("demo-2", None)
-                .contains("password='s3cret'")
+            conninfo.ends_with(" passfile='/run/postgresql/x.pgpass'"),
+            "{conninfo}"
         );
+        assert_eq!(
+            upstream.passfile_line().as_deref(),
+            Some("*:*:*:streaming_replica:s3cret\n")
+        );
+    }
+
+    #[test]
+    fn passfile_lines_escape_what_libpq_unescapes_and_refuse_line_breaks() {
+        let with = |password: &str| Upstream {
+            host: "h".into(),
+            port: 5432,
+            user: "u".into(),
+            password: password.into(),
+        };
+        assert_eq!(
+            with("a:b\\c").passfile_line().as_deref(),
+            Some("*:*:*:u:a\\:b\\\\c\n")
+        );
+        assert_eq!(with("a\nb").passfile_line(), None);
+        assert_eq!(with("a\rb").passfile_line(), None);
     }
 }

@@ -108,6 +108,16 @@ impl Node {
         }
     }
 
+    /// The data directory.
+    pub fn pgdata(&self) -> std::path::PathBuf {
+        self._dir.0.join("data/pgdata")
+    }
+
+    /// The socket directory (where the replication password file lives).
+    pub fn socket_dir(&self) -> std::path::PathBuf {
+        self._dir.0.join("run")
+    }
+
     pub fn upstream(&self) -> Upstream {
         self.instance.as_upstream("127.0.0.1")
     }

@@ -42,6 +42,40 @@ async fn primary_and_two_standbys_stream_through_slots() -> TestResult {
     let slots: Vec<String> = slots.iter().map(|r| r.get(0)).collect();
     assert_eq!(slots, ["pgop_rep_2", "pgop_rep_3"]);
 
+    // The standbys stream with the replication password from a password file outside
+    // PGDATA: no file in PGDATA, which base backups and clones copy, holds it.
+    let password = crate::common::credentials().replication_password;
+    for standby in [&s1, &s2] {
+        let passfile = standby.socket_dir().join("pgop-replication.pgpass");
+        let meta = std::fs::metadata(&passfile)?;
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            0o600
+        );
+        assert!(std::fs::read_to_string(&passfile)?.contains(&password));
+        for file in files_under(&standby.pgdata()) {
+            // PostgreSQL removes temporary files while this reads.
+            let bytes = match std::fs::read(&file) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                read => read?,
+            };
+            assert!(
+                !bytes
+                    .windows(password.len())
+                    .any(|w| w == password.as_bytes()),
+                "{} holds the replication password",
+                file.display()
+            );
+        }
+    }
+    assert!(
+        !primary
+            .socket_dir()
+            .join("pgop-replication.pgpass")
+            .exists(),
+        "a primary keeps no replication password file"
+    );
+
     let app = primary.app().await?;
     app.batch_execute(
         "CREATE TABLE t (id int primary key); INSERT INTO t SELECT generate_series(1, 100)",
@@ -84,4 +118,21 @@ async fn primary_and_two_standbys_stream_through_slots() -> TestResult {
     )
     .await;
     Ok(())
+}
+
+/// Every regular file under `dir`.
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(path),
+                Ok(t) if t.is_file() => out.push(path),
+                _ => {}
+            }
+        }
+    }
+    out
 }
