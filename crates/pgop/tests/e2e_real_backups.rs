@@ -523,6 +523,13 @@ async fn archiving_a_scheduled_backup_pitr_and_a_logical_backup_on_real_nodes() 
         step.elapsed()
     );
 
+    // No secret value in any log, Event or status this whole test produced.
+    let mut secrets = vec![("the S3 secret key".to_string(), SECRET_KEY.to_string())];
+    for cluster in ["src", "pitr", "copy"] {
+        secrets.extend(real::secret_values(&env, NS, cluster).await?);
+    }
+    real::assert_no_secret_in_logs_events_or_status(&env, NS, &secrets).await?;
+
     println!("whole test {:.1?}", env.started.elapsed());
     drop(s3);
     Ok(())

@@ -577,3 +577,101 @@ pub fn synchronous_spec() -> serde_json::Value {
         "replication": {"synchronous": 1, "dataDurability": "required"}
     })
 }
+
+/// The secret values of `cluster` in `ns`, named: the app and replication passwords, and
+/// the keys of the manager channel's authority and of the managers' certificate (their
+/// longest base64 line, which nothing else could contain by chance).
+pub async fn secret_values(
+    env: &RealEnv,
+    ns: &str,
+    cluster: &str,
+) -> Result<Vec<(String, String)>> {
+    use k8s_openapi::api::core::v1::Secret;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), ns);
+    let mut out = Vec::new();
+    for (suffix, key) in [
+        ("-app", "password"),
+        ("-replication", "password"),
+        ("-ca", "ca.key"),
+        ("-manager-tls", "tls.key"),
+    ] {
+        let name = format!("{cluster}{suffix}");
+        let secret = secrets.get(&name).await?;
+        let value = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .ok_or_else(|| format!("{name} has no {key}"))?;
+        let value = if key.ends_with(".key") {
+            value
+                .lines()
+                .filter(|l| !l.starts_with("-----"))
+                .max_by_key(|l| l.len())
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            value
+        };
+        if value.len() < 16 {
+            return Err(format!("{name}/{key} is too short to search for").into());
+        }
+        out.push((format!("{name}/{key}"), value));
+    }
+    Ok(out)
+}
+
+/// Fails naming where a secret value was found: the log of any container of any Pod on any
+/// node (the operator's, every instance's, the clients'), any Event in the cluster, or the
+/// status of any PostgresCluster or PostgresBackup in `ns`.
+pub async fn assert_no_secret_in_logs_events_or_status(
+    env: &RealEnv,
+    ns: &str,
+    secrets: &[(String, String)],
+) -> Result {
+    use k8s_openapi::api::core::v1::Event;
+    let mut places: Vec<(String, String)> = Vec::new();
+    places.push(("pod logs".into(), pod_logs(env, "", usize::MAX)));
+    let events: Api<Event> = Api::all(env.client.clone());
+    for e in events.list(&Default::default()).await?.items {
+        places.push((
+            format!(
+                "Event {}/{}",
+                e.metadata.namespace.clone().unwrap_or_default(),
+                e.metadata.name.clone().unwrap_or_default()
+            ),
+            serde_json::to_string(&e)?,
+        ));
+    }
+    for c in env.clusters(ns).list(&Default::default()).await?.items {
+        places.push((
+            format!(
+                "PostgresCluster {} status",
+                c.metadata.name.clone().unwrap_or_default()
+            ),
+            serde_json::to_string(&c.status)?,
+        ));
+    }
+    let backups: Api<pgop_api::backup::PostgresBackup> = Api::namespaced(env.client.clone(), ns);
+    for b in backups.list(&Default::default()).await?.items {
+        places.push((
+            format!(
+                "PostgresBackup {} status",
+                b.metadata.name.clone().unwrap_or_default()
+            ),
+            serde_json::to_string(&b.status)?,
+        ));
+    }
+    let searched: usize = places.iter().map(|(_, text)| text.len()).sum();
+    for (what, value) in secrets {
+        for (place, text) in &places {
+            assert!(!text.contains(value.as_str()), "{what} found in {place}");
+        }
+    }
+    println!(
+        "{} secret values absent from {} places ({searched} bytes: pod logs, Events, statuses)",
+        secrets.len(),
+        places.len()
+    );
+    Ok(())
+}
