@@ -269,6 +269,43 @@ async fn e2e_a_deleted_secret_is_generated_anew_and_postgresql_takes_its_passwor
     .await;
     replica_login?;
     env.wait_ready("sec", 2).await?;
+
+    // Rotation by the user: a password of their own, with every character that could
+    // break a statement, a connection string or a URI. PostgreSQL takes it, refuses the
+    // one before, and the Secret's `uri` follows it (percent-encoded).
+    let chosen = r#"it's "mine" \ p@ss:w/rd%$(x) #1"#;
+    let patch = serde_json::json!({"stringData": {"password": chosen}});
+    secrets
+        .patch(
+            "sec-app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await?;
+    write_through_rw(&env, "sec", chosen, "insert into t values (2)").await?;
+    assert!(
+        connect(&ip, &new).await.is_err(),
+        "the password before the user's is refused"
+    );
+    let uri = wait::until("the uri follows the new password", TIMEOUT, || async {
+        let secret = secrets.get("sec-app").await.map_err(|e| e.to_string())?;
+        let uri = secret
+            .data
+            .and_then(|d| d.get("uri").cloned())
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+            .unwrap_or_default();
+        if uri.contains("it%27s%20%22mine%22%20%5C%20p%40ss%3Aw%2Frd%25%24%28x%29%20%231@") {
+            Ok(uri)
+        } else {
+            Err(uri)
+        }
+    })
+    .await?;
+    println!(
+        "a user's password works and the uri follows it: {}",
+        uri.len()
+    );
+    env.wait_ready("sec", 2).await?;
     env.stop().await
 }
 

@@ -8,7 +8,8 @@
 //!   asked for `1.5Gi` holds `1536Mi`), which is no drift either.
 //! - Secrets are created once and their data never rewritten (passwords and the
 //!   certificate authority are generated once), except the managers' certificate, which
-//!   is server-side applied like the rest and so rewritten when it is renewed; Pods are created once, since their spec is immutable (restarts for new
+//!   is server-side applied like the rest and so rewritten when it is renewed, and the app
+//!   Secret's `uri`, rewritten to match a password the user changed; Pods are created once, since their spec is immutable (restarts for new
 //!   settings are the rolling update's job). For both, drifted labels and a missing
 //!   ownerReference are repaired with a metadata-only patch.
 //! - Instances the plan removed lose their Pod, then their PVC.
@@ -16,7 +17,7 @@
 use super::build::{Children, quantity};
 use super::dereference::Observed;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -217,6 +218,55 @@ where
     Ok(())
 }
 
+/// Rewrites the `keys` of an existing Secret that differ from `desired`'s (keys derived
+/// from a password the user may change, such as the app Secret's `uri`); the password and
+/// every other key are left as they are.
+async fn fix_derived_keys(
+    client: &Client,
+    namespace: &str,
+    desired: &Secret,
+    live: &[Secret],
+    keys: &[&str],
+    outcome: &mut Outcome,
+) -> Result<(), Error> {
+    let name = desired.name_any();
+    let Some(current) = find(live, &name) else {
+        return Ok(());
+    };
+    let wanted = desired.string_data.clone().unwrap_or_default();
+    let mut changed = serde_json::Map::new();
+    for key in keys {
+        let Some(value) = wanted.get(*key) else {
+            continue;
+        };
+        let now = current
+            .data
+            .as_ref()
+            .and_then(|d| d.get(*key))
+            .map(|v| v.0.as_slice());
+        if now != Some(value.as_bytes()) {
+            changed.insert((*key).to_string(), Value::String(value.clone()));
+        }
+    }
+    if changed.is_empty() {
+        return Ok(());
+    }
+    api::<Secret>(client, namespace)
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER),
+            &Patch::Merge(serde_json::json!({ "stringData": changed })),
+        )
+        .await
+        .map_err(|source| Error::Apply {
+            kind: "Secret",
+            name: name.clone(),
+            source,
+        })?;
+    outcome.repaired.push(format!("Secret/{name}"));
+    Ok(())
+}
+
 /// A merge patch setting the desired labels and adding the desired ownerReferences, or
 /// `None` when the live metadata already has them. Other labels are left alone.
 pub fn metadata_patch(desired: &ObjectMeta, live: &ObjectMeta) -> Option<Value> {
@@ -305,6 +355,15 @@ pub async fn apply(
     )
     .await?;
     create_or_fix_metadata(client, namespace, app_secret, &observed.secrets, &mut out).await?;
+    fix_derived_keys(
+        client,
+        namespace,
+        app_secret,
+        &observed.secrets,
+        super::build::APP_DERIVED_KEYS,
+        &mut out,
+    )
+    .await?;
     create_or_fix_metadata(
         client,
         namespace,

@@ -19,7 +19,9 @@ use pgop_api::PostgresCluster;
 use pgop_api::labels;
 use std::collections::BTreeMap;
 
-pub use secret::{APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, REPLICATION_USER};
+pub use secret::{
+    APP_DERIVED_KEYS, APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, REPLICATION_USER,
+};
 
 /// The image instance pods run when neither the cluster nor the operator names one.
 pub const DEFAULT_IMAGE: &str = concat!("pgop:", env!("CARGO_PKG_VERSION"));

@@ -33,8 +33,11 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str) -> Secret {
         .unwrap_or_else(|| ("app".to_string(), "app".to_string()));
     let host = format!("{}-rw", c.cluster);
     let uri = format!(
-        "postgresql://{owner}:{password}@{host}.{}:{POSTGRES_PORT}/{database}",
-        c.namespace
+        "postgresql://{}:{}@{host}.{}:{POSTGRES_PORT}/{}",
+        percent_encode(&owner),
+        percent_encode(password),
+        c.namespace,
+        percent_encode(&database)
     );
     let data = [
         ("username", owner.as_str()),
@@ -49,6 +52,25 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str) -> Secret {
     .collect();
     secret(c, format!("{}{APP_SECRET_SUFFIX}", c.cluster), data)
 }
+
+/// `s` for one component of a URI: every byte but the unreserved ones (RFC 3986: letters,
+/// digits, `-`, `.`, `_`, `~`) percent-encoded, so that a password a user chose (`@`, `:`,
+/// `/`, `%`, quotes) cannot change the URI's structure.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The keys of the app Secret derived from its password (and the spec): kept in line
+/// with the password when a user changes it.
+pub const APP_DERIVED_KEYS: &[&str] = &["uri"];
 
 pub fn replication(c: &Common, password: &str) -> Secret {
     let data = [("username", REPLICATION_USER), ("password", password)]

@@ -478,3 +478,13 @@ fn node_selector_and_tolerations_reach_the_pod() {
         ])
     );
 }
+
+#[test]
+fn the_app_uri_percent_encodes_a_password_that_could_break_it() {
+    assert_eq!(secret::percent_encode("aZ09-._~"), "aZ09-._~");
+    assert_eq!(
+        secret::percent_encode("p@ss:w/rd%'\" $(x)"),
+        "p%40ss%3Aw%2Frd%25%27%22%20%24%28x%29"
+    );
+    assert_eq!(secret::percent_encode("é"), "%C3%A9");
+}
