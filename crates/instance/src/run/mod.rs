@@ -783,68 +783,57 @@ async fn wait_for_credentials(client: &kube::Client, settings: &Settings) -> Cre
     }
 }
 
+/// Secret `name` of the cluster's namespace.
+async fn read_secret(
+    client: &kube::Client,
+    settings: &Settings,
+    name: String,
+) -> Result<(String, Secret), Error> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
+    match secrets.get(&name).await {
+        Ok(secret) => Ok((name, secret)),
+        Err(source) => Err(Error::ReadSecret { name, source }),
+    }
+}
+
+/// The text of `key` in a Secret read by [`read_secret`].
+fn secret_text((name, secret): &(String, Secret), key: &'static str) -> Result<String, Error> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .ok_or_else(|| Error::ReadSecretKey {
+            name: name.clone(),
+            key,
+        })
+}
+
 /// The manager certificate, its key and the authority's certificate (PEM), from the
 /// Secret `<cluster>-manager-tls` the operator keeps.
 async fn read_manager_tls(
     client: &kube::Client,
     settings: &Settings,
 ) -> Result<(String, String, String), Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
     let name = format!(
         "{}{}",
         settings.cluster,
         pgop_api::constants::MANAGER_TLS_SECRET_SUFFIX
     );
-    let secret = secrets
-        .get(&name)
-        .await
-        .map_err(|source| Error::ReadSecret {
-            name: name.clone(),
-            source,
-        })?;
-    let key = |key: &'static str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .ok_or_else(|| Error::ReadSecretKey {
-                name: name.clone(),
-                key,
-            })
-    };
-    Ok((key("tls.crt")?, key("tls.key")?, key("ca.crt")?))
+    let secret = read_secret(client, settings, name).await?;
+    Ok((
+        secret_text(&secret, "tls.crt")?,
+        secret_text(&secret, "tls.key")?,
+        secret_text(&secret, "ca.crt")?,
+    ))
 }
 
 async fn read_credentials(
     client: &kube::Client,
     settings: &Settings,
 ) -> Result<Credentials, Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
-    let read = |name: String| {
-        let secrets = secrets.clone();
-        async move {
-            let secret = secrets
-                .get(&name)
-                .await
-                .map_err(|source| Error::ReadSecret {
-                    name: name.clone(),
-                    source,
-                })?;
-            Ok::<_, Error>((name, secret))
-        }
-    };
-    let key = |(name, secret): &(String, Secret), key: &'static str| {
-        secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            .ok_or_else(|| Error::ReadSecretKey {
-                name: name.clone(),
-                key,
-            })
-    };
+    let read = |name: String| read_secret(client, settings, name);
+    let key = secret_text;
     let app = read(format!("{}-app", settings.cluster)).await?;
     let replication = read(format!("{}-replication", settings.cluster)).await?;
     Ok(Credentials {
