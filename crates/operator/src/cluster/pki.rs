@@ -188,12 +188,6 @@ impl ManagerClients {
         );
         Ok(config)
     }
-
-    /// Forgets a deleted cluster's configuration.
-    pub fn forget(&self, namespace: &str, cluster: &str) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache.remove(&(namespace.to_string(), cluster.to_string()));
-    }
 }
 
 #[cfg(test)]
