@@ -103,7 +103,7 @@ pub fn msg_parameter_names() -> String {
 pub fn msg_unsupported_parameters() -> String {
     format!(
         "must not set {}, or any {UNSUPPORTED_PARAMETER_PREFIX}* parameter: include directives \
-         would read other files, and pgop does not run TLS yet",
+         would read other files, and pgop configures TLS itself",
         UNSUPPORTED_PARAMETERS.join(", ")
     )
 }

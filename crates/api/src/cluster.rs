@@ -61,7 +61,7 @@ pub const OWNED_PARAMETERS: &[&str] = &[
 /// Parameters pgop refuses although it does not set them, compared in lower case:
 /// configuration-file directives (`include`, `include_dir`, `include_if_exists`: written as
 /// a parameter they would make PostgreSQL read another file) and TLS (`ssl` and every
-/// `ssl_*` name, one of which runs a shell command), which pgop does not run yet. The CRD's
+/// `ssl_*` name, one of which runs a shell command), which pgop configures itself. The CRD's
 /// CEL rule and [`crate::validate`] are both generated from this list and
 /// [`UNSUPPORTED_PARAMETER_PREFIX`].
 pub const UNSUPPORTED_PARAMETERS: &[&str] = &["include", "include_dir", "include_if_exists", "ssl"];
@@ -202,6 +202,12 @@ pub struct PostgresClusterSpec {
     #[serde(default)]
     pub replication: ReplicationSpec,
 
+    /// TLS of PostgreSQL's connections. PostgreSQL always serves TLS (1.2 or later) with a
+    /// certificate from the cluster's own authority, and standbys always replicate over it
+    /// with a client certificate.
+    #[serde(default)]
+    pub tls: TlsSpec,
+
     /// Seconds the primary must stay unready before pgop fails over to a standby (0: at
     /// once). A longer delay rides out short hiccups at the price of a longer outage.
     #[serde(default)]
@@ -265,7 +271,7 @@ pub struct PostgresqlSpec {
     /// extension), at most 127 characters; a value is one line without control characters,
     /// at most 4096 characters. Refused: parameters that pgop sets itself (listening,
     /// replication, archiving, recovery, logging), `include` directives, and `ssl`/`ssl_*`
-    /// (pgop does not run TLS yet).
+    /// (pgop configures TLS itself).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend(
         "maxProperties" = MAX_PARAMETERS,
@@ -283,17 +289,31 @@ pub struct PostgresqlSpec {
     /// Extra pg_hba.conf lines, one rule each (e.g. `host all all 10.0.0.0/8
     /// scram-sha-256`), placed after pgop's rules for local and replication connections and
     /// before its final catch-all rule; at most 64 lines of at most 1024 characters. A line
-    /// is `local`, `host`, `hostnossl` or `hostnogssenc`, two to four fields, a method
-    /// (`trust`, `reject`, `scram-sha-256`, `md5`, `password`, `peer`, `ident`, `ldap`,
-    /// `radius`, `pam`, `gss`) and `name=value` options; a field is plain or one
-    /// double-quoted string. No `@file`, no `#`, no control characters. The superuser
-    /// `postgres` never logs in over the network, whatever the rules say.
+    /// is `local`, `host`, `hostssl`, `hostnossl` or `hostnogssenc`, two to four fields, a
+    /// method (`trust`, `reject`, `scram-sha-256`, `md5`, `password`, `peer`, `ident`,
+    /// `ldap`, `radius`, `pam`, `gss`; `cert` with `hostssl` only) and `name=value`
+    /// options; a field is plain or one double-quoted string. No `@file`, no `#`, no
+    /// control characters. The superuser `postgres` never logs in over the network, and
+    /// connections without TLS are refused before these rules unless
+    /// `spec.tls.allowPlaintext`, whatever the rules say.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(
         length(max = 64),
         inner(length(max = 1024), pattern(formats::HBA_LINE_PATTERN))
     )]
     pub pg_hba: Vec<String>,
+}
+
+/// TLS of PostgreSQL's connections.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// Accept client connections without TLS. Off by default: PostgreSQL refuses a
+    /// connection that is not encrypted before any `spec.postgresql.pgHba` rule is read.
+    /// Turning it on lets passwords and data cross the network in the clear; it is the
+    /// user's choice. Replication uses TLS whatever this says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plaintext: bool,
 }
 
 /// Streaming replication settings.

@@ -47,9 +47,24 @@ pub const CA_SECRET_SUFFIX: &str = "-ca";
 /// Suffix of the Secret holding the instance managers' serving certificate (`tls.crt`,
 /// `tls.key`) and the authority's certificate (`ca.crt`), which the instances read.
 pub const MANAGER_TLS_SECRET_SUFFIX: &str = "-manager-tls";
-/// Annotation on the manager certificate's Secret: when the certificate expires (RFC 3339);
-/// the operator renews it ahead of that.
+/// Suffix of the Secret holding a cluster's PostgreSQL authority (`ca.crt`, `ca.key`),
+/// which signs PostgreSQL's server and client certificates: only the operator reads it.
+pub const POSTGRES_CA_SECRET_SUFFIX: &str = "-postgres-ca";
+/// Suffix of the Secret holding PostgreSQL's serving certificate (`tls.crt`, `tls.key`,
+/// `ca.crt`), which the instances read.
+pub const SERVER_TLS_SECRET_SUFFIX: &str = "-server-tls";
+/// Suffix of the Secret holding the replication user's client certificate (`tls.crt`,
+/// `tls.key`, `ca.crt`), with which standbys connect to their primary.
+pub const REPLICATION_TLS_SECRET_SUFFIX: &str = "-replication-tls";
+/// Annotation on a certificate's Secret: when the certificate expires (RFC 3339); the
+/// operator renews it ahead of that.
 pub const ANNOTATION_NOT_AFTER: &str = "database.example.com/not-after";
+/// Annotation on PostgreSQL's server certificate Secret: the DNS names the certificate
+/// holds, comma-separated; a new certificate is issued when the wanted names change.
+pub const ANNOTATION_DNS_NAMES: &str = "database.example.com/dns-names";
+/// The DNS domain of the Kubernetes cluster, in the fully qualified Service names of
+/// PostgreSQL's server certificate.
+pub const CLUSTER_DOMAIN: &str = "cluster.local";
 
 /// Liveness of the instance manager.
 pub const PATH_HEALTHZ: &str = "/healthz";

@@ -24,16 +24,18 @@ pub const SECRET_KEY_PATTERN: &str =
     r"^([-_a-zA-Z0-9][-._a-zA-Z0-9]*|\.[-_a-zA-Z0-9][-._a-zA-Z0-9]*)$";
 
 /// One pg_hba.conf rule on one line: a connection type pgop can serve (`local`, `host`,
-/// `hostnossl`, `hostnogssenc`; `hostssl` and `hostgssenc` need TLS or GSSAPI, which pgop
-/// does not run yet), its fields (`local`: database and user; the others: database, user
-/// and address, or address and mask),
-/// an authentication method, then `name=value` options. A field is either plain
-/// (`[-A-Za-z0-9_.,/:+*^$]`) or one double-quoted string; no `@file` inclusion, no `#`
-/// comment, no control character. `cert` needs TLS and is refused with it.
+/// `hostssl`, `hostnossl`, `hostnogssenc`; `hostgssenc` needs GSSAPI, which pgop does not
+/// run), its fields (`local`: database and user; the others: database, user and address,
+/// or address and mask), an authentication method, then `name=value` options. `cert`
+/// (a client certificate) only with `hostssl`, as PostgreSQL requires. A field is either
+/// plain (`[-A-Za-z0-9_.,/:+*^$]`) or one double-quoted string; no `@file` inclusion, no
+/// `#` comment, no control character.
 pub const HBA_LINE_PATTERN: &str = concat!(
     r#"^[ \t]*(local([ \t]+([-A-Za-z0-9_.,/:+*^$]+|"[^"\x00-\x1f\x7f]*")){2}"#,
-    r#"|(host|hostnossl|hostnogssenc)([ \t]+([-A-Za-z0-9_.,/:+*^$]+|"[^"\x00-\x1f\x7f]*")){3,4})"#,
     r"[ \t]+(trust|reject|scram-sha-256|md5|password|peer|ident|ldap|radius|pam|gss)",
+    r#"|(host|hostssl|hostnossl|hostnogssenc)([ \t]+([-A-Za-z0-9_.,/:+*^$]+|"[^"\x00-\x1f\x7f]*")){3,4}"#,
+    r"[ \t]+(trust|reject|scram-sha-256|md5|password|peer|ident|ldap|radius|pam|gss)",
+    r#"|hostssl([ \t]+([-A-Za-z0-9_.,/:+*^$]+|"[^"\x00-\x1f\x7f]*")){3,4}[ \t]+cert)"#,
     r#"([ \t]+[a-z_]+=("[^"\x00-\x1f\x7f]*"|[!$-~]+))*[ \t]*$"#
 );
 
@@ -41,6 +43,7 @@ pub const HBA_LINE_PATTERN: &str = concat!(
 const HBA_TYPES: &[(&str, usize, usize)] = &[
     ("local", 2, 2),
     ("host", 3, 4),
+    ("hostssl", 3, 4),
     ("hostnossl", 3, 4),
     ("hostnogssenc", 3, 4),
 ];
@@ -293,7 +296,8 @@ pub fn is_hba_line(s: &str) -> bool {
     (min..=max).any(|fields| {
         rest.len() > fields
             && rest[..fields].iter().all(|t| is_hba_field(t))
-            && HBA_METHODS.contains(&rest[fields])
+            && (HBA_METHODS.contains(&rest[fields])
+                || (*kind == "hostssl" && rest[fields] == "cert"))
             && rest[fields + 1..].iter().all(|t| is_hba_option(t))
     })
 }
@@ -892,14 +896,18 @@ mod tests {
             "host \"my db\" \"Ünïcode\" ::1/128 scram-sha-256",
             "host all all all ldap ldapserver=ldap.example.com ldapprefix=\"cn=\" ldapsuffix=\", dc=example\"",
             "hostnossl all all samenet reject",
+            "hostssl all all 10.0.0.0/8 scram-sha-256",
+            "hostssl all app all cert clientname=CN",
         ] {
             assert!(is_hba_line(good), "{good}");
         }
         for bad in [
             "",
             "host all all\nlocal all all trust",
-            "hostssl all all 10.0.0.0/8 scram-sha-256",
             "host all all 10.0.0.0/8 cert",
+            "hostnossl all all all cert",
+            "local all all cert",
+            "hostgssenc all all all gss",
             "host all all 10.0.0.0/8 scram-sha-256 # comment",
             "host @dbs all 10.0.0.0/8 md5",
             "include /etc/passwd",

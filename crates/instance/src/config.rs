@@ -45,6 +45,75 @@ pub fn passfile_path(layout: &Layout) -> PathBuf {
     layout.socket_dir.join("pgop-replication.pgpass")
 }
 
+/// PostgreSQL's TLS material (PEM), as the cluster's Secrets hold it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tls {
+    pub server_cert: String,
+    pub server_key: String,
+    /// The cluster's PostgreSQL authority: verifies the other instances' server
+    /// certificates and clients' certificates.
+    pub ca: String,
+    /// The replication user's client certificate and key.
+    pub replication_cert: String,
+    pub replication_key: String,
+    /// The name instances verify in each other's certificate (`<cluster>-rw`).
+    pub server_name: String,
+    /// Whether clients may connect without TLS (`spec.tls.allowPlaintext`).
+    pub allow_plaintext: bool,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the keys.
+        f.debug_struct("Tls")
+            .field("server_name", &self.server_name)
+            .field("allow_plaintext", &self.allow_plaintext)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where PostgreSQL's TLS files are: in the socket directory (a per-Pod volume private to
+/// PostgreSQL's OS user), outside PGDATA, so that no base backup or clone copies a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub ca: PathBuf,
+    pub replication_cert: PathBuf,
+    pub replication_key: PathBuf,
+}
+
+pub fn tls_files(layout: &Layout) -> TlsFiles {
+    let file = |name: &str| layout.socket_dir.join(format!("pgop-tls-{name}"));
+    TlsFiles {
+        server_cert: file("server.crt"),
+        server_key: file("server.key"),
+        ca: file("ca.crt"),
+        replication_cert: file("replication.crt"),
+        replication_key: file("replication.key"),
+    }
+}
+
+/// Writes the TLS files (mode 0600, owned by PostgreSQL's OS user); PostgreSQL reads them
+/// again at its next reload.
+pub fn write_tls(layout: &Layout, tls: &Tls, run_as: Option<RunAs>) -> Result<(), Error> {
+    let files = tls_files(layout);
+    std::fs::create_dir_all(&layout.socket_dir).map_err(|source| Error::WriteFile {
+        path: layout.socket_dir.clone(),
+        source,
+    })?;
+    for (path, content) in [
+        (&files.ca, &tls.ca),
+        (&files.server_cert, &tls.server_cert),
+        (&files.server_key, &tls.server_key),
+        (&files.replication_cert, &tls.replication_cert),
+        (&files.replication_key, &tls.replication_key),
+    ] {
+        write_file(path, content, run_as)?;
+    }
+    Ok(())
+}
+
 /// Where the instance listens and what it is called: the parts of the config that come
 /// from the pod, not from the spec.
 #[derive(Debug, Clone)]
@@ -86,6 +155,7 @@ pub fn owned_parameters(
     mode: &Mode,
     sync_names: &str,
     archive_command: Option<&str>,
+    tls: bool,
 ) -> Vec<(String, String)> {
     let mut params = vec![
         ("listen_addresses", layout.listen_addresses.clone()),
@@ -103,6 +173,17 @@ pub fn owned_parameters(
         ("cluster_name", layout.cluster.clone()),
         ("synchronous_standby_names", sync_names.to_string()),
     ];
+    // TLS 1.2 or later with the cluster's certificate; clients' certificates are checked
+    // against the cluster's authority (replication logs in with one).
+    if tls {
+        let files = tls_files(layout);
+        let path = |p: &Path| p.display().to_string();
+        params.push(("ssl", "on".into()));
+        params.push(("ssl_cert_file", path(&files.server_cert)));
+        params.push(("ssl_key_file", path(&files.server_key)));
+        params.push(("ssl_ca_file", path(&files.ca)));
+        params.push(("ssl_min_protocol_version", "TLSv1.2".into()));
+    }
     if let Mode::Standby { upstream } = mode {
         params.push((
             "primary_conninfo",
@@ -144,7 +225,7 @@ pub fn refused(name: &str, value: &str) -> Option<String> {
     } else if is_owned(name) {
         Some("managed by pgop".into())
     } else if pgop_api::cluster::is_unsupported_parameter(name) {
-        Some("refused by pgop (an include directive, or TLS, which pgop does not run yet)".into())
+        Some("refused by pgop (an include directive, or TLS, which pgop configures itself)".into())
     } else if !formats::is_parameter_value(value) {
         Some(format!(
             "the value has a line break or another control character, or is longer than {} \
@@ -163,6 +244,7 @@ pub fn render_postgresql_conf(
     mode: &Mode,
     sync_names: &str,
     archive_command: Option<&str>,
+    tls: bool,
     user: &BTreeMap<String, String>,
 ) -> String {
     let mut out = String::from("# Written by pgop; edits are overwritten.\n\n# Defaults\n");
@@ -186,7 +268,7 @@ pub fn render_postgresql_conf(
         }
     }
     out.push_str("\n# Owned by pgop\n");
-    for (name, value) in owned_parameters(layout, mode, sync_names, archive_command) {
+    for (name, value) in owned_parameters(layout, mode, sync_names, archive_command, tls) {
         out.push_str(&line(&name, &value));
     }
     out
@@ -201,11 +283,13 @@ fn line(name: &str, value: &str) -> String {
     )
 }
 
-/// pg_hba.conf: the manager over the socket, replication with a password, no superuser
-/// over the network, the user's rules, then password access for everyone else. A user rule
-/// outside pgop's grammar ([`pgop_api::formats::is_hba_line`]: one line, a known type and
-/// method, no `@file`) is left out.
-pub fn render_pg_hba(extra: &[String], replication_user: &str) -> String {
+/// pg_hba.conf: the manager over the socket, replication (with a client certificate over
+/// TLS when `tls` is given, else with a password), no superuser over the network, no
+/// connection without TLS unless `tls` allows plaintext, the user's rules, then password
+/// access for everyone else. A user rule outside pgop's grammar
+/// ([`pgop_api::formats::is_hba_line`]: one line, a known type and method, no `@file`) is
+/// left out. `tls`: `Some(allow_plaintext)` when PostgreSQL serves TLS.
+pub fn render_pg_hba(extra: &[String], replication_user: &str, tls: Option<bool>) -> String {
     let mut out = String::from("# Written by pgop; edits are overwritten.\n");
     // The socket directory is private to PostgreSQL's OS user: only the manager gets here.
     out.push_str(&format!("local all {} trust\n", quote_ident(SUPERUSER)));
@@ -213,16 +297,29 @@ pub fn render_pg_hba(extra: &[String], replication_user: &str) -> String {
         "local replication {} trust\n",
         quote_ident(SUPERUSER)
     ));
-    out.push_str(&format!(
-        "host replication {} all scram-sha-256\n",
-        quote_ident(replication_user)
-    ));
+    let replication = quote_ident(replication_user);
+    match tls {
+        // Standbys (streaming, pg_basebackup, pg_rewind and the manager's check of its
+        // primary) log in with the certificate the operator issued for this user, never
+        // with a password.
+        Some(_) => out.push_str(&format!(
+            "hostssl replication {replication} all cert\nhostssl all {replication} all cert\n\
+             host replication {replication} all reject\nhost all {replication} all reject\n"
+        )),
+        None => out.push_str(&format!(
+            "host replication {replication} all scram-sha-256\n"
+        )),
+    }
     // The superuser only ever connects over the socket: no rule below may let it in
     // over the network (a `trust` rule for `all` users would otherwise).
     out.push_str(&format!(
         "host all {su} all reject\nhost replication {su} all reject\n",
         su = quote_ident(SUPERUSER)
     ));
+    if tls == Some(false) {
+        // spec.tls.allowPlaintext is off: whatever the user's rules say.
+        out.push_str("hostnossl all all all reject\nhostnossl replication all all reject\n");
+    }
     out.push_str("\n# spec.postgresql.pgHba\n");
     for rule in extra {
         if hba_rule_refused(rule) {
@@ -583,7 +680,7 @@ mod tests {
         let layout = layout();
         let command = "'/pgop' instance wal-archive --store-config '/run/x.json' %p";
         let none = BTreeMap::new();
-        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &none);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), false, &none);
         assert!(conf.contains("archive_mode = 'on'"), "{conf}");
         assert!(
             conf.contains(
@@ -593,12 +690,12 @@ mod tests {
         );
         assert!(conf.contains("archive_timeout = '60s'"), "{conf}");
         let user = BTreeMap::from([("archive_timeout".to_string(), "5min".to_string())]);
-        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), &user);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", Some(command), false, &user);
         assert!(
             !conf.contains("'60s'") && conf.contains("archive_timeout = '5min'"),
             "{conf}"
         );
-        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", None, &none);
+        let conf = render_postgresql_conf(&layout, &Mode::Primary, "", None, false, &none);
         assert!(
             conf.contains("archive_mode = 'off'") && !conf.contains("archive_command"),
             "{conf}"
@@ -616,7 +713,8 @@ mod tests {
             ("port".to_string(), "1".to_string()),
             ("search_path".to_string(), "it's".to_string()),
         ]);
-        let conf = render_postgresql_conf(&layout, &Mode::Primary, "ANY 1 (\"a\")", None, &user);
+        let conf =
+            render_postgresql_conf(&layout, &Mode::Primary, "ANY 1 (\"a\")", None, false, &user);
         assert!(!conf.contains("port = '1'"));
         assert!(conf.contains("port = '5432'"));
         assert!(conf.contains("search_path = 'it''s'"));
@@ -627,6 +725,7 @@ mod tests {
                 "host all app 10.0.0.0/8 md5".into(),
             ],
             "streaming_replica",
+            None,
         );
         assert!(!hba.contains("trust\n\n"), "{hba}");
         assert!(!hba.contains("host all all all trust"), "{hba}");
@@ -683,7 +782,7 @@ mod tests {
                 ("log_line_prefix".to_string(), "%m [%p] '\\' ".to_string()),
             ])
             .collect();
-        let conf = render_postgresql_conf(&layout(), &Mode::Primary, "", None, &user);
+        let conf = render_postgresql_conf(&layout(), &Mode::Primary, "", None, false, &user);
         let names = setting_names(&conf);
         for (name, value) in hostile {
             assert!(refused(name, value).is_some(), "{name:?} = {value:?}");
@@ -715,6 +814,7 @@ mod tests {
                 "host @dbs all all md5".into(),
             ],
             "streaming_replica",
+            None,
         );
         let reject = hba
             .find("host all \"postgres\" all reject")
@@ -728,5 +828,45 @@ mod tests {
             "{hba}"
         );
         assert!(!hba.contains('@'), "{hba}");
+    }
+
+    #[test]
+    fn with_tls_replication_needs_a_certificate_and_plaintext_is_refused_before_user_rules() {
+        let rules = ["host all all 0.0.0.0/0 scram-sha-256".to_string()];
+        let hba = render_pg_hba(&rules, "streaming_replica", Some(false));
+        let position = |line: &str| {
+            hba.find(&format!("{line}\n"))
+                .unwrap_or_else(|| panic!("{line:?} missing from:\n{hba}"))
+        };
+        let cert = position("hostssl replication \"streaming_replica\" all cert");
+        position("hostssl all \"streaming_replica\" all cert");
+        let no_password = position("host replication \"streaming_replica\" all reject");
+        let plaintext = position("hostnossl all all all reject");
+        let user = position("host all all 0.0.0.0/0 scram-sha-256");
+        assert!(cert < no_password && no_password < user, "{hba}");
+        assert!(plaintext < user, "{hba}");
+        assert!(
+            !hba.contains("streaming_replica\" all scram-sha-256"),
+            "{hba}"
+        );
+
+        let allowed = render_pg_hba(&rules, "streaming_replica", Some(true));
+        assert!(!allowed.contains("hostnossl"), "{allowed}");
+        assert!(allowed.contains("hostssl replication \"streaming_replica\" all cert\n"));
+
+        let conf =
+            render_postgresql_conf(&layout(), &Mode::Primary, "", None, true, &BTreeMap::new());
+        for line in [
+            "ssl = 'on'",
+            "ssl_cert_file = '/run/postgresql/pgop-tls-server.crt'",
+            "ssl_key_file = '/run/postgresql/pgop-tls-server.key'",
+            "ssl_ca_file = '/run/postgresql/pgop-tls-ca.crt'",
+            "ssl_min_protocol_version = 'TLSv1.2'",
+        ] {
+            assert!(
+                conf.contains(&format!("{line}\n")),
+                "{line} missing from:\n{conf}"
+            );
+        }
     }
 }

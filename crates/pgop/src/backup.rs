@@ -83,6 +83,11 @@ struct TargetArgs {
     /// room for the whole dump, uncompressed.
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     scratch_dir: PathBuf,
+    /// The authority (PEM) of the server's certificate: connect over TLS and verify the
+    /// server (`sslmode=verify-full`). A pgop cluster refuses connections without TLS; its
+    /// app Secret's `ca.crt` is this file.
+    #[arg(long, env = "PGSSLROOTCERT")]
+    sslrootcert: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +133,7 @@ impl TargetArgs {
             user: self.user.clone(),
             password: std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty()),
             dbname,
+            ssl_root_cert: self.sslrootcert.clone(),
         }
     }
 }

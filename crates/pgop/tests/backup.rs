@@ -965,7 +965,11 @@ impl RunningManager {
             .user("app")
             .password(password)
             .dbname("app")
-            .connect(tokio_postgres::NoTls)
+            .ssl_mode(tokio_postgres::config::SslMode::Require)
+            .connect(
+                pgop_tls::postgres::PostgresTls::without_verification()
+                    .expect("a TLS configuration"),
+            )
             .await?;
         tokio::spawn(connection);
         Ok(client)
@@ -1077,7 +1081,10 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
                 ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
             ],
         ),
-    ] {
+    ]
+    .into_iter()
+    .chain(common::postgres_tls_secrets("demo").1)
+    {
         secrets.create(&pp, &s).await.expect("a Secret");
     }
     let store = serde_json::json!({"s3": {

@@ -192,8 +192,8 @@ async fn e2e_a_refused_parameter_is_reported_in_a_condition_and_heals_when_remov
 
 /// A generated Secret deleted by hand is generated anew, and PostgreSQL takes its new
 /// password: the application logs in with it (not with the old one), and after the
-/// replication Secret too is generated anew the standby still streams and the replication
-/// role logs in with the new password.
+/// replication Secret too is generated anew the standby still streams (with its
+/// certificate: the replication role never logs in with a password).
 #[tokio::test]
 async fn e2e_a_deleted_secret_is_generated_anew_and_postgresql_takes_its_password() -> Result {
     let _serial = SERIAL.lock().await;
@@ -250,24 +250,23 @@ async fn e2e_a_deleted_secret_is_generated_anew_and_postgresql_takes_its_passwor
         .find(|(n, _)| *n != primary)
         .ok_or("no standby")?;
     wait_rows(&standby.0, &standby.1, &new, "t", 1).await?;
-    let replica_login = wait::until(
-        "streaming_replica logs in with its new password",
-        TIMEOUT,
-        || async {
-            let login = tokio_postgres::Config::new()
-                .host(&ip)
-                .port(5432)
-                .user("streaming_replica")
-                .dbname("postgres")
-                .password(&new_replication)
-                .connect_timeout(std::time::Duration::from_secs(5))
-                .connect(tokio_postgres::NoTls)
-                .await;
-            login.map(drop).map_err(|e| e.to_string())
-        },
-    )
-    .await;
-    replica_login?;
+    // Replication logs in with its certificate only: no password opens it, not even the
+    // Secret's (PostgreSQL asks for the client certificate this login lacks).
+    let login = tokio_postgres::Config::new()
+        .host(&ip)
+        .port(5432)
+        .user("streaming_replica")
+        .dbname("postgres")
+        .password(&new_replication)
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect(pgop_tls::postgres::PostgresTls::without_verification()?)
+        .await;
+    let refused = login.err().map(|e| format!("{e:?}")).unwrap_or_default();
+    assert!(
+        refused.contains("requires a valid client certificate"),
+        "the replication user logs in with a password: {refused}"
+    );
     env.wait_ready("sec", 2).await?;
 
     // Rotation by the user: a password of their own, with every character that could

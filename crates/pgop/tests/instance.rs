@@ -194,7 +194,8 @@ async fn app(host: &str, pg_port: u16) -> Option<tokio_postgres::Client> {
         .user("app")
         .password(PASSWORD)
         .dbname("app")
-        .connect(tokio_postgres::NoTls)
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect(pgop_tls::postgres::PostgresTls::without_verification().ok()?)
         .await
         .ok()?;
     tokio::spawn(connection);
@@ -229,6 +230,9 @@ async fn cluster(
     secrets
         .create(&pp, &secret("demo-replication", &replication))
         .await?;
+    for tls in common::postgres_tls_secrets("demo").1 {
+        secrets.create(&pp, &tls).await?;
+    }
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), namespace);
     let cluster: PostgresCluster = serde_json::from_value(serde_json::json!({
         "apiVersion": "database.example.com/v1alpha1",

@@ -75,6 +75,7 @@ fn target(node: &Node, dbname: &str) -> LogicalTarget {
         user: "postgres".into(),
         password: None,
         dbname: dbname.into(),
+        ssl_root_cert: None,
     }
 }
 

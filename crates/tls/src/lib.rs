@@ -1,8 +1,14 @@
-//! pgop's certificates for the channel between the operator and the instance managers.
+//! pgop's certificates: for the channel between the operator and the instance managers,
+//! and for PostgreSQL's own connections.
 //!
-//! Each PostgresCluster has its own certificate [`Authority`], whose key only the operator
-//! reads (Secret `<cluster>-ca`). It signs two kinds of certificates, told apart by their
-//! extended key usage, which rustls checks on both ends:
+//! Each PostgresCluster has two certificate authorities, whose keys only the operator reads:
+//! one for the managers' channel (Secret `<cluster>-ca`, [`Authority::generate`]) and one
+//! for PostgreSQL ([`Authority::generate_postgres`], see [`postgres`]). Kept apart, so that
+//! a certificate PostgreSQL accepts (the replication client's, which every instance holds)
+//! can never open a manager's endpoint.
+//!
+//! The managers' authority signs two kinds of certificates, told apart by their extended
+//! key usage, which rustls checks on both ends:
 //! - [`Usage::ManagerServer`]: the instance managers' serving certificate (Secret
 //!   `<cluster>-manager-tls`, readable by the cluster's instances), for the name
 //!   [`MANAGER_SERVER_NAME`], `serverAuth` only;
@@ -26,8 +32,10 @@ use std::sync::Arc;
 /// The name in every manager's serving certificate, which the operator verifies (it
 /// connects to Pod IPs; the authority is per cluster, so one name serves every instance).
 pub const MANAGER_SERVER_NAME: &str = "pgop-instance-manager";
-/// The common name of the authority's certificate.
+/// The common name of the managers' authority's certificate.
 const CA_COMMON_NAME: &str = "pgop instance-manager CA";
+/// The common name of the PostgreSQL authority's certificate.
+const POSTGRES_CA_COMMON_NAME: &str = "pgop PostgreSQL CA";
 /// The common name of the operator's client certificates.
 pub const OPERATOR_COMMON_NAME: &str = "pgop-operator";
 
@@ -72,11 +80,20 @@ pub enum Usage {
 }
 
 /// A certificate and its key, PEM-encoded, and the end of its validity.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct Issued {
     pub cert_pem: String,
     pub key_pem: String,
     pub not_after: jiff::Timestamp,
+}
+
+impl std::fmt::Debug for Issued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("Issued")
+            .field("not_after", &self.not_after)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A cluster's certificate authority.
@@ -125,11 +142,10 @@ fn validity(params: &mut CertificateParams, now: jiff::Timestamp, days: i64) -> 
 
 /// The authority's parameters: the same every time, so that an authority read back from
 /// its Secret signs certificates that chain to the certificate made when it was created.
-fn ca_params(now: jiff::Timestamp) -> Result<CertificateParams, Error> {
+fn ca_params(now: jiff::Timestamp, common_name: &str) -> Result<CertificateParams, Error> {
     let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(generating("authority"))?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.distinguished_name
-        .push(DnType::CommonName, CA_COMMON_NAME);
+    ca.distinguished_name.push(DnType::CommonName, common_name);
     ca.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -140,10 +156,19 @@ fn ca_params(now: jiff::Timestamp) -> Result<CertificateParams, Error> {
 }
 
 impl Authority {
-    /// A new authority, valid for [`CA_VALIDITY_DAYS`] from `now`.
+    /// A new authority for the managers' channel, valid for [`CA_VALIDITY_DAYS`] from `now`.
     pub fn generate(now: jiff::Timestamp) -> Result<Self, Error> {
+        Self::generate_named(now, CA_COMMON_NAME)
+    }
+
+    /// A new authority for PostgreSQL's certificates (server and clients).
+    pub fn generate_postgres(now: jiff::Timestamp) -> Result<Self, Error> {
+        Self::generate_named(now, POSTGRES_CA_COMMON_NAME)
+    }
+
+    fn generate_named(now: jiff::Timestamp, common_name: &'static str) -> Result<Self, Error> {
         let key = KeyPair::generate().map_err(generating("authority key"))?;
-        let params = ca_params(now)?;
+        let params = ca_params(now, common_name)?;
         let cert = params.self_signed(&key).map_err(generating("authority"))?;
         let key_pem = key.serialize_pem();
         Ok(Self {
@@ -153,14 +178,27 @@ impl Authority {
         })
     }
 
-    /// The authority stored as `ca.crt` and `ca.key`.
+    /// The managers' authority stored as `ca.crt` and `ca.key`.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
+        Self::from_pem_named(cert_pem, key_pem, CA_COMMON_NAME)
+    }
+
+    /// The PostgreSQL authority stored as `ca.crt` and `ca.key`.
+    pub fn from_pem_postgres(cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
+        Self::from_pem_named(cert_pem, key_pem, POSTGRES_CA_COMMON_NAME)
+    }
+
+    fn from_pem_named(
+        cert_pem: &str,
+        key_pem: &str,
+        common_name: &'static str,
+    ) -> Result<Self, Error> {
         first_cert(cert_pem, "authority certificate")?;
         let key = KeyPair::from_pem(key_pem).map_err(Error::Key)?;
         Ok(Self {
             cert_pem: cert_pem.to_string(),
             key_pem: key_pem.to_string(),
-            issuer: Issuer::new(ca_params(jiff::Timestamp::now())?, key),
+            issuer: Issuer::new(ca_params(jiff::Timestamp::now(), common_name)?, key),
         })
     }
 
@@ -179,7 +217,6 @@ impl Authority {
             Usage::ManagerServer => "manager certificate",
             Usage::OperatorClient => "operator certificate",
         };
-        let key = KeyPair::generate().map_err(generating(what))?;
         let (names, common_name, eku) = match usage {
             Usage::ManagerServer => (
                 vec![MANAGER_SERVER_NAME.to_string()],
@@ -192,6 +229,57 @@ impl Authority {
                 ExtendedKeyUsagePurpose::ClientAuth,
             ),
         };
+        self.sign(what, names, common_name, eku, now, days)
+    }
+
+    /// PostgreSQL's serving certificate for these DNS names (the first is its common
+    /// name). Only from the PostgreSQL authority ([`Authority::generate_postgres`]).
+    pub fn issue_postgres_server(
+        &self,
+        names: &[String],
+        now: jiff::Timestamp,
+        days: i64,
+    ) -> Result<Issued, Error> {
+        let what = "PostgreSQL server certificate";
+        let common_name = names.first().cloned().unwrap_or_default();
+        self.sign(
+            what,
+            names.to_vec(),
+            &common_name,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            now,
+            days,
+        )
+    }
+
+    /// A PostgreSQL client certificate for database user `user` (its common name, which
+    /// pg_hba's `cert` method matches against the user name).
+    pub fn issue_postgres_client(
+        &self,
+        user: &str,
+        now: jiff::Timestamp,
+        days: i64,
+    ) -> Result<Issued, Error> {
+        self.sign(
+            "PostgreSQL client certificate",
+            Vec::new(),
+            user,
+            ExtendedKeyUsagePurpose::ClientAuth,
+            now,
+            days,
+        )
+    }
+
+    fn sign(
+        &self,
+        what: &'static str,
+        names: Vec<String>,
+        common_name: &str,
+        eku: ExtendedKeyUsagePurpose,
+        now: jiff::Timestamp,
+        days: i64,
+    ) -> Result<Issued, Error> {
+        let key = KeyPair::generate().map_err(generating(what))?;
         let mut params = CertificateParams::new(names).map_err(generating(what))?;
         params
             .distinguished_name
@@ -309,6 +397,8 @@ pub fn manager_server_name() -> ServerName<'static> {
     #[allow(clippy::expect_used)]
     ServerName::try_from(MANAGER_SERVER_NAME).expect("MANAGER_SERVER_NAME is a DNS name")
 }
+
+pub mod postgres;
 
 #[cfg(test)]
 mod tests;

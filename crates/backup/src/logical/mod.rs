@@ -105,11 +105,20 @@ pub enum Error {
         "{object} is no longer in the store as written (removed while the backup ran, e.g. by retention of a backup under way for over a day); the backup is not completed"
     )]
     Vanished { object: String },
-    #[error("failed to connect to the target server {target}")]
+    #[error(
+        "failed to connect to the target server {target} (a pgop cluster refuses connections \
+         without TLS: pass its app Secret's ca.crt as --sslrootcert)"
+    )]
     TargetConnect {
         target: String,
         #[source]
         source: tokio_postgres::Error,
+    },
+    #[error("failed to use {path} as the authority of the target server's certificate")]
+    TargetTls {
+        path: PathBuf,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("failed to query the target server {target}")]
     TargetQuery {

@@ -15,17 +15,28 @@ pub struct LogicalTarget {
     /// The database to restore into (it must exist); the database [`restore_globals`]
     /// connects to.
     pub dbname: String,
+    /// The authority (PEM file) that signed the server's certificate: with it, the
+    /// connection is TLS with the server verified as `sslmode=verify-full` does (a pgop
+    /// cluster refuses connections without TLS; its app Secret's `ca.crt` is this file).
+    pub ssl_root_cert: Option<PathBuf>,
 }
 
 impl LogicalTarget {
     fn conninfo(&self) -> String {
-        format!(
+        let mut conninfo = format!(
             "host={} port={} user={} dbname={} application_name=pgop-logical-restore",
             conninfo_value(&self.host),
             self.port,
             conninfo_value(&self.user),
             conninfo_value(&self.dbname)
-        )
+        );
+        if let Some(ca) = &self.ssl_root_cert {
+            conninfo.push_str(&format!(
+                " sslmode=verify-full sslrootcert={}",
+                conninfo_value(&ca.display().to_string())
+            ));
+        }
+        conninfo
     }
 
     /// How the target is named in messages (no password).
@@ -64,17 +75,43 @@ impl LogicalTarget {
         if let Some(password) = &self.password {
             config.password(password);
         }
-        let (client, connection) =
-            config
-                .connect(tokio_postgres::NoTls)
-                .await
-                .map_err(|source| Error::TargetConnect {
-                    target: self.describe(),
-                    source,
-                })?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let failed = |source| Error::TargetConnect {
+            target: self.describe(),
+            source,
+        };
+        let client = match &self.ssl_root_cert {
+            Some(path) => {
+                let tls = std::fs::read_to_string(path)
+                    .map_err(|source| Error::TargetTls {
+                        path: path.clone(),
+                        source: Box::new(source),
+                    })
+                    .and_then(|ca| {
+                        pgop_tls::postgres::PostgresTls::verify_full(&ca, None).map_err(|e| {
+                            Error::TargetTls {
+                                path: path.clone(),
+                                source: Box::new(e),
+                            }
+                        })
+                    })?;
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let (client, connection) = config.connect(tls).await.map_err(failed)?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client
+            }
+            None => {
+                let (client, connection) = config
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(failed)?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client
+            }
+        };
         Ok(client)
     }
 }

@@ -5,7 +5,7 @@
 use crate::backups::Jobs;
 use crate::bootstrap::{self, Credentials, DataState};
 use crate::config::{self, InvalidParameter, Layout, Mode};
-use crate::pg::{Binaries, Endpoint, RunAs, Upstream, sql};
+use crate::pg::{Binaries, Endpoint, RunAs, Upstream, UpstreamTls, sql};
 use crate::role;
 use crate::status::{self, PgRole, PgStatus};
 use crate::supervisor::{self, Supervisor};
@@ -151,6 +151,9 @@ struct Desired {
     passwords: (String, String),
     /// The passwords last set in PostgreSQL by this manager (as the primary).
     passwords_set: Option<(String, String)>,
+    /// PostgreSQL's TLS material, once the cluster's Secrets gave it (see
+    /// [`Instance::set_tls`]); without it PostgreSQL runs without TLS.
+    tls: Option<config::Tls>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -211,6 +214,7 @@ impl Instance {
                 standby_floors: BTreeMap::new(),
                 passwords,
                 passwords_set: None,
+                tls: None,
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -240,14 +244,45 @@ impl Instance {
         }
     }
 
-    /// How standbys reach this instance when it is the primary.
+    /// How this instance, as a standby, reaches the primary at `host`: with the
+    /// replication user's certificate over TLS once [`Instance::set_tls`] gave one.
     pub fn as_upstream(&self, host: &str) -> Upstream {
+        let d = self.desired();
+        let files = config::tls_files(&self.options.layout);
         Upstream {
             host: host.to_string(),
             port: self.options.layout.port,
             user: self.options.credentials.replication_user.clone(),
-            password: self.desired().passwords.1.clone(),
+            password: d.passwords.1.clone(),
+            tls: d.tls.as_ref().map(|tls| UpstreamTls {
+                server_name: tls.server_name.clone(),
+                ca_file: files.ca,
+                cert_file: files.replication_cert,
+                key_file: files.replication_key,
+            }),
         }
+    }
+
+    /// PostgreSQL's TLS material from now on: written to the socket directory at once
+    /// (outside PGDATA); PostgreSQL reads it at its next start or reload, which the next
+    /// [`Instance::apply_config`] does (certificates are renewed without a restart).
+    /// `true` when it changed.
+    pub fn set_tls(&self, tls: config::Tls) -> Result<bool, Error> {
+        let mut d = self.desired();
+        if d.tls.as_ref() == Some(&tls) {
+            return Ok(false);
+        }
+        config::write_tls(&self.options.layout, &tls, self.options.run_as)
+            .map_err(Error::WriteConfig)?;
+        d.tls = Some(tls);
+        // Apply (and reload) again even when the spec did not change.
+        d.applied = None;
+        Ok(true)
+    }
+
+    /// Whether PostgreSQL is configured with TLS.
+    pub fn has_tls(&self) -> bool {
+        self.desired().tls.is_some()
     }
 
     /// The state of the data directory.
@@ -327,9 +362,14 @@ impl Instance {
                     &d.mode,
                     &d.sync_names,
                     command.as_deref(),
+                    d.tls.is_some(),
                     parameters,
                 ),
-                config::render_pg_hba(&d.pg_hba, &self.options.credentials.replication_user),
+                config::render_pg_hba(
+                    &d.pg_hba,
+                    &self.options.credentials.replication_user,
+                    d.tls.as_ref().map(|t| t.allow_plaintext),
+                ),
                 matches!(d.mode, Mode::Standby { .. }),
                 d.archiving.clone(),
                 match &d.mode {
@@ -783,9 +823,10 @@ impl Instance {
             invalid.push(InvalidParameter {
                 name: "pgHba".into(),
                 value: rule.clone(),
-                reason: "not a pg_hba rule pgop writes (one line; local, host, hostnossl or \
+                reason:
+                    "not a pg_hba rule pgop writes (one line; local, host, hostssl, hostnossl or \
                          hostnogssenc; a known method; no @file, no #)"
-                    .into(),
+                        .into(),
             });
         }
         let previous_hba = {

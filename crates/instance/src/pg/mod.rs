@@ -5,4 +5,4 @@ pub mod binaries;
 pub mod sql;
 
 pub use binaries::{Binaries, RunAs};
-pub use sql::{Endpoint, Upstream};
+pub use sql::{Endpoint, Upstream, UpstreamTls};

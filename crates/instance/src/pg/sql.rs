@@ -24,6 +24,14 @@ pub enum Error {
     },
     #[error("failed to reach the primary at {host}:{port}: it is in recovery")]
     PrimaryInRecovery { host: String, port: u16 },
+    #[error("failed to read the TLS file {path}")]
+    ReadTls {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the TLS files do not make a client configuration")]
+    TlsConfig(#[source] pgop_tls::Error),
 }
 
 /// How the manager reaches its own server: the Unix socket directory and port.
@@ -81,6 +89,18 @@ pub struct Upstream {
     pub port: u16,
     pub user: String,
     pub password: String,
+    /// TLS with a client certificate (`sslmode=verify-full`), when the cluster runs it.
+    pub tls: Option<UpstreamTls>,
+}
+
+/// How a standby verifies its primary and proves who it is: files in its socket directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    /// The name verified in the primary's certificate, whatever address `host` is.
+    pub server_name: String,
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -90,6 +110,7 @@ impl std::fmt::Debug for Upstream {
             .field("host", &self.host)
             .field("port", &self.port)
             .field("user", &self.user)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -128,13 +149,29 @@ impl Upstream {
         application_name: &str,
         dbname: Option<&str>,
     ) -> String {
-        let mut parts = vec![
-            format!("host={}", conninfo_value(&self.host)),
+        let mut parts = Vec::new();
+        match &self.tls {
+            // libpq verifies `host` and connects to `hostaddr`: the primary's Pod IP,
+            // under the name its certificate carries.
+            Some(tls) if self.host.parse::<std::net::IpAddr>().is_ok() => {
+                parts.push(format!("host={}", conninfo_value(&tls.server_name)));
+                parts.push(format!("hostaddr={}", conninfo_value(&self.host)));
+            }
+            _ => parts.push(format!("host={}", conninfo_value(&self.host))),
+        }
+        if let Some(tls) = &self.tls {
+            let file = |p: &Path| conninfo_value(&p.display().to_string());
+            parts.push("sslmode=verify-full".to_string());
+            parts.push(format!("sslrootcert={}", file(&tls.ca_file)));
+            parts.push(format!("sslcert={}", file(&tls.cert_file)));
+            parts.push(format!("sslkey={}", file(&tls.key_file)));
+        }
+        parts.extend([
             format!("port={}", self.port),
             format!("user={}", conninfo_value(&self.user)),
             format!("application_name={}", conninfo_value(application_name)),
             "connect_timeout=5".to_string(),
-        ];
+        ]);
         if let Some(db) = dbname {
             parts.push(format!("dbname={}", conninfo_value(db)));
         }
@@ -151,20 +188,32 @@ impl Upstream {
             port: self.port,
             source,
         };
-        let (client, connection) = tokio_postgres::Config::new()
+        let mut config = tokio_postgres::Config::new();
+        config
             .host(&self.host)
             .port(self.port)
             .user(&self.user)
             .password(&self.password)
             .dbname("postgres")
             .application_name("pgop-instance")
-            .connect_timeout(Duration::from_secs(5))
-            .connect(NoTls)
-            .await
-            .map_err(reach)?;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
+            .connect_timeout(Duration::from_secs(5));
+        let client = match &self.tls {
+            Some(tls) => {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+                let (client, connection) = config.connect(tls.connector()?).await.map_err(reach)?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client
+            }
+            None => {
+                let (client, connection) = config.connect(NoTls).await.map_err(reach)?;
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client
+            }
+        };
         let row = client
             .query_one("SELECT pg_is_in_recovery()", &[])
             .await
@@ -177,6 +226,26 @@ impl Upstream {
             });
         }
         Ok(())
+    }
+}
+
+impl UpstreamTls {
+    /// A tokio-postgres connector as libpq's `sslmode=verify-full` with these files.
+    pub fn connector(&self) -> Result<pgop_tls::postgres::PostgresTls, Error> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| Error::ReadTls {
+                path: path.to_path_buf(),
+                source,
+            })
+        };
+        let (ca, cert, key) = (
+            read(&self.ca_file)?,
+            read(&self.cert_file)?,
+            read(&self.key_file)?,
+        );
+        pgop_tls::postgres::PostgresTls::verify_full(&ca, Some((&cert, &key)))
+            .and_then(|t| t.server_name(&self.server_name))
+            .map_err(Error::TlsConfig)
     }
 }
 
@@ -229,6 +298,7 @@ mod tests {
             port: 5432,
             user: "streaming_replica".into(),
             password: "s3cret".into(),
+            tls: None,
         };
         assert!(!format!("{upstream:?}").contains("s3cret"));
         assert!(
@@ -256,6 +326,7 @@ mod tests {
             port: 5432,
             user: "u".into(),
             password: password.into(),
+            tls: None,
         };
         assert_eq!(
             with("a:b\\c").passfile_line().as_deref(),
@@ -263,5 +334,38 @@ mod tests {
         );
         assert_eq!(with("a\nb").passfile_line(), None);
         assert_eq!(with("a\rb").passfile_line(), None);
+    }
+
+    #[test]
+    fn with_tls_the_primary_is_verified_by_name_and_reached_by_address() {
+        let upstream = Upstream {
+            host: "10.0.0.1".into(),
+            port: 5432,
+            user: "streaming_replica".into(),
+            password: "s3cret".into(),
+            tls: Some(UpstreamTls {
+                server_name: "db-rw".into(),
+                ca_file: "/run/postgresql/pgop-tls-ca.crt".into(),
+                cert_file: "/run/postgresql/pgop-tls-replication.crt".into(),
+                key_file: "/run/postgresql/pgop-tls-replication.key".into(),
+            }),
+        };
+        assert_eq!(
+            upstream.conninfo_without_password("db-2", None),
+            "host='db-rw' hostaddr='10.0.0.1' sslmode=verify-full \
+             sslrootcert='/run/postgresql/pgop-tls-ca.crt' \
+             sslcert='/run/postgresql/pgop-tls-replication.crt' \
+             sslkey='/run/postgresql/pgop-tls-replication.key' port=5432 \
+             user='streaming_replica' application_name='db-2' connect_timeout=5"
+        );
+        let by_name = Upstream {
+            host: "localhost".into(),
+            ..upstream
+        };
+        assert!(
+            by_name
+                .conninfo_without_password("db-2", None)
+                .starts_with("host='localhost' sslmode=verify-full "),
+        );
     }
 }

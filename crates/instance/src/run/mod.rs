@@ -49,6 +49,8 @@ const CRASH_HOLD_OFF_EXTRA: Duration = Duration::from_secs(10);
 const WAIT_FOR_RECOVERY_SOURCE: Duration = Duration::from_secs(2);
 /// How long after a failed restore the next attempt waits.
 const RESTORE_BACKOFF: Duration = Duration::from_secs(30);
+/// How often a manager without PostgreSQL's certificates looks for them again.
+const WAIT_FOR_CERTIFICATES: Duration = Duration::from_secs(2);
 /// How long a restore may replay WAL.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
@@ -427,6 +429,28 @@ async fn reconcile(
         }
         Err(err) => {
             tracing::info!(error = %error_chain(&err), "no manager certificate yet: backups wait for it")
+        }
+    }
+    // PostgreSQL's certificates: renewed by the operator ahead of their expiry, reloaded
+    // without a restart. PostgreSQL never starts without them.
+    let allow_plaintext = cluster.spec.tls.allow_plaintext;
+    match read_postgres_tls(client, settings, allow_plaintext).await {
+        Ok(tls) => match instance.set_tls(tls) {
+            Ok(true) => tracing::info!(
+                allow_plaintext,
+                "PostgreSQL's TLS files are written; PostgreSQL reads them at its next start or reload"
+            ),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(error = %error_chain(&err), "failed to write PostgreSQL's TLS files")
+            }
+        },
+        Err(err) if instance.has_tls() => {
+            tracing::warn!(error = %error_chain(&err), "failed to read PostgreSQL's certificates; keeping the ones in use")
+        }
+        Err(err) => {
+            tracing::info!(error = %error_chain(&err), "waiting for PostgreSQL's certificates");
+            return Ok(Next::After(WAIT_FOR_CERTIFICATES));
         }
     }
     let status = cluster.status.clone().unwrap_or_default();
@@ -826,6 +850,38 @@ async fn read_manager_tls(
         secret_text(&secret, "tls.key")?,
         secret_text(&secret, "ca.crt")?,
     ))
+}
+
+/// PostgreSQL's certificates from the Secrets `<cluster>-server-tls` and
+/// `<cluster>-replication-tls` the operator keeps.
+async fn read_postgres_tls(
+    client: &kube::Client,
+    settings: &Settings,
+    allow_plaintext: bool,
+) -> Result<crate::config::Tls, Error> {
+    use pgop_api::constants::{REPLICATION_TLS_SECRET_SUFFIX, SERVER_TLS_SECRET_SUFFIX};
+    let cluster = &settings.cluster;
+    let server = read_secret(
+        client,
+        settings,
+        format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}"),
+    )
+    .await?;
+    let replication = read_secret(
+        client,
+        settings,
+        format!("{cluster}{REPLICATION_TLS_SECRET_SUFFIX}"),
+    )
+    .await?;
+    Ok(crate::config::Tls {
+        server_cert: secret_text(&server, "tls.crt")?,
+        server_key: secret_text(&server, "tls.key")?,
+        ca: secret_text(&server, "ca.crt")?,
+        replication_cert: secret_text(&replication, "tls.crt")?,
+        replication_key: secret_text(&replication, "tls.key")?,
+        server_name: format!("{cluster}-rw"),
+        allow_plaintext,
+    })
 }
 
 async fn read_credentials(

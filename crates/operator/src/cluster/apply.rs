@@ -329,6 +329,9 @@ pub async fn apply(
         replication_secret,
         ca_secret,
         manager_tls_secret,
+        postgres_ca_secret,
+        server_tls_secret,
+        replication_tls_secret,
         services,
         pod_disruption_budgets,
         pvcs,
@@ -373,16 +376,23 @@ pub async fn apply(
     )
     .await?;
     create_or_fix_metadata(client, namespace, ca_secret, &observed.secrets, &mut out).await?;
-    // Renewed certificates are written here: the managers read them on their next pass.
-    apply_if_changed(
+    create_or_fix_metadata(
         client,
         namespace,
-        manager_tls_secret,
+        postgres_ca_secret,
         &observed.secrets,
-        always,
         &mut out,
     )
     .await?;
+    // Renewed certificates are written here: the managers read them on their next pass
+    // (and PostgreSQL reloads its own).
+    for tls in [
+        manager_tls_secret,
+        server_tls_secret,
+        replication_tls_secret,
+    ] {
+        apply_if_changed(client, namespace, tls, &observed.secrets, always, &mut out).await?;
+    }
     for service in services {
         apply_if_changed(
             client,

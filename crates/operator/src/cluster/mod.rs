@@ -238,13 +238,25 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
         )?,
         certificates: {
-            let pki = pki::plan(&observed.secrets, &name, now().0)?;
+            let instance_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+            let pki = pki::plan(
+                &observed.secrets,
+                &name,
+                &namespace,
+                &instance_names,
+                now().0,
+            )?;
             build::Certificates {
                 ca_cert: pki.authority.cert_pem().to_string(),
                 ca_key: pki.authority.key_pem().to_string(),
                 manager_cert: pki.manager.cert_pem,
                 manager_key: pki.manager.key_pem,
                 manager_not_after: pki.manager.not_after.to_string(),
+                postgres_ca_cert: pki.postgres_authority.cert_pem().to_string(),
+                postgres_ca_key: pki.postgres_authority.key_pem().to_string(),
+                server: pki.server,
+                server_names: pki.server_names,
+                replication: pki.replication,
             }
         },
     };

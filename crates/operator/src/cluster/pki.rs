@@ -1,13 +1,21 @@
-//! The certificates of the operator-to-manager channel (see `pgop_tls`): per cluster, an
-//! authority in Secret `<cluster>-ca` (created once, read only by the operator) and the
-//! managers' serving certificate in Secret `<cluster>-manager-tls` (read by the
-//! instances), renewed [`RENEW_BEFORE_DAYS`] days before it expires or as soon as it is
-//! not the authority's. The operator's own client certificates live in memory only
-//! ([`ManagerClients`]).
+//! A cluster's certificates (see `pgop_tls`), each renewed [`RENEW_BEFORE_DAYS`] days
+//! before it expires or as soon as it is not its authority's:
+//! - the operator-to-manager channel: an authority in Secret `<cluster>-ca` (created once,
+//!   read only by the operator) and the managers' serving certificate in Secret
+//!   `<cluster>-manager-tls` (read by the instances). The operator's own client
+//!   certificates live in memory only ([`ManagerClients`]);
+//! - PostgreSQL: an authority in Secret `<cluster>-postgres-ca` (created once, read only by
+//!   the operator), the server certificate in `<cluster>-server-tls` (every Service name,
+//!   short and fully qualified, and every instance's name; issued anew when those change)
+//!   and the replication user's client certificate in `<cluster>-replication-tls`.
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
-use pgop_api::constants::{ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX};
+use pgop_api::constants::{
+    ANNOTATION_DNS_NAMES, ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, CLUSTER_DOMAIN,
+    MANAGER_TLS_SECRET_SUFFIX, POSTGRES_CA_SECRET_SUFFIX, REPLICATION_TLS_SECRET_SUFFIX,
+    REPLICATION_USER, SERVER_TLS_SECRET_SUFFIX,
+};
 use pgop_tls::{Authority, Issued, Usage};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -53,6 +61,25 @@ pub fn manager_tls_secret_name(cluster: &str) -> String {
     format!("{cluster}{MANAGER_TLS_SECRET_SUFFIX}")
 }
 
+/// The DNS names of PostgreSQL's server certificate: `<cluster>-rw` first (the name
+/// instances verify when they connect to each other), then every Service's name short,
+/// with its namespace, `.svc` and fully qualified, then every instance's (Pod) name.
+pub fn server_dns_names(cluster: &str, namespace: &str, instances: &[String]) -> Vec<String> {
+    let mut names = Vec::new();
+    for service in ["rw", "ro", "r"] {
+        let short = format!("{cluster}-{service}");
+        names.push(short.clone());
+        names.push(format!("{short}.{namespace}"));
+        names.push(format!("{short}.{namespace}.svc"));
+        names.push(format!("{short}.{namespace}.svc.{CLUSTER_DOMAIN}"));
+    }
+    let mut pods = instances.to_vec();
+    pods.sort();
+    pods.dedup();
+    names.extend(pods);
+    names
+}
+
 fn text(secret: &Secret, key: &'static str) -> Result<String, Error> {
     secret
         .data
@@ -65,7 +92,14 @@ fn text(secret: &Secret, key: &'static str) -> Result<String, Error> {
         })
 }
 
-fn authority_of(secret: &Secret) -> Result<Authority, Error> {
+/// Which of a cluster's two authorities a Secret holds.
+#[derive(Clone, Copy)]
+enum Kind {
+    Managers,
+    Postgres,
+}
+
+fn authority_of(secret: &Secret, kind: Kind) -> Result<Authority, Error> {
     let name = secret.name_any();
     let bad = |source| Error::BadAuthority {
         name: name.clone(),
@@ -73,48 +107,135 @@ fn authority_of(secret: &Secret) -> Result<Authority, Error> {
     };
     let cert = text(secret, "ca.crt")?;
     let key = text(secret, "ca.key")?;
-    Authority::from_pem(&cert, &key).map_err(bad)
+    match kind {
+        Kind::Managers => Authority::from_pem(&cert, &key),
+        Kind::Postgres => Authority::from_pem_postgres(&cert, &key),
+    }
+    .map_err(bad)
 }
 
-/// A cluster's authority and its managers' current certificate.
+/// The authority in Secret `name`, or a new one when there is none.
+fn authority(
+    secrets: &[Secret],
+    name: &str,
+    kind: Kind,
+    now: jiff::Timestamp,
+) -> Result<Authority, Error> {
+    match secrets.iter().find(|s| s.name_any() == name) {
+        Some(secret) => authority_of(secret, kind),
+        None => match kind {
+            Kind::Managers => Authority::generate(now),
+            Kind::Postgres => Authority::generate_postgres(now),
+        }
+        .map_err(Error::Issue),
+    }
+}
+
+/// The certificate in Secret `name` (`tls.crt`, `tls.key`, `ca.crt`, annotated with its
+/// expiry and, for `names`, its DNS names), while it is `authority`'s, names what is
+/// wanted and has more than [`RENEW_BEFORE_DAYS`] left.
+fn current(
+    secrets: &[Secret],
+    name: &str,
+    authority: &Authority,
+    names: Option<&str>,
+    now: jiff::Timestamp,
+) -> Option<Issued> {
+    let s = secrets.iter().find(|s| s.name_any() == name)?;
+    let not_after: jiff::Timestamp = s.annotations().get(ANNOTATION_NOT_AFTER)?.parse().ok()?;
+    let issued = Issued {
+        cert_pem: text(s, "tls.crt").ok()?,
+        key_pem: text(s, "tls.key").ok()?,
+        not_after,
+    };
+    let ours = text(s, "ca.crt").ok()? == authority.cert_pem();
+    let fresh =
+        not_after.duration_since(now) > jiff::SignedDuration::from_hours(24 * RENEW_BEFORE_DAYS);
+    let named = names.is_none_or(|n| {
+        s.annotations()
+            .get(ANNOTATION_DNS_NAMES)
+            .map(String::as_str)
+            == Some(n)
+    });
+    (ours && fresh && named).then_some(issued)
+}
+
+/// A cluster's authorities and current certificates.
 pub struct Pki {
+    /// The managers' channel.
     pub authority: Authority,
     pub manager: Issued,
+    /// PostgreSQL's.
+    pub postgres_authority: Authority,
+    pub server: Issued,
+    /// The DNS names of `server`, comma-separated.
+    pub server_names: String,
+    pub replication: Issued,
 }
 
-/// The authority of the observed Secret (a new one when there is none) and the managers'
-/// certificate: the observed one while it is the authority's and has more than
-/// [`RENEW_BEFORE_DAYS`] left, else a new one.
-pub fn plan(secrets: &[Secret], cluster: &str, now: jiff::Timestamp) -> Result<Pki, Error> {
-    let ca_name = ca_secret_name(cluster);
-    let authority = match secrets.iter().find(|s| s.name_any() == ca_name) {
-        Some(secret) => authority_of(secret)?,
-        None => Authority::generate(now).map_err(Error::Issue)?,
-    };
-    let tls_name = manager_tls_secret_name(cluster);
-    let current = secrets
-        .iter()
-        .find(|s| s.name_any() == tls_name)
-        .and_then(|s| {
-            let not_after: jiff::Timestamp =
-                s.annotations().get(ANNOTATION_NOT_AFTER)?.parse().ok()?;
-            let issued = Issued {
-                cert_pem: text(s, "tls.crt").ok()?,
-                key_pem: text(s, "tls.key").ok()?,
-                not_after,
-            };
-            let ours = text(s, "ca.crt").ok()? == authority.cert_pem();
-            let fresh = not_after.duration_since(now)
-                > jiff::SignedDuration::from_hours(24 * RENEW_BEFORE_DAYS);
-            (ours && fresh).then_some(issued)
-        });
-    let manager = match current {
+/// The authorities of the observed Secrets (new ones when there are none) and the
+/// certificates: the observed ones while they are still good (see [`current`]), else new
+/// ones. `instances`: the names of the cluster's instances, in the server certificate.
+pub fn plan(
+    secrets: &[Secret],
+    cluster: &str,
+    namespace: &str,
+    instances: &[String],
+    now: jiff::Timestamp,
+) -> Result<Pki, Error> {
+    let managers = authority(secrets, &ca_secret_name(cluster), Kind::Managers, now)?;
+    let manager = match current(
+        secrets,
+        &manager_tls_secret_name(cluster),
+        &managers,
+        None,
+        now,
+    ) {
         Some(issued) => issued,
-        None => authority
+        None => managers
             .issue(Usage::ManagerServer, now, MANAGER_CERT_DAYS)
             .map_err(Error::Issue)?,
     };
-    Ok(Pki { authority, manager })
+    let postgres = authority(
+        secrets,
+        &format!("{cluster}{POSTGRES_CA_SECRET_SUFFIX}"),
+        Kind::Postgres,
+        now,
+    )?;
+    let names = server_dns_names(cluster, namespace, instances);
+    let server_names = names.join(",");
+    let server = match current(
+        secrets,
+        &format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}"),
+        &postgres,
+        Some(&server_names),
+        now,
+    ) {
+        Some(issued) => issued,
+        None => postgres
+            .issue_postgres_server(&names, now, pgop_tls::postgres::CERT_DAYS)
+            .map_err(Error::Issue)?,
+    };
+    let replication = match current(
+        secrets,
+        &format!("{cluster}{REPLICATION_TLS_SECRET_SUFFIX}"),
+        &postgres,
+        None,
+        now,
+    ) {
+        Some(issued) => issued,
+        None => postgres
+            .issue_postgres_client(REPLICATION_USER, now, pgop_tls::postgres::CERT_DAYS)
+            .map_err(Error::Issue)?,
+    };
+    Ok(Pki {
+        authority: managers,
+        manager,
+        postgres_authority: postgres,
+        server,
+        server_names,
+        replication,
+    })
 }
 
 struct Cached {
@@ -151,7 +272,7 @@ impl ManagerClients {
         self.for_authority(
             namespace,
             cluster,
-            &authority_of(&secret)?,
+            &authority_of(&secret, Kind::Managers)?,
             jiff::Timestamp::now(),
         )
     }
@@ -220,7 +341,7 @@ mod tests {
     #[test]
     fn a_new_cluster_gets_an_authority_and_a_certificate_kept_until_renewal_is_due() {
         let now = ts("2026-12-01T12:00:00Z");
-        let first = plan(&[], "db", now).expect("plan");
+        let first = plan(&[], "db", "ns", &[], now).expect("plan");
         assert_eq!(first.manager.not_after, ts("2027-03-01T00:00:00Z"));
         let stored = [
             secret(
@@ -242,10 +363,10 @@ mod tests {
             ),
         ];
         // Read back: the same authority and the same certificate, until 30 days are left.
-        let again = plan(&stored, "db", ts("2027-01-29T23:59:59Z")).expect("plan");
+        let again = plan(&stored, "db", "ns", &[], ts("2027-01-29T23:59:59Z")).expect("plan");
         assert_eq!(again.authority.cert_pem(), first.authority.cert_pem());
         assert_eq!(again.manager, first.manager);
-        let renewed = plan(&stored, "db", ts("2027-01-30T00:00:00Z")).expect("plan");
+        let renewed = plan(&stored, "db", "ns", &[], ts("2027-01-30T00:00:00Z")).expect("plan");
         assert_eq!(renewed.authority.cert_pem(), first.authority.cert_pem());
         assert_ne!(renewed.manager.cert_pem, first.manager.cert_pem);
         assert_eq!(renewed.manager.not_after, ts("2027-04-30T00:00:00Z"));
@@ -254,7 +375,7 @@ mod tests {
     #[test]
     fn a_certificate_of_another_authority_or_without_its_expiry_is_replaced() {
         let now = ts("2026-12-01T12:00:00Z");
-        let first = plan(&[], "db", now).expect("plan");
+        let first = plan(&[], "db", "ns", &[], now).expect("plan");
         let ca = secret(
             "db-ca",
             &[
@@ -263,7 +384,7 @@ mod tests {
             ],
             None,
         );
-        let other = plan(&[], "db", now).expect("another authority");
+        let other = plan(&[], "db", "ns", &[], now).expect("another authority");
         let foreign = secret(
             "db-manager-tls",
             &[
@@ -273,7 +394,7 @@ mod tests {
             ],
             Some(&other.manager.not_after.to_string()),
         );
-        let p = plan(&[ca.clone(), foreign], "db", now).expect("plan");
+        let p = plan(&[ca.clone(), foreign], "db", "ns", &[], now).expect("plan");
         assert_ne!(p.manager.cert_pem, other.manager.cert_pem);
         let unannotated = secret(
             "db-manager-tls",
@@ -284,19 +405,19 @@ mod tests {
             ],
             None,
         );
-        let p = plan(&[ca, unannotated], "db", now).expect("plan");
+        let p = plan(&[ca, unannotated], "db", "ns", &[], now).expect("plan");
         assert_ne!(p.manager.cert_pem, first.manager.cert_pem);
     }
 
     #[test]
     fn a_broken_authority_is_an_error_naming_its_secret() {
         let broken = secret("db-ca", &[("ca.crt", "junk"), ("ca.key", "junk")], None);
-        let err = plan(&[broken], "db", jiff::Timestamp::now())
+        let err = plan(&[broken], "db", "ns", &[], jiff::Timestamp::now())
             .err()
             .expect("an error");
         assert!(err.to_string().contains("db-ca"), "{err}");
         let partial = secret("db-ca", &[("ca.crt", "junk")], None);
-        let err = plan(&[partial], "db", jiff::Timestamp::now())
+        let err = plan(&[partial], "db", "ns", &[], jiff::Timestamp::now())
             .err()
             .expect("an error");
         assert_eq!(err.to_string(), "Secret db-ca lacks ca.key");

@@ -278,6 +278,8 @@ pub async fn connect_within(
     password: &str,
     timeout: Duration,
 ) -> Result<tokio_postgres::Client> {
+    // Over TLS (PostgreSQL refuses plaintext), as `sslmode=require`: these tests connect
+    // by Pod IP and check data, not the server's identity (the TLS tests do).
     let (client, conn) = tokio_postgres::Config::new()
         .host(host)
         .port(5432)
@@ -285,7 +287,8 @@ pub async fn connect_within(
         .dbname("app")
         .password(password)
         .connect_timeout(timeout)
-        .connect(tokio_postgres::NoTls)
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect(pgop_tls::postgres::PostgresTls::without_verification()?)
         .await?;
     tokio::spawn(conn);
     Ok(client)
@@ -454,4 +457,61 @@ pub fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
         .collect();
     serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "stringData": data}))
         .expect("a Secret")
+}
+
+/// PostgreSQL's certificates for cluster `cluster`, as the operator makes them: the
+/// authority's certificate (PEM) and the Secrets `<cluster>-server-tls` and
+/// `<cluster>-replication-tls`, for tests that play the operator's part.
+pub fn postgres_tls_secrets(cluster: &str) -> (String, [Secret; 2]) {
+    let now = jiff::Timestamp::now();
+    let ca = pgop_tls::Authority::generate_postgres(now).expect("an authority");
+    let server = ca
+        .issue_postgres_server(&[format!("{cluster}-rw")], now, 1)
+        .expect("a server certificate");
+    let replication = ca
+        .issue_postgres_client("streaming_replica", now, 1)
+        .expect("a client certificate");
+    let tls = |name: String, issued: &pgop_tls::Issued| {
+        secret(
+            &name,
+            &[
+                ("tls.crt", &issued.cert_pem),
+                ("tls.key", &issued.key_pem),
+                ("ca.crt", ca.cert_pem()),
+            ],
+        )
+    };
+    (
+        ca.cert_pem().to_string(),
+        [
+            tls(format!("{cluster}-server-tls"), &server),
+            tls(format!("{cluster}-replication-tls"), &replication),
+        ],
+    )
+}
+
+/// A connection as `user` to `dbname` at `host:port` over TLS, verifying the server as
+/// `sslmode=verify-full` against `ca_pem` under `server_name`.
+pub async fn connect_verified(
+    host: &str,
+    port: u16,
+    (user, password, dbname): (&str, &str, &str),
+    ca_pem: &str,
+    server_name: &str,
+) -> std::result::Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let tls = pgop_tls::postgres::PostgresTls::verify_full(ca_pem, None)
+        .and_then(|t| t.server_name(server_name))
+        .expect("a TLS configuration");
+    let (client, connection) = tokio_postgres::Config::new()
+        .host(host)
+        .port(port)
+        .user(user)
+        .password(password)
+        .dbname(dbname)
+        .connect_timeout(Duration::from_secs(5))
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect(tls)
+        .await?;
+    tokio::spawn(connection);
+    Ok(client)
 }

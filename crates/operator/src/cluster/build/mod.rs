@@ -63,7 +63,7 @@ pub struct Credentials {
     pub certificates: Certificates,
 }
 
-/// The cluster's authority and the managers' serving certificate, PEM-encoded.
+/// The cluster's authorities and certificates, PEM-encoded (see `cluster::pki`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Certificates {
     pub ca_cert: String,
@@ -71,6 +71,14 @@ pub struct Certificates {
     pub manager_cert: String,
     pub manager_key: String,
     pub manager_not_after: String,
+    /// PostgreSQL's authority.
+    pub postgres_ca_cert: String,
+    pub postgres_ca_key: String,
+    /// PostgreSQL's server certificate and its DNS names (comma-separated).
+    pub server: pgop_tls::Issued,
+    pub server_names: String,
+    /// The replication user's client certificate.
+    pub replication: pgop_tls::Issued,
 }
 
 impl std::fmt::Debug for Certificates {
@@ -95,6 +103,13 @@ pub struct Children {
     pub ca_secret: Secret,
     /// The managers' certificate (`<cluster>-manager-tls`): rewritten when renewed.
     pub manager_tls_secret: Secret,
+    /// PostgreSQL's authority (`<cluster>-postgres-ca`): created once, never rewritten.
+    pub postgres_ca_secret: Secret,
+    /// PostgreSQL's server certificate (`<cluster>-server-tls`): rewritten when renewed.
+    pub server_tls_secret: Secret,
+    /// The replication client certificate (`<cluster>-replication-tls`): rewritten when
+    /// renewed.
+    pub replication_tls_secret: Secret,
     pub services: Vec<Service>,
     /// The replicas' budget, and the primary's while a switchover could move it.
     pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
@@ -182,10 +197,13 @@ pub fn children(
         service_account: rbac::service_account(&common),
         role: rbac::role(&common, cluster),
         role_binding: rbac::role_binding(&common),
-        app_secret: secret::app(&common, spec, &passwords.app),
+        app_secret: secret::app(&common, spec, &passwords.app, &passwords.certificates),
         replication_secret: secret::replication(&common, &passwords.replication),
         ca_secret: secret::authority(&common, &passwords.certificates),
         manager_tls_secret: secret::manager_tls(&common, &passwords.certificates),
+        postgres_ca_secret: secret::postgres_authority(&common, &passwords.certificates),
+        server_tls_secret: secret::server_tls(&common, &passwords.certificates),
+        replication_tls_secret: secret::replication_tls(&common, &passwords.certificates),
         services: service::all(&common),
         pod_disruption_budgets: pdb::pod_disruption_budgets(&common, budgets),
         pvcs: instances

@@ -30,11 +30,22 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
     let mut secrets = vec![
         format!("{}{}", c.cluster, super::APP_SECRET_SUFFIX),
         format!("{}{}", c.cluster, super::REPLICATION_SECRET_SUFFIX),
-        // The managers' serving certificate; never the authority (`<cluster>-ca`).
+        // The certificates the instances use; never the authorities (`<cluster>-ca`,
+        // `<cluster>-postgres-ca`).
         format!(
             "{}{}",
             c.cluster,
             pgop_api::constants::MANAGER_TLS_SECRET_SUFFIX
+        ),
+        format!(
+            "{}{}",
+            c.cluster,
+            pgop_api::constants::SERVER_TLS_SECRET_SUFFIX
+        ),
+        format!(
+            "{}{}",
+            c.cluster,
+            pgop_api::constants::REPLICATION_TLS_SECRET_SUFFIX
         ),
     ];
     // The S3 keys of the backup store, and of the store a recovery reads from.

@@ -1,13 +1,17 @@
 //! The credentials Secrets: the application user and the replication user. Their
 //! passwords are generated once, when the Secret is created, and never again; the
-//! applier never rewrites the data of an existing Secret.
+//! applier never rewrites the data of an existing Secret (but for the app Secret's keys
+//! derived from the password and the certificates, [`APP_DERIVED_KEYS`]). Then the
+//! certificates' Secrets (see `cluster::pki`).
 
 use super::{Certificates, Common};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use pgop_api::PostgresClusterSpec;
 use pgop_api::constants::{
-    ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX, POSTGRES_PORT,
+    ANNOTATION_DNS_NAMES, ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX,
+    POSTGRES_CA_SECRET_SUFFIX, POSTGRES_PORT, REPLICATION_TLS_SECRET_SUFFIX,
+    SERVER_TLS_SECRET_SUFFIX,
 };
 use std::collections::BTreeMap;
 
@@ -24,7 +28,12 @@ fn secret(c: &Common, name: String, data: BTreeMap<String, String>) -> Secret {
     }
 }
 
-pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str) -> Secret {
+/// The `sslmode` of the app Secret's URI: always encrypted (PostgreSQL refuses
+/// plaintext unless `spec.tls.allowPlaintext`); verifying the server needs the Secret's
+/// `ca.crt` as a file, which the URI cannot carry (see docs/security.md).
+pub const APP_SSLMODE: &str = "require";
+
+pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str, certs: &Certificates) -> Secret {
     let (database, owner) = spec
         .bootstrap
         .as_ref()
@@ -33,7 +42,7 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str) -> Secret {
         .unwrap_or_else(|| ("app".to_string(), "app".to_string()));
     let host = format!("{}-rw", c.cluster);
     let uri = format!(
-        "postgresql://{}:{}@{host}.{}:{POSTGRES_PORT}/{}",
+        "postgresql://{}:{}@{host}.{}:{POSTGRES_PORT}/{}?sslmode={APP_SSLMODE}",
         percent_encode(&owner),
         percent_encode(password),
         c.namespace,
@@ -46,6 +55,8 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str) -> Secret {
         ("host", host.as_str()),
         ("port", &POSTGRES_PORT.to_string()),
         ("uri", uri.as_str()),
+        ("sslmode", APP_SSLMODE),
+        ("ca.crt", certs.postgres_ca_cert.as_str()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -68,9 +79,10 @@ pub fn percent_encode(s: &str) -> String {
     out
 }
 
-/// The keys of the app Secret derived from its password (and the spec): kept in line
-/// with the password when a user changes it.
-pub const APP_DERIVED_KEYS: &[&str] = &["uri"];
+/// The keys of the app Secret derived from its password (and the spec) or the PostgreSQL
+/// authority: kept in line with them when a user changes the password (or when the keys
+/// are new to a Secret made by an older pgop).
+pub const APP_DERIVED_KEYS: &[&str] = &["uri", "sslmode", "ca.crt"];
 
 pub fn replication(c: &Common, password: &str) -> Secret {
     let data = [("username", REPLICATION_USER), ("password", password)]
@@ -104,19 +116,79 @@ pub fn authority(c: &Common, certs: &Certificates) -> Secret {
 /// The managers' serving certificate and the authority's certificate, which the managers
 /// read; `data` (not `stringData`), so that an unchanged certificate is no drift.
 pub fn manager_tls(c: &Common, certs: &Certificates) -> Secret {
-    let mut metadata = c.meta(&format!("{}{MANAGER_TLS_SECRET_SUFFIX}", c.cluster), &[]);
-    metadata.annotations = Some(BTreeMap::from([(
-        ANNOTATION_NOT_AFTER.to_string(),
-        certs.manager_not_after.clone(),
-    )]));
+    tls(
+        c,
+        MANAGER_TLS_SECRET_SUFFIX,
+        [&certs.manager_cert, &certs.manager_key, &certs.ca_cert],
+        &[(ANNOTATION_NOT_AFTER, &certs.manager_not_after)],
+    )
+}
+
+/// A `kubernetes.io/tls` Secret: certificate, key and authority (`[tls.crt, tls.key,
+/// ca.crt]`), annotated.
+fn tls(
+    c: &Common,
+    suffix: &str,
+    [crt, key, ca]: [&str; 3],
+    annotations: &[(&str, &str)],
+) -> Secret {
+    let mut metadata = c.meta(&format!("{}{suffix}", c.cluster), &[]);
+    metadata.annotations = Some(
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
     Secret {
         metadata,
         type_: Some("kubernetes.io/tls".to_string()),
+        data: Some(bytes(&[("tls.crt", crt), ("tls.key", key), ("ca.crt", ca)])),
+        ..Secret::default()
+    }
+}
+
+/// PostgreSQL's authority: only the operator reads it.
+pub fn postgres_authority(c: &Common, certs: &Certificates) -> Secret {
+    Secret {
+        metadata: c.meta(&format!("{}{POSTGRES_CA_SECRET_SUFFIX}", c.cluster), &[]),
+        type_: Some("Opaque".to_string()),
         data: Some(bytes(&[
-            ("tls.crt", &certs.manager_cert),
-            ("tls.key", &certs.manager_key),
-            ("ca.crt", &certs.ca_cert),
+            ("ca.crt", &certs.postgres_ca_cert),
+            ("ca.key", &certs.postgres_ca_key),
         ])),
         ..Secret::default()
     }
+}
+
+/// PostgreSQL's server certificate, which every instance serves.
+pub fn server_tls(c: &Common, certs: &Certificates) -> Secret {
+    let not_after = certs.server.not_after.to_string();
+    tls(
+        c,
+        SERVER_TLS_SECRET_SUFFIX,
+        [
+            &certs.server.cert_pem,
+            &certs.server.key_pem,
+            &certs.postgres_ca_cert,
+        ],
+        &[
+            (ANNOTATION_NOT_AFTER, &not_after),
+            (ANNOTATION_DNS_NAMES, &certs.server_names),
+        ],
+    )
+}
+
+/// The replication user's client certificate, with which standbys connect.
+pub fn replication_tls(c: &Common, certs: &Certificates) -> Secret {
+    let not_after = certs.replication.not_after.to_string();
+    tls(
+        c,
+        REPLICATION_TLS_SECRET_SUFFIX,
+        [
+            &certs.replication.cert_pem,
+            &certs.replication.key_pem,
+            &certs.postgres_ca_cert,
+        ],
+        &[(ANNOTATION_NOT_AFTER, &not_after)],
+    )
 }

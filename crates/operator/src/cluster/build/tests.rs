@@ -39,6 +39,19 @@ fn passwords() -> Credentials {
             manager_cert: "MANAGER CERTIFICATE".into(),
             manager_key: "MANAGER KEY".into(),
             manager_not_after: "2027-03-01T00:00:00Z".into(),
+            postgres_ca_cert: "POSTGRES CA CERTIFICATE".into(),
+            postgres_ca_key: "POSTGRES CA KEY".into(),
+            server: pgop_tls::Issued {
+                cert_pem: "SERVER CERTIFICATE".into(),
+                key_pem: "SERVER KEY".into(),
+                not_after: "2027-03-01T00:00:00Z".parse().expect("timestamp"),
+            },
+            server_names: "main-rw,main-1".into(),
+            replication: pgop_tls::Issued {
+                cert_pem: "REPLICATION CERTIFICATE".into(),
+                key_pem: "REPLICATION KEY".into(),
+                not_after: "2027-03-01T00:00:00Z".parse().expect("timestamp"),
+            },
         },
     }
 }
@@ -63,6 +76,9 @@ fn to_yaml(c: &Children) -> String {
         replication_secret,
         ca_secret,
         manager_tls_secret,
+        postgres_ca_secret,
+        server_tls_secret,
+        replication_tls_secret,
         services,
         pod_disruption_budgets,
         pvcs,
@@ -76,6 +92,9 @@ fn to_yaml(c: &Children) -> String {
         serde_yaml::to_string(replication_secret),
         serde_yaml::to_string(ca_secret),
         serde_yaml::to_string(manager_tls_secret),
+        serde_yaml::to_string(postgres_ca_secret),
+        serde_yaml::to_string(server_tls_secret),
+        serde_yaml::to_string(replication_tls_secret),
     ];
     docs.extend(services.iter().map(serde_yaml::to_string));
     for pdb in pod_disruption_budgets {
