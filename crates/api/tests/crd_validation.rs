@@ -238,8 +238,8 @@ const BAD: &[Case] = &[
         "spec.postgresql.pgHba[0]",
     ),
     case(
-        "hostssl rule while pgop runs no TLS",
-        "storage: {size: 1Gi}\npostgresql: {pgHba: [\"hostssl all all 10.0.0.0/8 scram-sha-256\"]}",
+        "cert on a host rule (PostgreSQL takes it only with hostssl)",
+        "storage: {size: 1Gi}\npostgresql: {pgHba: [\"host all all 10.0.0.0/8 cert\"]}",
         "spec.postgresql.pgHba[0]",
     ),
     case(
@@ -372,8 +372,9 @@ resources:
   limits: {memory: 1Gi}
 postgresql:
   parameters: {shared_buffers: 256MB, work_mem: 8MB, pg_stat_statements.max: "5000", search_path: "'$user', public"}
-  pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5"]
+  pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5", "hostssl all app all cert"]
 replication: {synchronous: 1, dataDurability: required}
+tls: {allowPlaintext: true}
 affinity:
   podAntiAffinityType: required
   topologyKey: topology.kubernetes.io/zone
@@ -575,7 +576,8 @@ async fn a_valid_manifest_is_accepted_and_defaulted_as_serde_defaults_it() -> Re
             "affinity": {"podAntiAffinityType": "preferred", "topologyKey": "kubernetes.io/hostname"},
             "failoverDelay": 0,
             "switchoverTimeout": 60,
-            "paused": false
+            "paused": false,
+            "tls": {}
         })
     );
     ns.delete().await?;

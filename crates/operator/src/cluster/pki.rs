@@ -444,4 +444,72 @@ mod tests {
             "a new authority, a new certificate"
         );
     }
+
+    #[test]
+    fn the_server_certificate_follows_the_instances_and_postgres_has_its_own_authority() {
+        let now = ts("2026-12-01T12:00:00Z");
+        let instances = ["db-1".to_string(), "db-2".to_string()];
+        let first = plan(&[], "db", "ns", &instances, now).expect("plan");
+        assert_ne!(
+            first.postgres_authority.cert_pem(),
+            first.authority.cert_pem(),
+            "PostgreSQL's authority is not the managers'"
+        );
+        assert!(
+            first
+                .server_names
+                .starts_with("db-rw,db-rw.ns,db-rw.ns.svc,db-rw.ns.svc.cluster.local,db-ro,"),
+            "{}",
+            first.server_names
+        );
+        assert!(
+            first.server_names.ends_with(",db-1,db-2"),
+            "{}",
+            first.server_names
+        );
+        let tls = |name: &str, issued: &Issued, names: Option<&str>| {
+            let mut s = secret(
+                name,
+                &[
+                    ("tls.crt", &issued.cert_pem),
+                    ("tls.key", &issued.key_pem),
+                    ("ca.crt", first.postgres_authority.cert_pem()),
+                ],
+                Some(&issued.not_after.to_string()),
+            );
+            if let Some(names) = names {
+                s.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert(ANNOTATION_DNS_NAMES.to_string(), names.to_string());
+            }
+            s
+        };
+        let stored = [
+            secret(
+                "db-postgres-ca",
+                &[
+                    ("ca.crt", first.postgres_authority.cert_pem()),
+                    ("ca.key", first.postgres_authority.key_pem()),
+                ],
+                None,
+            ),
+            tls("db-server-tls", &first.server, Some(&first.server_names)),
+            tls("db-replication-tls", &first.replication, None),
+        ];
+        let same = plan(&stored, "db", "ns", &instances, now).expect("plan");
+        assert_eq!(same.server, first.server);
+        assert_eq!(same.replication, first.replication);
+        let scaled = plan(
+            &stored,
+            "db",
+            "ns",
+            &["db-1".to_string(), "db-2".to_string(), "db-3".to_string()],
+            now,
+        )
+        .expect("plan");
+        assert_ne!(scaled.server, first.server, "a new name, a new certificate");
+        assert!(scaled.server_names.ends_with(",db-3"));
+        assert_eq!(scaled.replication, first.replication);
+    }
 }

@@ -378,13 +378,20 @@ pub fn client_pod(
                     {"name": "PGUSER", "valueFrom": {"secretKeyRef": {"name": secret, "key": "username"}}},
                     {"name": "PGPASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}},
                     {"name": "PGDATABASE", "valueFrom": {"secretKeyRef": {"name": secret, "key": "dbname"}}},
-                    {"name": "PGCONNECT_TIMEOUT", "value": "2"}
+                    {"name": "PGCONNECT_TIMEOUT", "value": "2"},
+                    // TLS, verified as a careful client does: the cluster's authority from
+                    // the app Secret, the name in the certificate.
+                    {"name": "PGSSLMODE", "value": "verify-full"},
+                    {"name": "PGSSLROOTCERT", "value": "/etc/pgop-app/ca.crt"}
                 ],
                 "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                     "capabilities": {"drop": ["ALL"]}},
-                "volumeMounts": [{"name": "out", "mountPath": "/out"}]
+                "volumeMounts": [{"name": "out", "mountPath": "/out"},
+                                 {"name": "app-ca", "mountPath": "/etc/pgop-app", "readOnly": true}]
             }],
-            "volumes": [{"name": "out", "emptyDir": {}}]
+            "volumes": [{"name": "out", "emptyDir": {}},
+                        {"name": "app-ca", "secret": {"secretName": secret, "defaultMode": 0o444,
+                                                      "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
         }
     });
     if let (Some(spec), Some(extra)) = (pod["spec"].as_object_mut(), extra_spec.as_object()) {
