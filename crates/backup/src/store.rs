@@ -206,6 +206,10 @@ impl Store {
                         .with_endpoint(endpoint)
                         .with_virtual_hosted_style_request(false);
                 }
+                // object_store's reqwest client has rustls without a crypto provider of its
+                // own (Cargo.toml) and takes the process default, which must exist before
+                // `build`; an error only says that one is installed already.
+                let _ = rustls::crypto::ring::default_provider().install_default();
                 let describe = format!(
                     "s3://{}{}",
                     s3.bucket,
