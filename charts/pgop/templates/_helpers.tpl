@@ -82,6 +82,10 @@ of the ClusterRole (cluster-wide) or of the Role in watchNamespace (namespace-sc
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, update, delete]
+# Each cluster's NetworkPolicy (spec.networkPolicy).
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, update, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch, update, delete]

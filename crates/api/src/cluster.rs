@@ -208,6 +208,12 @@ pub struct PostgresClusterSpec {
     #[serde(default)]
     pub tls: TlsSpec,
 
+    /// The NetworkPolicy pgop keeps for the instance Pods: PostgreSQL from the cluster's
+    /// own instances and the selected clients (anyone by default), the manager's read-only
+    /// port from anywhere, its mutual-TLS port from the operator only.
+    #[serde(default)]
+    pub network_policy: crate::network::NetworkPolicySpec,
+
     /// Seconds the primary must stay unready before pgop fails over to a standby (0: at
     /// once). A longer delay rides out short hiccups at the price of a longer outage.
     #[serde(default)]

@@ -15,6 +15,7 @@ pub mod defaults;
 pub mod formats;
 pub mod instance_status;
 pub mod labels;
+pub mod network;
 pub mod validation;
 
 pub use backup::{PostgresBackup, PostgresBackupSpec, PostgresBackupStatus};

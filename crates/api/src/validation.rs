@@ -285,11 +285,65 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.switchoverTimeout", spec.switchover_timeout, 1, None);
 
     validate_affinity(&spec.affinity, errors);
+    validate_network_policy(&spec.network_policy, errors);
     if let Some(backup) = &spec.backup {
         validate_backup_spec(backup, errors);
     }
     if let Some(bootstrap) = &spec.bootstrap {
         validate_bootstrap(bootstrap, errors);
+    }
+}
+
+/// A map of labels (a selector): at most `max` entries, label keys and label values.
+fn validate_labels(
+    labels: &std::collections::BTreeMap<String, String>,
+    max: usize,
+    path: &str,
+    errors: &mut Errors,
+) {
+    errors.check(labels.len() <= max, path, || {
+        format!("must have at most {max} entries")
+    });
+    let bad_keys: Vec<&str> = labels
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !formats::is_label_key(k))
+        .collect();
+    errors.check(bad_keys.is_empty(), path, || {
+        format!("{bad_keys:?}: {}", cel::msg_label_keys())
+    });
+    for (key, value) in labels {
+        errors.check(
+            formats::is_label_value(value),
+            &format!("{path}.{key}"),
+            || format!("must be a label value (at most 63 letters, digits, '-', '_' and '.' starting and ending with a letter or digit, or empty), got {value:?}"),
+        );
+    }
+}
+
+fn validate_network_policy(policy: &crate::network::NetworkPolicySpec, errors: &mut Errors) {
+    use crate::network::{MAX_CLIENTS, MAX_SELECTOR_LABELS};
+    errors.check(
+        policy.clients.len() <= MAX_CLIENTS,
+        "spec.networkPolicy.clients",
+        || format!("must have at most {MAX_CLIENTS} entries"),
+    );
+    for (i, client) in policy.clients.iter().enumerate() {
+        let path = format!("spec.networkPolicy.clients[{i}]");
+        validate_labels(
+            &client.pod_labels,
+            MAX_SELECTOR_LABELS,
+            &format!("{path}.podLabels"),
+            errors,
+        );
+        if let Some(labels) = &client.namespace_labels {
+            validate_labels(
+                labels,
+                MAX_SELECTOR_LABELS,
+                &format!("{path}.namespaceLabels"),
+                errors,
+            );
+        }
     }
 }
 
@@ -299,27 +353,12 @@ fn validate_affinity(affinity: &AffinitySpec, errors: &mut Errors) {
         "spec.affinity.topologyKey",
         || format!("{}, got {:?}", cel::msg_label_key(), affinity.topology_key),
     );
-    let selector = &affinity.node_selector;
-    errors.check(
-        selector.len() <= MAX_NODE_SELECTOR,
+    validate_labels(
+        &affinity.node_selector,
+        MAX_NODE_SELECTOR,
         "spec.affinity.nodeSelector",
-        || format!("must have at most {MAX_NODE_SELECTOR} entries"),
+        errors,
     );
-    let bad_keys: Vec<&str> = selector
-        .keys()
-        .map(String::as_str)
-        .filter(|k| !formats::is_label_key(k))
-        .collect();
-    errors.check(bad_keys.is_empty(), "spec.affinity.nodeSelector", || {
-        format!("{bad_keys:?}: {}", cel::msg_label_keys())
-    });
-    for (key, value) in selector {
-        errors.check(
-            formats::is_label_value(value),
-            &format!("spec.affinity.nodeSelector.{key}"),
-            || format!("must be a label value (at most 63 letters, digits, '-', '_' and '.' starting and ending with a letter or digit, or empty), got {value:?}"),
-        );
-    }
     errors.check(
         affinity.tolerations.len() <= MAX_TOLERATIONS,
         "spec.affinity.tolerations",

@@ -328,6 +328,16 @@ const BAD: &[Case] = &[
         "spec.affinity.nodeSelector.disktype",
     ),
     case(
+        "network policy client label key with a newline",
+        "storage: {size: 1Gi}\nnetworkPolicy: {clients: [{podLabels: {\"app\\nx\": shop}}]}",
+        "spec.networkPolicy.clients[0].podLabels",
+    ),
+    case(
+        "network policy namespace label value with $( )",
+        "storage: {size: 1Gi}\nnetworkPolicy: {clients: [{namespaceLabels: {team: \"$(id)\"}}]}",
+        "spec.networkPolicy.clients[0].namespaceLabels.team",
+    ),
+    case(
         "toleration without key or Exists",
         "storage: {size: 1Gi}\naffinity: {tolerations: [{value: x}]}",
         "spec.affinity.tolerations[0].operator",
@@ -375,6 +385,11 @@ postgresql:
   pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5", "hostssl all app all cert"]
 replication: {synchronous: 1, dataDurability: required}
 tls: {allowPlaintext: true}
+networkPolicy:
+  clients:
+    - {podLabels: {app: shop}}
+    - {podLabels: {app: reports}, namespaceLabels: {team: analytics}}
+    - {namespaceLabels: {}}
 affinity:
   podAntiAffinityType: required
   topologyKey: topology.kubernetes.io/zone
@@ -577,7 +592,8 @@ async fn a_valid_manifest_is_accepted_and_defaulted_as_serde_defaults_it() -> Re
             "failoverDelay": 0,
             "switchoverTimeout": 60,
             "paused": false,
-            "tls": {}
+            "tls": {},
+            "networkPolicy": {"enabled": true}
         })
     );
     ns.delete().await?;

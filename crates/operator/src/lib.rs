@@ -250,6 +250,10 @@ impl Operator {
             .owns(api::<Service>(&client, ns), children.clone())
             .owns(api::<Secret>(&client, ns), children.clone())
             .owns(api::<PodDisruptionBudget>(&client, ns), children.clone())
+            .owns(
+                api::<k8s_openapi::api::networking::v1::NetworkPolicy>(&client, ns),
+                children.clone(),
+            )
             .owns(api::<ServiceAccount>(&client, ns), children.clone())
             .owns(api::<Role>(&client, ns), children.clone())
             .owns(api::<RoleBinding>(&client, ns), children)

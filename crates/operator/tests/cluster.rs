@@ -7,6 +7,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{
     Event, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
@@ -62,7 +63,10 @@ async fn a_cluster_gets_every_child_and_turns_ready_when_its_pods_are() -> Resul
             "main-app",
             "main-ca",
             "main-manager-tls",
+            "main-postgres-ca",
             "main-replication",
+            "main-replication-tls",
+            "main-server-tls",
         ],
     )
     .await?;
@@ -70,6 +74,7 @@ async fn a_cluster_gets_every_child_and_turns_ready_when_its_pods_are() -> Resul
     wait_names::<ServiceAccount>(&client, n, "main", &["main"]).await?;
     wait_names::<Role>(&client, n, "main", &["main"]).await?;
     wait_names::<RoleBinding>(&client, n, "main", &["main"]).await?;
+    wait_names::<NetworkPolicy>(&client, n, "main", &["main"]).await?;
 
     // Every child is owned by the cluster.
     let pods: Api<Pod> = Api::namespaced(client.clone(), n);
@@ -154,6 +159,16 @@ async fn a_cluster_gets_every_child_and_turns_ready_when_its_pods_are() -> Resul
         "{table}"
     );
     assert_eq!(events(&client, n, "Created").await?.len(), 1);
+
+    // spec.networkPolicy.enabled: false removes the policy; true brings it back.
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), n);
+    for (enabled, expected) in [(false, &[][..]), (true, &["main"][..])] {
+        let patch = serde_json::json!({"spec": {"networkPolicy": {"enabled": enabled}}});
+        clusters
+            .patch("main", &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        wait_names::<NetworkPolicy>(&client, n, "main", expected).await?;
+    }
 
     // A standby failing turns the cluster Degraded.
     make_ready(&client, n, "main-3", false).await?;
@@ -263,7 +278,10 @@ async fn deleting_the_cluster_removes_every_child_through_the_garbage_collector(
             "gone-app",
             "gone-ca",
             "gone-manager-tls",
+            "gone-postgres-ca",
             "gone-replication",
+            "gone-replication-tls",
+            "gone-server-tls",
         ],
     )
     .await?;
@@ -418,7 +436,10 @@ async fn an_operator_killed_mid_reconcile_converges_to_the_same_state_after_rest
             "crash-app",
             "crash-ca",
             "crash-manager-tls",
+            "crash-postgres-ca",
             "crash-replication",
+            "crash-replication-tls",
+            "crash-server-tls",
         ],
     )
     .await?;

@@ -844,7 +844,10 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
             "scoped-app",
             "scoped-ca",
             "scoped-manager-tls",
+            "scoped-postgres-ca",
             "scoped-replication",
+            "scoped-replication-tls",
+            "scoped-server-tls",
         ],
     )
     .await?;

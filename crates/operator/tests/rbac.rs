@@ -84,7 +84,10 @@ async fn the_operator_needs_no_more_than_its_published_rbac() -> Result {
             "least-app",
             "least-ca",
             "least-manager-tls",
+            "least-postgres-ca",
             "least-replication",
+            "least-replication-tls",
+            "least-server-tls",
         ],
     )
     .await?;

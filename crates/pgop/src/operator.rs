@@ -162,6 +162,7 @@ impl Args {
                 run_as_group: self
                     .instance_gid
                     .unwrap_or(Settings::default().run_as_group),
+                operator_namespace: env.pod_namespace.clone(),
             },
             metrics_bind_address: match self.metrics_bind_address {
                 None => Some(DEFAULT_METRICS_BIND_ADDRESS),

@@ -18,6 +18,7 @@ use super::build::{Children, quantity};
 use super::dereference::Observed;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -336,6 +337,7 @@ pub async fn apply(
         pod_disruption_budgets,
         pvcs,
         pods,
+        network_policy,
     } = children;
     let mut out = Outcome::default();
     apply_if_changed(
@@ -427,6 +429,25 @@ pub async fn apply(
     }
     for pod in pods {
         create_or_fix_metadata(client, namespace, pod, &observed.pods, &mut out).await?;
+    }
+    match network_policy {
+        Some(policy) => {
+            apply_if_changed(
+                client,
+                namespace,
+                policy,
+                &observed.network_policies,
+                always,
+                &mut out,
+            )
+            .await?
+        }
+        // spec.networkPolicy.enabled turned off: the policy goes.
+        None => {
+            for stale in &observed.network_policies {
+                delete::<NetworkPolicy>(client, namespace, &stale.name_any(), &mut out).await?;
+            }
+        }
     }
     Ok(out)
 }

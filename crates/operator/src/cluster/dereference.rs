@@ -2,6 +2,7 @@
 //! LIST per kind finds them all; nothing here writes.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
@@ -29,6 +30,7 @@ pub struct Observed {
     pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
     pub pvcs: Vec<PersistentVolumeClaim>,
     pub pods: Vec<Pod>,
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 async fn list<K>(client: &Client, namespace: &str, selector: &str) -> Result<Vec<K>, Error>
@@ -51,7 +53,18 @@ where
 
 pub async fn observe(client: &Client, namespace: &str, cluster: &str) -> Result<Observed, Error> {
     let sel = format!("{}={cluster}", labels::CLUSTER);
-    let (service_accounts, roles, role_bindings, secrets, services, pdbs, pvcs, pods) = tokio::try_join!(
+    let (
+        service_accounts,
+        roles,
+        role_bindings,
+        secrets,
+        services,
+        pdbs,
+        pvcs,
+        pods,
+        network_policies,
+    ) = tokio::try_join!(
+        list(client, namespace, &sel),
         list(client, namespace, &sel),
         list(client, namespace, &sel),
         list(client, namespace, &sel),
@@ -70,5 +83,6 @@ pub async fn observe(client: &Client, namespace: &str, cluster: &str) -> Result<
         pod_disruption_budgets: pdbs,
         pvcs,
         pods,
+        network_policies,
     })
 }

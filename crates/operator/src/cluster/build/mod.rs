@@ -2,6 +2,7 @@
 //! nothing here reads the clock, the network or the environment; tests feed YAML
 //! fixtures and compare the objects.
 
+mod network;
 mod pdb;
 pub use pdb::Budgets;
 mod pod;
@@ -12,6 +13,7 @@ mod secret;
 mod service;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -34,6 +36,9 @@ pub struct Settings {
     /// uid and gid the instance containers run as (non-root; PostgreSQL refuses root).
     pub run_as_user: i64,
     pub run_as_group: i64,
+    /// The operator's own namespace when it runs in the cluster (`POD_NAMESPACE`): the
+    /// NetworkPolicies admit the managers' TLS port from its Pods only.
+    pub operator_namespace: Option<String>,
 }
 
 impl Default for Settings {
@@ -42,6 +47,7 @@ impl Default for Settings {
             image: DEFAULT_IMAGE.to_string(),
             run_as_user: 26,
             run_as_group: 26,
+            operator_namespace: None,
         }
     }
 }
@@ -115,6 +121,9 @@ pub struct Children {
     pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
     pub pvcs: Vec<PersistentVolumeClaim>,
     pub pods: Vec<Pod>,
+    /// The instances' NetworkPolicy; `None` when `spec.networkPolicy.enabled` is off
+    /// (an existing one is then deleted).
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 /// Failure to build children from a cluster that lacks what every stored object has.
@@ -214,6 +223,7 @@ pub fn children(
             .iter()
             .map(|i| pod::pod(&common, spec, i, settings))
             .collect(),
+        network_policy: network::network_policy(&common, &spec.network_policy, settings),
     })
 }
 

@@ -83,6 +83,7 @@ fn to_yaml(c: &Children) -> String {
         pod_disruption_budgets,
         pvcs,
         pods,
+        network_policy,
     } = c;
     let mut docs = vec![
         serde_yaml::to_string(service_account),
@@ -102,6 +103,7 @@ fn to_yaml(c: &Children) -> String {
     }
     docs.extend(pvcs.iter().map(serde_yaml::to_string));
     docs.extend(pods.iter().map(serde_yaml::to_string));
+    docs.extend(network_policy.iter().map(serde_yaml::to_string));
     docs.into_iter()
         .map(|d| d.expect("serializes"))
         .collect::<Vec<_>>()
@@ -506,4 +508,54 @@ fn the_app_uri_percent_encodes_a_password_that_could_break_it() {
         "p%40ss%3Aw%2Frd%25%27%22%20%24%28x%29"
     );
     assert_eq!(secret::percent_encode("é"), "%C3%A9");
+}
+
+#[test]
+fn the_network_policy_admits_the_selected_clients_and_the_operator_or_is_left_out() {
+    let mut cluster = fixture();
+    cluster.spec.network_policy.clients = vec![pgop_api::network::ClientSelector {
+        pod_labels: BTreeMap::from([("app".to_string(), "shop".to_string())]),
+        namespace_labels: Some(BTreeMap::new()),
+    }];
+    let settings = Settings {
+        operator_namespace: Some("pgop-system".into()),
+        ..Settings::default()
+    };
+    let build = |cluster: &PostgresCluster| {
+        children(
+            cluster,
+            &instances(),
+            &passwords(),
+            &settings,
+            &Budgets::new(3, false, true),
+        )
+        .expect("builds")
+    };
+    let policy = build(&cluster).network_policy.expect("a policy");
+    let value = serde_json::to_value(&policy).expect("serializes");
+    let rules = &value["spec"]["ingress"];
+    // PostgreSQL: the cluster's instances, then the selected clients in every namespace.
+    assert_eq!(
+        rules[0]["from"],
+        serde_json::json!([
+            {"podSelector": {"matchLabels": {
+                "app.kubernetes.io/component": "database", "database.example.com/cluster": "main"}}},
+            {"podSelector": {"matchLabels": {"app": "shop"}}, "namespaceSelector": {"matchLabels": {}}}
+        ])
+    );
+    assert_eq!(rules[0]["ports"][0]["port"], 5432);
+    // The read-only port from anywhere; the TLS port from the operator's Pods only.
+    assert_eq!(rules[1]["from"], serde_json::Value::Null);
+    assert_eq!(rules[1]["ports"][0]["port"], 8000);
+    assert_eq!(
+        rules[2]["from"],
+        serde_json::json!([{
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "pgop-operator"}},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "pgop-system"}}
+        }])
+    );
+    assert_eq!(rules[2]["ports"][0]["port"], 8001);
+
+    cluster.spec.network_policy.enabled = false;
+    assert!(build(&cluster).network_policy.is_none());
 }
