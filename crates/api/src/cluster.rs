@@ -320,6 +320,29 @@ pub struct TlsSpec {
     /// user's choice. Replication uses TLS whatever this says.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_plaintext: bool,
+
+    /// A Secret of the cluster's namespace holding the server certificate PostgreSQL is to
+    /// serve instead of one from the cluster's own authority, in the cert-manager shape:
+    /// `tls.crt` (the certificate, then any intermediates), `tls.key` and `ca.crt` (the
+    /// authority clients verify it with; the app Secret's `ca.crt` then holds it). It must
+    /// be valid for the name `<cluster>-rw`, which the instances verify when they connect
+    /// to each other. Read again at every reconcile: a renewed certificate is served
+    /// without a restart. One that does not verify is refused with a `TLSSecretRefused`
+    /// Event, and the certificate served so far stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub server_secret: Option<String>,
+
+    /// A Secret of the cluster's namespace with `ca.crt`: an authority whose client
+    /// certificates PostgreSQL accepts, for `hostssl ... cert` rules in
+    /// `spec.postgresql.pgHba` (the certificate's common name is the user name).
+    #[serde(
+        default,
+        rename = "clientCASecret",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub client_ca_secret: Option<String>,
 }
 
 /// Streaming replication settings.

@@ -62,6 +62,9 @@ pub const ANNOTATION_NOT_AFTER: &str = "database.example.com/not-after";
 /// Annotation on PostgreSQL's server certificate Secret: the DNS names the certificate
 /// holds, comma-separated; a new certificate is issued when the wanted names change.
 pub const ANNOTATION_DNS_NAMES: &str = "database.example.com/dns-names";
+/// Annotation on PostgreSQL's server certificate Secret when the certificate is the user's
+/// (`spec.tls.serverSecret`): the Secret it was copied from.
+pub const ANNOTATION_BROUGHT_FROM: &str = "database.example.com/copied-from";
 /// The DNS domain of the Kubernetes cluster, in the fully qualified Service names of
 /// PostgreSQL's server certificate.
 pub const CLUSTER_DOMAIN: &str = "cluster.local";

@@ -286,6 +286,12 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
 
     validate_affinity(&spec.affinity, errors);
     validate_network_policy(&spec.network_policy, errors);
+    if let Some(name) = &spec.tls.server_secret {
+        errors.name("spec.tls.serverSecret", name);
+    }
+    if let Some(name) = &spec.tls.client_ca_secret {
+        errors.name("spec.tls.clientCASecret", name);
+    }
     if let Some(backup) = &spec.backup {
         validate_backup_spec(backup, errors);
     }

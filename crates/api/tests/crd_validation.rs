@@ -338,6 +338,16 @@ const BAD: &[Case] = &[
         "spec.networkPolicy.clients[0].namespaceLabels.team",
     ),
     case(
+        "server certificate Secret named with a path",
+        "storage: {size: 1Gi}\ntls: {serverSecret: ../etc}",
+        "spec.tls.serverSecret",
+    ),
+    case(
+        "client CA Secret named with a quote",
+        "storage: {size: 1Gi}\ntls: {clientCASecret: \"ca'\"}",
+        "spec.tls.clientCASecret",
+    ),
+    case(
         "toleration without key or Exists",
         "storage: {size: 1Gi}\naffinity: {tolerations: [{value: x}]}",
         "spec.affinity.tolerations[0].operator",
@@ -384,7 +394,7 @@ postgresql:
   parameters: {shared_buffers: 256MB, work_mem: 8MB, pg_stat_statements.max: "5000", search_path: "'$user', public"}
   pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5", "hostssl all app all cert"]
 replication: {synchronous: 1, dataDurability: required}
-tls: {allowPlaintext: true}
+tls: {allowPlaintext: true, serverSecret: db-server-cert, clientCASecret: app-client-ca}
 networkPolicy:
   clients:
     - {podLabels: {app: shop}}

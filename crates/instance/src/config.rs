@@ -50,9 +50,11 @@ pub fn passfile_path(layout: &Layout) -> PathBuf {
 pub struct Tls {
     pub server_cert: String,
     pub server_key: String,
-    /// The cluster's PostgreSQL authority: verifies the other instances' server
-    /// certificates and clients' certificates.
-    pub ca: String,
+    /// The authority of the server certificate: verifies the other instances'.
+    pub server_ca: String,
+    /// The authorities PostgreSQL accepts client certificates from (`ssl_ca_file`): the
+    /// cluster's own (the replication certificate's), and `spec.tls.clientCASecret`'s.
+    pub client_ca: String,
     /// The replication user's client certificate and key.
     pub replication_cert: String,
     pub replication_key: String,
@@ -78,7 +80,8 @@ impl std::fmt::Debug for Tls {
 pub struct TlsFiles {
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
-    pub ca: PathBuf,
+    pub server_ca: PathBuf,
+    pub client_ca: PathBuf,
     pub replication_cert: PathBuf,
     pub replication_key: PathBuf,
 }
@@ -88,7 +91,8 @@ pub fn tls_files(layout: &Layout) -> TlsFiles {
     TlsFiles {
         server_cert: file("server.crt"),
         server_key: file("server.key"),
-        ca: file("ca.crt"),
+        server_ca: file("ca.crt"),
+        client_ca: file("client-ca.crt"),
         replication_cert: file("replication.crt"),
         replication_key: file("replication.key"),
     }
@@ -103,7 +107,8 @@ pub fn write_tls(layout: &Layout, tls: &Tls, run_as: Option<RunAs>) -> Result<()
         source,
     })?;
     for (path, content) in [
-        (&files.ca, &tls.ca),
+        (&files.server_ca, &tls.server_ca),
+        (&files.client_ca, &tls.client_ca),
         (&files.server_cert, &tls.server_cert),
         (&files.server_key, &tls.server_key),
         (&files.replication_cert, &tls.replication_cert),
@@ -181,7 +186,7 @@ pub fn owned_parameters(
         params.push(("ssl", "on".into()));
         params.push(("ssl_cert_file", path(&files.server_cert)));
         params.push(("ssl_key_file", path(&files.server_key)));
-        params.push(("ssl_ca_file", path(&files.ca)));
+        params.push(("ssl_ca_file", path(&files.client_ca)));
         params.push(("ssl_min_protocol_version", "TLSv1.2".into()));
     }
     if let Mode::Standby { upstream } = mode {
@@ -860,7 +865,7 @@ mod tests {
             "ssl = 'on'",
             "ssl_cert_file = '/run/postgresql/pgop-tls-server.crt'",
             "ssl_key_file = '/run/postgresql/pgop-tls-server.key'",
-            "ssl_ca_file = '/run/postgresql/pgop-tls-ca.crt'",
+            "ssl_ca_file = '/run/postgresql/pgop-tls-client-ca.crt'",
             "ssl_min_protocol_version = 'TLSv1.2'",
         ] {
             assert!(

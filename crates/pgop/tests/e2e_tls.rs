@@ -260,3 +260,167 @@ async fn e2e_postgresql_serves_the_clusters_certificate_refuses_plaintext_and_re
     .await?;
     env.stop().await
 }
+
+/// A Secret in the cert-manager shape.
+fn tls_secret(name: &str, issued: &pgop_tls::Issued, ca: &str) -> Secret {
+    secret(
+        name,
+        &[
+            ("tls.crt", &issued.cert_pem),
+            ("tls.key", &issued.key_pem),
+            ("ca.crt", ca),
+        ],
+    )
+}
+
+/// A connection as `app` with a client certificate and no password, verifying the server
+/// against `ca` under `byo-rw`.
+async fn with_client_certificate(
+    ip: &str,
+    ca: &str,
+    client: &pgop_tls::Issued,
+) -> std::result::Result<tokio_postgres::Client, String> {
+    let tls =
+        pgop_tls::postgres::PostgresTls::verify_full(ca, Some((&client.cert_pem, &client.key_pem)))
+            .and_then(|t| t.server_name("byo-rw"))
+            .map_err(|e| e.to_string())?;
+    let (c, connection) = tokio_postgres::Config::new()
+        .host(ip)
+        .port(5432)
+        .user("app")
+        .dbname("app")
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect(tls)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    tokio::spawn(connection);
+    Ok(c)
+}
+
+#[tokio::test]
+async fn e2e_a_brought_server_certificate_is_served_and_renewed_and_client_certificates_log_in()
+-> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("e2e-tls-byo").await?;
+    let ns = env.n().to_string();
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &ns);
+    let now = jiff::Timestamp::now();
+    // Another issuer (cert-manager's part): the server's authority and the clients'.
+    let issuer = pgop_tls::Authority::generate_named(now, "example issuer")?;
+    let names = ["byo-rw".to_string(), format!("byo-rw.{ns}.svc")];
+    let first = issuer.issue_postgres_server(&names, now, 30)?;
+    let clients = pgop_tls::Authority::generate_named(now, "example clients")?;
+    let pp = kube::api::PostParams::default();
+    secrets
+        .create(&pp, &tls_secret("byo-cert", &first, issuer.cert_pem()))
+        .await?;
+    secrets
+        .create(
+            &pp,
+            &secret("byo-clients", &[("ca.crt", clients.cert_pem())]),
+        )
+        .await?;
+    env.create(
+        "byo",
+        serde_json::json!({
+            "replicas": 2, "storage": {"size": "1Gi"},
+            "tls": {"serverSecret": "byo-cert", "clientCASecret": "byo-clients"},
+            "postgresql": {"pgHba": ["hostssl all app all cert"]}
+        }),
+    )
+    .await?;
+    // Ready: the standby verified the brought certificate under byo-rw to stream.
+    env.wait_ready("byo", 2).await?;
+    let app = secrets.get("byo-app").await?;
+    assert_eq!(key(&app, "ca.crt")?, issuer.cert_pem());
+    let primary = env.current_primary("byo").await?;
+    let ip = env.pod_ip(&primary).await?;
+    for (name, pod_ip) in env.pod_ips("byo").await? {
+        assert_eq!(
+            served_certificate(&pod_ip, issuer.cert_pem(), "byo-rw").await?,
+            der(&first.cert_pem)?,
+            "{name} serves another certificate"
+        );
+    }
+
+    // A client certificate of the clients' authority logs in as its common name, with no
+    // password; one of another authority does not.
+    let app_cert = clients.issue_postgres_client("app", now, 1)?;
+    let c = with_client_certificate(&ip, issuer.cert_pem(), &app_cert).await?;
+    let row = c
+        .query_one(
+            "select current_user::text, client_dn from pg_stat_ssl where pid = pg_backend_pid()",
+            &[],
+        )
+        .await?;
+    let (user, dn): (String, Option<String>) = (row.get(0), row.get(1));
+    assert_eq!((user.as_str(), dn.as_deref()), ("app", Some("/CN=app")));
+    let stranger = pgop_tls::Authority::generate_named(now, "example stranger")?
+        .issue_postgres_client("app", now, 1)?;
+    assert!(
+        with_client_certificate(&ip, issuer.cert_pem(), &stranger)
+            .await
+            .is_err(),
+        "a client certificate of another authority"
+    );
+
+    // Renewal by the issuer: the Secret's new certificate is served, no restart.
+    let c = with_client_certificate(&ip, issuer.cert_pem(), &app_cert).await?;
+    let started = postmaster_started(&c).await?;
+    let second = issuer.issue_postgres_server(&names, now, 60)?;
+    let patch = serde_json::json!({"stringData": {
+        "tls.crt": second.cert_pem, "tls.key": second.key_pem
+    }});
+    secrets
+        .patch("byo-cert", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let second_der = der(&second.cert_pem)?;
+    wait::until("the renewed certificate served", TIMEOUT, || async {
+        match served_certificate(&ip, issuer.cert_pem(), "byo-rw").await {
+            Ok(served) if served == second_der => Ok(()),
+            other => Err(format!("{:?}", other.map(|_| "the first certificate"))),
+        }
+    })
+    .await?;
+    let c = with_client_certificate(&ip, issuer.cert_pem(), &app_cert).await?;
+    assert_eq!(
+        postmaster_started(&c).await?,
+        started,
+        "renewal restarted PostgreSQL"
+    );
+
+    // A certificate without the name the instances verify is refused, naming the field;
+    // the one served so far stays.
+    let unnamed = issuer.issue_postgres_server(&["elsewhere".to_string()], now, 30)?;
+    let patch = serde_json::json!({"stringData": {
+        "tls.crt": unnamed.cert_pem, "tls.key": unnamed.key_pem
+    }});
+    secrets
+        .patch("byo-cert", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    let refused = wait::until("the TLSSecretRefused Event", TIMEOUT, || async {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(env.client.clone(), &ns);
+        let list = events
+            .list(&Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("TLSSecretRefused"))
+            .and_then(|e| e.note)
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await?;
+    assert!(
+        refused.contains("spec.tls.serverSecret") && refused.contains("byo-rw"),
+        "{refused}"
+    );
+    assert_eq!(
+        served_certificate(&ip, issuer.cert_pem(), "byo-rw").await?,
+        second_der,
+        "a refused certificate replaced the one served"
+    );
+    env.stop().await
+}

@@ -166,7 +166,10 @@ impl Authority {
         Self::generate_named(now, POSTGRES_CA_COMMON_NAME)
     }
 
-    fn generate_named(now: jiff::Timestamp, common_name: &'static str) -> Result<Self, Error> {
+    /// A new authority named `common_name` (another issuer's, in tests: an authority's
+    /// name must tell it apart from the others a peer trusts, which look up issuers by
+    /// name).
+    pub fn generate_named(now: jiff::Timestamp, common_name: &'static str) -> Result<Self, Error> {
         let key = KeyPair::generate().map_err(generating("authority key"))?;
         let params = ca_params(now, common_name)?;
         let cert = params.self_signed(&key).map_err(generating("authority"))?;

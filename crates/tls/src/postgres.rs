@@ -117,6 +117,68 @@ where
     }
 }
 
+/// Why a certificate a user brings for PostgreSQL cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("{0}")]
+    Read(#[from] Error),
+    #[error("its key is not the certificate's key, or not a key rustls can use")]
+    Key(#[source] rustls::Error),
+    #[error(
+        "it does not verify against ca.crt for the name {name} (the instances verify that name)"
+    )]
+    Verify {
+        name: String,
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("{0:?} is not a DNS name")]
+    Name(String),
+}
+
+/// Checks a server certificate a user brings (`tls.crt`: the certificate, then any
+/// intermediates; `tls.key`; `ca.crt`): the key is the certificate's, and the chain
+/// verifies against `ca.crt` for `name` now (valid, `serverAuth`, the name in it).
+pub fn check_server_certificate(
+    cert_pem: &str,
+    key_pem: &str,
+    ca_pem: &str,
+    name: &str,
+) -> Result<(), CheckError> {
+    let provider = provider();
+    let chain = certs(cert_pem, "tls.crt")?;
+    rustls::sign::CertifiedKey::from_der(chain.clone(), key(key_pem, "tls.key")?, &provider)
+        .map_err(CheckError::Key)?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots(ca_pem)?),
+        provider,
+    )
+    .build()
+    .map_err(|e| CheckError::Verify {
+        name: name.to_string(),
+        source: rustls::Error::General(e.to_string()),
+    })?;
+    let server_name =
+        ServerName::try_from(name.to_string()).map_err(|_| CheckError::Name(name.to_string()))?;
+    let (leaf, intermediates) = chain
+        .split_first()
+        .ok_or(CheckError::Read(Error::NoCertificate { what: "tls.crt" }))?;
+    use rustls::client::danger::ServerCertVerifier;
+    verifier
+        .verify_server_cert(
+            leaf,
+            intermediates,
+            &server_name,
+            &[],
+            rustls::pki_types::UnixTime::now(),
+        )
+        .map_err(|source| CheckError::Verify {
+            name: name.to_string(),
+            source,
+        })?;
+    Ok(())
+}
+
 /// Accepts any server certificate ([`PostgresTls::without_verification`]).
 #[derive(Debug)]
 struct AnyServer(Arc<rustls::crypto::CryptoProvider>);

@@ -182,3 +182,43 @@ fn bad_pem_and_keys_are_errors_that_say_which() {
     assert!(!format!("{ca:?}").contains("PRIVATE KEY"));
     assert_eq!(manager_server_name().to_str(), MANAGER_SERVER_NAME);
 }
+
+#[test]
+fn a_brought_server_certificate_must_match_its_key_verify_and_carry_the_name() {
+    use crate::postgres::{CheckError, check_server_certificate};
+    let ca = Authority::generate_postgres(now()).expect("authority");
+    let names = ["db-rw".to_string(), "db-rw.ns.svc".to_string()];
+    let good = ca
+        .issue_postgres_server(&names, now(), 30)
+        .expect("certificate");
+    check_server_certificate(&good.cert_pem, &good.key_pem, ca.cert_pem(), "db-rw")
+        .expect("a good certificate");
+    let other = ca
+        .issue_postgres_server(&names, now(), 30)
+        .expect("certificate");
+    assert!(matches!(
+        check_server_certificate(&good.cert_pem, &other.key_pem, ca.cert_pem(), "db-rw"),
+        Err(CheckError::Key(_))
+    ));
+    assert!(matches!(
+        check_server_certificate(&good.cert_pem, &good.key_pem, ca.cert_pem(), "other-rw"),
+        Err(CheckError::Verify { .. })
+    ));
+    let stranger = Authority::generate_postgres(now()).expect("authority");
+    assert!(matches!(
+        check_server_certificate(&good.cert_pem, &good.key_pem, stranger.cert_pem(), "db-rw"),
+        Err(CheckError::Verify { .. })
+    ));
+    let client = ca
+        .issue_postgres_client("db-rw", now(), 30)
+        .expect("certificate");
+    assert!(
+        check_server_certificate(&client.cert_pem, &client.key_pem, ca.cert_pem(), "db-rw")
+            .is_err(),
+        "a client certificate cannot serve"
+    );
+    assert!(matches!(
+        check_server_certificate("junk", &good.key_pem, ca.cert_pem(), "db-rw"),
+        Err(CheckError::Read(_))
+    ));
+}

@@ -256,7 +256,7 @@ impl Instance {
             password: d.passwords.1.clone(),
             tls: d.tls.as_ref().map(|tls| UpstreamTls {
                 server_name: tls.server_name.clone(),
-                ca_file: files.ca,
+                ca_file: files.server_ca,
                 cert_file: files.replication_cert,
                 key_file: files.replication_key,
             }),

@@ -876,7 +876,11 @@ async fn read_postgres_tls(
     Ok(crate::config::Tls {
         server_cert: secret_text(&server, "tls.crt")?,
         server_key: secret_text(&server, "tls.key")?,
-        ca: secret_text(&server, "ca.crt")?,
+        server_ca: secret_text(&server, "ca.crt")?,
+        // The authorities of client certificates (an older operator's Secret has only
+        // the replication certificate's).
+        client_ca: secret_text(&replication, "client-ca.crt")
+            .or_else(|_| secret_text(&replication, "ca.crt"))?,
         replication_cert: secret_text(&replication, "tls.crt")?,
         replication_key: secret_text(&replication, "tls.key")?,
         server_name: format!("{cluster}-rw"),

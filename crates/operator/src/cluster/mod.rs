@@ -76,7 +76,7 @@ pub enum Error {
     ScheduleBackup(#[source] kube::Error),
     #[error("failed to generate a password")]
     GeneratePassword(#[source] getrandom::Error),
-    #[error("the operator-to-manager certificates")]
+    #[error("the cluster's certificates")]
     Certificates(#[from] pki::Error),
     #[error("the cluster has no namespace")]
     NoNamespace,
@@ -239,13 +239,39 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         )?,
         certificates: {
             let instance_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+            let tls = &defaulted.spec.tls;
+            let brought = match &tls.server_secret {
+                Some(secret) => {
+                    Some(pki::read_brought(&ctx.client, &namespace, secret, &name).await)
+                }
+                None => None,
+            };
+            let client_ca = match &tls.client_ca_secret {
+                Some(secret) => Some(
+                    pki::read_client_ca(&ctx.client, &namespace, secret)
+                        .await
+                        .map_err(|why| format!("Secret {secret} {why}")),
+                ),
+                None => None,
+            };
             let pki = pki::plan(
                 &observed.secrets,
                 &name,
                 &namespace,
                 &instance_names,
+                (brought, client_ca),
                 now().0,
             )?;
+            for warning in &pki.warnings {
+                publish(
+                    ctx,
+                    cluster,
+                    EventType::Warning,
+                    "TLSSecretRefused",
+                    warning,
+                )
+                .await;
+            }
             build::Certificates {
                 ca_cert: pki.authority.cert_pem().to_string(),
                 ca_key: pki.authority.key_pem().to_string(),
@@ -255,8 +281,10 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
                 postgres_ca_cert: pki.postgres_authority.cert_pem().to_string(),
                 postgres_ca_key: pki.postgres_authority.key_pem().to_string(),
                 server: pki.server,
-                server_names: pki.server_names,
+                server_ca_cert: pki.server_ca,
+                server_annotations: pki.server_annotations,
                 replication: pki.replication,
+                client_ca_cert: pki.client_ca,
             }
         },
     };

@@ -12,9 +12,9 @@
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client, ResourceExt};
 use pgop_api::constants::{
-    ANNOTATION_DNS_NAMES, ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, CLUSTER_DOMAIN,
-    MANAGER_TLS_SECRET_SUFFIX, POSTGRES_CA_SECRET_SUFFIX, REPLICATION_TLS_SECRET_SUFFIX,
-    REPLICATION_USER, SERVER_TLS_SECRET_SUFFIX,
+    ANNOTATION_BROUGHT_FROM, ANNOTATION_DNS_NAMES, ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX,
+    CLUSTER_DOMAIN, MANAGER_TLS_SECRET_SUFFIX, POSTGRES_CA_SECRET_SUFFIX,
+    REPLICATION_TLS_SECRET_SUFFIX, REPLICATION_USER, SERVER_TLS_SECRET_SUFFIX,
 };
 use pgop_tls::{Authority, Issued, Usage};
 use std::collections::HashMap;
@@ -167,10 +167,68 @@ pub struct Pki {
     pub manager: Issued,
     /// PostgreSQL's.
     pub postgres_authority: Authority,
+    /// The server certificate and key (`not_after` means nothing for a brought one).
     pub server: Issued,
-    /// The DNS names of `server`, comma-separated.
-    pub server_names: String,
+    /// The authority that verifies `server` (the app Secret's `ca.crt`).
+    pub server_ca: String,
+    /// The annotations of the server certificate's Secret.
+    pub server_annotations: Vec<(&'static str, String)>,
     pub replication: Issued,
+    /// The authorities whose client certificates PostgreSQL accepts: its own, then
+    /// `spec.tls.clientCASecret`'s.
+    pub client_ca: String,
+    /// What the user should hear about (a brought certificate refused).
+    pub warnings: Vec<String>,
+}
+
+/// A server certificate a user brings (`spec.tls.serverSecret`): the Secret's name and
+/// its `tls.crt`, `tls.key` and `ca.crt`, or why they cannot serve.
+pub struct Brought {
+    pub secret: String,
+    pub pems: Result<[String; 3], String>,
+}
+
+/// Reads and checks `spec.tls.serverSecret`: the key is the certificate's and it verifies
+/// against `ca.crt` for `<cluster>-rw`.
+pub async fn read_brought(
+    client: &Client,
+    namespace: &str,
+    secret: &str,
+    cluster: &str,
+) -> Brought {
+    let pems = async {
+        let found = Api::<Secret>::namespaced(client.clone(), namespace)
+            .get_opt(secret)
+            .await
+            .map_err(|e| format!("cannot be read: {e}"))?
+            .ok_or_else(|| "does not exist".to_string())?;
+        let get = |key: &'static str| text(&found, key).map_err(|e| e.to_string());
+        let (cert, key, ca) = (get("tls.crt")?, get("tls.key")?, get("ca.crt")?);
+        pgop_tls::postgres::check_server_certificate(&cert, &key, &ca, &format!("{cluster}-rw"))
+            .map_err(|e| e.to_string())?;
+        Ok([cert, key, ca])
+    }
+    .await;
+    Brought {
+        secret: secret.to_string(),
+        pems,
+    }
+}
+
+/// `ca.crt` of `spec.tls.clientCASecret`, checked to hold certificates.
+pub async fn read_client_ca(
+    client: &Client,
+    namespace: &str,
+    secret: &str,
+) -> Result<String, String> {
+    let found = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(secret)
+        .await
+        .map_err(|e| format!("cannot be read: {e}"))?
+        .ok_or_else(|| "does not exist".to_string())?;
+    let ca = text(&found, "ca.crt").map_err(|e| e.to_string())?;
+    pgop_tls::postgres::PostgresTls::verify_full(&ca, None).map_err(|e| e.to_string())?;
+    Ok(ca)
 }
 
 /// The authorities of the observed Secrets (new ones when there are none) and the
@@ -181,6 +239,7 @@ pub fn plan(
     cluster: &str,
     namespace: &str,
     instances: &[String],
+    (brought, client_ca): (Option<Brought>, Option<Result<String, String>>),
     now: jiff::Timestamp,
 ) -> Result<Pki, Error> {
     let managers = authority(secrets, &ca_secret_name(cluster), Kind::Managers, now)?;
@@ -204,18 +263,84 @@ pub fn plan(
     )?;
     let names = server_dns_names(cluster, namespace, instances);
     let server_names = names.join(",");
-    let server = match current(
-        secrets,
-        &format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}"),
-        &postgres,
-        Some(&server_names),
-        now,
-    ) {
-        Some(issued) => issued,
-        None => postgres
-            .issue_postgres_server(&names, now, pgop_tls::postgres::CERT_DAYS)
-            .map_err(Error::Issue)?,
+    let mut warnings = Vec::new();
+    let server_secret = format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}");
+    // A brought certificate that cannot serve leaves the one served so far (any, as its
+    // Secret holds it), or pgop's own for a cluster that has none yet.
+    let kept = |why: &str, from: &str| {
+        let s = secrets.iter().find(|s| s.name_any() == server_secret)?;
+        let issued = Issued {
+            cert_pem: text(s, "tls.crt").ok()?,
+            key_pem: text(s, "tls.key").ok()?,
+            not_after: now,
+        };
+        let annotations = [
+            ANNOTATION_NOT_AFTER,
+            ANNOTATION_DNS_NAMES,
+            ANNOTATION_BROUGHT_FROM,
+        ]
+        .into_iter()
+        .filter_map(|k| Some((k, s.annotations().get(k)?.clone())))
+        .collect::<Vec<_>>();
+        tracing::debug!(why, from, "keeping the server certificate served so far");
+        Some((issued, text(s, "ca.crt").ok()?, annotations))
     };
+    let chosen = match brought {
+        Some(Brought {
+            secret,
+            pems: Ok([cert_pem, key_pem, ca]),
+        }) => Some((
+            Issued {
+                cert_pem,
+                key_pem,
+                not_after: now,
+            },
+            ca,
+            vec![(ANNOTATION_BROUGHT_FROM, secret)],
+        )),
+        Some(Brought {
+            secret,
+            pems: Err(why),
+        }) => {
+            warnings.push(format!(
+                "spec.tls.serverSecret: Secret {secret} {why}; PostgreSQL keeps serving the \
+                 certificate it served so far"
+            ));
+            kept(&why, &secret)
+        }
+        None => None,
+    };
+    let (server, server_ca, server_annotations) = match chosen {
+        Some(chosen) => chosen,
+        None => {
+            let server = match current(secrets, &server_secret, &postgres, Some(&server_names), now)
+            {
+                Some(issued) => issued,
+                None => postgres
+                    .issue_postgres_server(&names, now, pgop_tls::postgres::CERT_DAYS)
+                    .map_err(Error::Issue)?,
+            };
+            let annotations = vec![
+                (ANNOTATION_NOT_AFTER, server.not_after.to_string()),
+                (ANNOTATION_DNS_NAMES, server_names),
+            ];
+            (server, postgres.cert_pem().to_string(), annotations)
+        }
+    };
+    let mut client_cas = postgres.cert_pem().to_string();
+    match client_ca {
+        Some(Ok(ca)) => {
+            if !client_cas.ends_with('\n') {
+                client_cas.push('\n');
+            }
+            client_cas.push_str(&ca);
+        }
+        Some(Err(why)) => warnings.push(format!(
+            "spec.tls.clientCASecret: {why}; PostgreSQL accepts only the replication \
+             certificate's authority"
+        )),
+        None => {}
+    }
     let replication = match current(
         secrets,
         &format!("{cluster}{REPLICATION_TLS_SECRET_SUFFIX}"),
@@ -233,8 +358,11 @@ pub fn plan(
         manager,
         postgres_authority: postgres,
         server,
-        server_names,
+        server_ca,
+        server_annotations,
         replication,
+        client_ca: client_cas,
+        warnings,
     })
 }
 
@@ -341,7 +469,7 @@ mod tests {
     #[test]
     fn a_new_cluster_gets_an_authority_and_a_certificate_kept_until_renewal_is_due() {
         let now = ts("2026-12-01T12:00:00Z");
-        let first = plan(&[], "db", "ns", &[], now).expect("plan");
+        let first = plan(&[], "db", "ns", &[], (None, None), now).expect("plan");
         assert_eq!(first.manager.not_after, ts("2027-03-01T00:00:00Z"));
         let stored = [
             secret(
@@ -363,10 +491,26 @@ mod tests {
             ),
         ];
         // Read back: the same authority and the same certificate, until 30 days are left.
-        let again = plan(&stored, "db", "ns", &[], ts("2027-01-29T23:59:59Z")).expect("plan");
+        let again = plan(
+            &stored,
+            "db",
+            "ns",
+            &[],
+            (None, None),
+            ts("2027-01-29T23:59:59Z"),
+        )
+        .expect("plan");
         assert_eq!(again.authority.cert_pem(), first.authority.cert_pem());
         assert_eq!(again.manager, first.manager);
-        let renewed = plan(&stored, "db", "ns", &[], ts("2027-01-30T00:00:00Z")).expect("plan");
+        let renewed = plan(
+            &stored,
+            "db",
+            "ns",
+            &[],
+            (None, None),
+            ts("2027-01-30T00:00:00Z"),
+        )
+        .expect("plan");
         assert_eq!(renewed.authority.cert_pem(), first.authority.cert_pem());
         assert_ne!(renewed.manager.cert_pem, first.manager.cert_pem);
         assert_eq!(renewed.manager.not_after, ts("2027-04-30T00:00:00Z"));
@@ -375,7 +519,7 @@ mod tests {
     #[test]
     fn a_certificate_of_another_authority_or_without_its_expiry_is_replaced() {
         let now = ts("2026-12-01T12:00:00Z");
-        let first = plan(&[], "db", "ns", &[], now).expect("plan");
+        let first = plan(&[], "db", "ns", &[], (None, None), now).expect("plan");
         let ca = secret(
             "db-ca",
             &[
@@ -384,7 +528,7 @@ mod tests {
             ],
             None,
         );
-        let other = plan(&[], "db", "ns", &[], now).expect("another authority");
+        let other = plan(&[], "db", "ns", &[], (None, None), now).expect("another authority");
         let foreign = secret(
             "db-manager-tls",
             &[
@@ -394,7 +538,7 @@ mod tests {
             ],
             Some(&other.manager.not_after.to_string()),
         );
-        let p = plan(&[ca.clone(), foreign], "db", "ns", &[], now).expect("plan");
+        let p = plan(&[ca.clone(), foreign], "db", "ns", &[], (None, None), now).expect("plan");
         assert_ne!(p.manager.cert_pem, other.manager.cert_pem);
         let unannotated = secret(
             "db-manager-tls",
@@ -405,21 +549,35 @@ mod tests {
             ],
             None,
         );
-        let p = plan(&[ca, unannotated], "db", "ns", &[], now).expect("plan");
+        let p = plan(&[ca, unannotated], "db", "ns", &[], (None, None), now).expect("plan");
         assert_ne!(p.manager.cert_pem, first.manager.cert_pem);
     }
 
     #[test]
     fn a_broken_authority_is_an_error_naming_its_secret() {
         let broken = secret("db-ca", &[("ca.crt", "junk"), ("ca.key", "junk")], None);
-        let err = plan(&[broken], "db", "ns", &[], jiff::Timestamp::now())
-            .err()
-            .expect("an error");
+        let err = plan(
+            &[broken],
+            "db",
+            "ns",
+            &[],
+            (None, None),
+            jiff::Timestamp::now(),
+        )
+        .err()
+        .expect("an error");
         assert!(err.to_string().contains("db-ca"), "{err}");
         let partial = secret("db-ca", &[("ca.crt", "junk")], None);
-        let err = plan(&[partial], "db", "ns", &[], jiff::Timestamp::now())
-            .err()
-            .expect("an error");
+        let err = plan(
+            &[partial],
+            "db",
+            "ns",
+            &[],
+            (None, None),
+            jiff::Timestamp::now(),
+        )
+        .err()
+        .expect("an error");
         assert_eq!(err.to_string(), "Secret db-ca lacks ca.key");
     }
 
@@ -449,24 +607,26 @@ mod tests {
     fn the_server_certificate_follows_the_instances_and_postgres_has_its_own_authority() {
         let now = ts("2026-12-01T12:00:00Z");
         let instances = ["db-1".to_string(), "db-2".to_string()];
-        let first = plan(&[], "db", "ns", &instances, now).expect("plan");
+        let first = plan(&[], "db", "ns", &instances, (None, None), now).expect("plan");
         assert_ne!(
             first.postgres_authority.cert_pem(),
             first.authority.cert_pem(),
             "PostgreSQL's authority is not the managers'"
         );
+        let names = |p: &Pki| {
+            p.server_annotations
+                .iter()
+                .find(|(k, _)| *k == ANNOTATION_DNS_NAMES)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let first_names = names(&first);
         assert!(
-            first
-                .server_names
+            first_names
                 .starts_with("db-rw,db-rw.ns,db-rw.ns.svc,db-rw.ns.svc.cluster.local,db-ro,"),
-            "{}",
-            first.server_names
+            "{first_names}"
         );
-        assert!(
-            first.server_names.ends_with(",db-1,db-2"),
-            "{}",
-            first.server_names
-        );
+        assert!(first_names.ends_with(",db-1,db-2"), "{first_names}");
         let tls = |name: &str, issued: &Issued, names: Option<&str>| {
             let mut s = secret(
                 name,
@@ -494,10 +654,10 @@ mod tests {
                 ],
                 None,
             ),
-            tls("db-server-tls", &first.server, Some(&first.server_names)),
+            tls("db-server-tls", &first.server, Some(&first_names)),
             tls("db-replication-tls", &first.replication, None),
         ];
-        let same = plan(&stored, "db", "ns", &instances, now).expect("plan");
+        let same = plan(&stored, "db", "ns", &instances, (None, None), now).expect("plan");
         assert_eq!(same.server, first.server);
         assert_eq!(same.replication, first.replication);
         let scaled = plan(
@@ -505,11 +665,86 @@ mod tests {
             "db",
             "ns",
             &["db-1".to_string(), "db-2".to_string(), "db-3".to_string()],
+            (None, None),
             now,
         )
         .expect("plan");
         assert_ne!(scaled.server, first.server, "a new name, a new certificate");
-        assert!(scaled.server_names.ends_with(",db-3"));
+        assert!(names(&scaled).ends_with(",db-3"));
         assert_eq!(scaled.replication, first.replication);
+    }
+
+    #[test]
+    fn a_brought_server_certificate_is_served_and_a_refused_one_keeps_the_one_served() {
+        let now = ts("2026-12-01T12:00:00Z");
+        let theirs = Authority::generate_postgres(now).expect("their authority");
+        let cert = theirs
+            .issue_postgres_server(&["db-rw".to_string()], now, 30)
+            .expect("their certificate");
+        let brought = |pems: Result<[String; 3], String>| Brought {
+            secret: "db-cert".into(),
+            pems,
+        };
+        let good = brought(Ok([
+            cert.cert_pem.clone(),
+            cert.key_pem.clone(),
+            theirs.cert_pem().to_string(),
+        ]));
+        let client_ca = Authority::generate_postgres(now).expect("a client authority");
+        let p = plan(
+            &[],
+            "db",
+            "ns",
+            &[],
+            (Some(good), Some(Ok(client_ca.cert_pem().to_string()))),
+            now,
+        )
+        .expect("plan");
+        assert_eq!(p.server.cert_pem, cert.cert_pem);
+        assert_eq!(p.server_ca, theirs.cert_pem());
+        assert_eq!(
+            p.server_annotations,
+            vec![(ANNOTATION_BROUGHT_FROM, "db-cert".to_string())]
+        );
+        assert!(p.client_ca.starts_with(p.postgres_authority.cert_pem()));
+        assert!(p.client_ca.ends_with(client_ca.cert_pem()));
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+
+        // Refused with a certificate served so far: that one stays, and the user hears why.
+        let served = secret(
+            "db-server-tls",
+            &[
+                ("tls.crt", &cert.cert_pem),
+                ("tls.key", &cert.key_pem),
+                ("ca.crt", theirs.cert_pem()),
+            ],
+            None,
+        );
+        let refused = || brought(Err("does not exist".into()));
+        let p = plan(&[served], "db", "ns", &[], (Some(refused()), None), now).expect("plan");
+        assert_eq!(p.server.cert_pem, cert.cert_pem);
+        assert_eq!(p.server_ca, theirs.cert_pem());
+        assert_eq!(p.warnings.len(), 1);
+        assert!(
+            p.warnings[0].contains("spec.tls.serverSecret") && p.warnings[0].contains("db-cert"),
+            "{:?}",
+            p.warnings
+        );
+        // Refused with none served yet: pgop's own, so that the cluster can start.
+        let p = plan(
+            &[],
+            "db",
+            "ns",
+            &[],
+            (
+                Some(refused()),
+                Some(Err("Secret ca does not exist".into())),
+            ),
+            now,
+        )
+        .expect("plan");
+        assert_eq!(p.server_ca, p.postgres_authority.cert_pem());
+        assert_eq!(p.client_ca, p.postgres_authority.cert_pem());
+        assert_eq!(p.warnings.len(), 2, "{:?}", p.warnings);
     }
 }

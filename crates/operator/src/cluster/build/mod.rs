@@ -80,11 +80,15 @@ pub struct Certificates {
     /// PostgreSQL's authority.
     pub postgres_ca_cert: String,
     pub postgres_ca_key: String,
-    /// PostgreSQL's server certificate and its DNS names (comma-separated).
+    /// PostgreSQL's server certificate, the authority that verifies it, and its Secret's
+    /// annotations (see `cluster::pki::Pki`).
     pub server: pgop_tls::Issued,
-    pub server_names: String,
+    pub server_ca_cert: String,
+    pub server_annotations: Vec<(&'static str, String)>,
     /// The replication user's client certificate.
     pub replication: pgop_tls::Issued,
+    /// The authorities PostgreSQL accepts client certificates from.
+    pub client_ca_cert: String,
 }
 
 impl std::fmt::Debug for Certificates {

@@ -9,9 +9,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use pgop_api::PostgresClusterSpec;
 use pgop_api::constants::{
-    ANNOTATION_DNS_NAMES, ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX,
-    POSTGRES_CA_SECRET_SUFFIX, POSTGRES_PORT, REPLICATION_TLS_SECRET_SUFFIX,
-    SERVER_TLS_SECRET_SUFFIX,
+    ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX, POSTGRES_CA_SECRET_SUFFIX,
+    POSTGRES_PORT, REPLICATION_TLS_SECRET_SUFFIX, SERVER_TLS_SECRET_SUFFIX,
 };
 use std::collections::BTreeMap;
 
@@ -56,7 +55,7 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str, certs: &Certi
         ("port", &POSTGRES_PORT.to_string()),
         ("uri", uri.as_str()),
         ("sslmode", APP_SSLMODE),
-        ("ca.crt", certs.postgres_ca_cert.as_str()),
+        ("ca.crt", certs.server_ca_cert.as_str()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -160,28 +159,31 @@ pub fn postgres_authority(c: &Common, certs: &Certificates) -> Secret {
     }
 }
 
-/// PostgreSQL's server certificate, which every instance serves.
+/// PostgreSQL's server certificate, which every instance serves: pgop's, or the one
+/// `spec.tls.serverSecret` brings.
 pub fn server_tls(c: &Common, certs: &Certificates) -> Secret {
-    let not_after = certs.server.not_after.to_string();
+    let annotations: Vec<(&str, &str)> = certs
+        .server_annotations
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .collect();
     tls(
         c,
         SERVER_TLS_SECRET_SUFFIX,
         [
             &certs.server.cert_pem,
             &certs.server.key_pem,
-            &certs.postgres_ca_cert,
+            &certs.server_ca_cert,
         ],
-        &[
-            (ANNOTATION_NOT_AFTER, &not_after),
-            (ANNOTATION_DNS_NAMES, &certs.server_names),
-        ],
+        &annotations,
     )
 }
 
-/// The replication user's client certificate, with which standbys connect.
+/// The replication user's client certificate, with which standbys connect, and
+/// (`client-ca.crt`) the authorities PostgreSQL accepts client certificates from.
 pub fn replication_tls(c: &Common, certs: &Certificates) -> Secret {
     let not_after = certs.replication.not_after.to_string();
-    tls(
+    let mut secret = tls(
         c,
         REPLICATION_TLS_SECRET_SUFFIX,
         [
@@ -190,5 +192,16 @@ pub fn replication_tls(c: &Common, certs: &Certificates) -> Secret {
             &certs.postgres_ca_cert,
         ],
         &[(ANNOTATION_NOT_AFTER, &not_after)],
-    )
+    );
+    if let Some(data) = secret.data.as_mut() {
+        data.insert(
+            CLIENT_CA_KEY.to_string(),
+            ByteString(certs.client_ca_cert.as_bytes().to_vec()),
+        );
+    }
+    secret
 }
+
+/// The key of the replication certificate's Secret that holds the authorities PostgreSQL
+/// accepts client certificates from (`ssl_ca_file`).
+pub const CLIENT_CA_KEY: &str = "client-ca.crt";

@@ -46,12 +46,23 @@ fn passwords() -> Credentials {
                 key_pem: "SERVER KEY".into(),
                 not_after: "2027-03-01T00:00:00Z".parse().expect("timestamp"),
             },
-            server_names: "main-rw,main-1".into(),
+            server_ca_cert: "POSTGRES CA CERTIFICATE".into(),
+            server_annotations: vec![
+                (
+                    pgop_api::constants::ANNOTATION_NOT_AFTER,
+                    "2027-03-01T00:00:00Z".into(),
+                ),
+                (
+                    pgop_api::constants::ANNOTATION_DNS_NAMES,
+                    "main-rw,main-1".into(),
+                ),
+            ],
             replication: pgop_tls::Issued {
                 cert_pem: "REPLICATION CERTIFICATE".into(),
                 key_pem: "REPLICATION KEY".into(),
                 not_after: "2027-03-01T00:00:00Z".parse().expect("timestamp"),
             },
+            client_ca_cert: "POSTGRES CA CERTIFICATE".into(),
         },
     }
 }
