@@ -851,6 +851,8 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
         ],
     )
     .await?;
+    wait_names::<k8s_openapi::api::networking::v1::NetworkPolicy>(&admin, w, "scoped", &["scoped"])
+        .await?;
     for pod in ["scoped-1", "scoped-2"] {
         make_ready(&admin, w, pod, true).await?;
     }

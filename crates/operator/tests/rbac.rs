@@ -91,6 +91,9 @@ async fn the_operator_needs_no_more_than_its_published_rbac() -> Result {
         ],
     )
     .await?;
+    // Applied last: a permission missing for it would leave everything above in place.
+    wait_names::<k8s_openapi::api::networking::v1::NetworkPolicy>(&admin, n, "least", &["least"])
+        .await?;
     for pod in ["least-1", "least-2"] {
         make_ready(&admin, n, pod, true).await?;
     }

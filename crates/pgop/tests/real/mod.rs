@@ -601,6 +601,9 @@ pub async fn secret_values(
         ("-replication", "password"),
         ("-ca", "ca.key"),
         ("-manager-tls", "tls.key"),
+        ("-postgres-ca", "ca.key"),
+        ("-server-tls", "tls.key"),
+        ("-replication-tls", "tls.key"),
     ] {
         let name = format!("{cluster}{suffix}");
         let secret = secrets.get(&name).await?;
