@@ -284,18 +284,16 @@ async fn with_client_certificate(
         pgop_tls::postgres::PostgresTls::verify_full(ca, Some((&client.cert_pem, &client.key_pem)))
             .and_then(|t| t.server_name("byo-rw"))
             .map_err(|e| e.to_string())?;
-    let (c, connection) = tokio_postgres::Config::new()
+    let mut config = tokio_postgres::Config::new();
+    config
         .host(ip)
         .port(5432)
         .user("app")
         .dbname("app")
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .ssl_mode(tokio_postgres::config::SslMode::Require)
-        .connect(tls)
+        .connect_timeout(std::time::Duration::from_secs(5));
+    pgop_tls::postgres::connect(&mut config, Some(tls))
         .await
-        .map_err(|e| format!("{e:?}"))?;
-    tokio::spawn(connection);
-    Ok(c)
+        .map_err(|e| format!("{e:?}"))
 }
 
 #[tokio::test]

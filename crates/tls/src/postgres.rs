@@ -40,13 +40,7 @@ impl PostgresTls {
     /// Trusts only the authority `ca_pem`; presents `client` (certificate and key, PEM)
     /// when given.
     pub fn verify_full(ca_pem: &str, client: Option<(&str, &str)>) -> Result<Self, Error> {
-        let builder = ClientConfig::builder_with_provider(provider())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|source| Error::Config {
-                what: "protocol versions",
-                source,
-            })?
-            .with_root_certificates(roots(ca_pem)?);
+        let builder = builder(provider())?.with_root_certificates(roots(ca_pem)?);
         let config = match client {
             Some((cert, key_pem)) => builder
                 .with_client_auth_cert(
@@ -70,12 +64,7 @@ impl PostgresTls {
     /// server, and its handshake signature checked).
     pub fn without_verification() -> Result<Self, Error> {
         let provider = provider();
-        let config = ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|source| Error::Config {
-                what: "protocol versions",
-                source,
-            })?
+        let config = builder(provider.clone())?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AnyServer(provider)))
             .with_no_client_auth();
@@ -94,6 +83,41 @@ impl PostgresTls {
         self.server_name = Some(parsed);
         Ok(self)
     }
+}
+
+/// A client configuration of TLS 1.3 or 1.2 (what PostgreSQL's `ssl_min_protocol_version`
+/// allows), before its authorities.
+fn builder(
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<rustls::ConfigBuilder<ClientConfig, rustls::WantsVerifier>, Error> {
+    ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|source| Error::Config {
+            what: "protocol versions",
+            source,
+        })
+}
+
+/// Connects with `config` over TLS (`sslmode=require`: refused without it) when `tls` is
+/// given, else without; the connection task runs until the client drops.
+pub async fn connect(
+    config: &mut tokio_postgres::Config,
+    tls: Option<PostgresTls>,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let client = match tls {
+        Some(tls) => {
+            config.ssl_mode(tokio_postgres::config::SslMode::Require);
+            let (client, connection) = config.connect(tls).await?;
+            tokio::spawn(connection);
+            client
+        }
+        None => {
+            let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            client
+        }
+    };
+    Ok(client)
 }
 
 impl<S> MakeTlsConnect<S> for PostgresTls

@@ -75,44 +75,27 @@ impl LogicalTarget {
         if let Some(password) = &self.password {
             config.password(password);
         }
-        let failed = |source| Error::TargetConnect {
-            target: self.describe(),
-            source,
-        };
-        let client = match &self.ssl_root_cert {
+        let tls = match &self.ssl_root_cert {
             Some(path) => {
-                let tls = std::fs::read_to_string(path)
-                    .map_err(|source| Error::TargetTls {
+                let tls_error =
+                    |source: Box<dyn std::error::Error + Send + Sync>| Error::TargetTls {
                         path: path.clone(),
-                        source: Box::new(source),
-                    })
-                    .and_then(|ca| {
-                        pgop_tls::postgres::PostgresTls::verify_full(&ca, None).map_err(|e| {
-                            Error::TargetTls {
-                                path: path.clone(),
-                                source: Box::new(e),
-                            }
-                        })
-                    })?;
-                config.ssl_mode(tokio_postgres::config::SslMode::Require);
-                let (client, connection) = config.connect(tls).await.map_err(failed)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                client
+                        source,
+                    };
+                let ca = std::fs::read_to_string(path).map_err(|e| tls_error(Box::new(e)))?;
+                Some(
+                    pgop_tls::postgres::PostgresTls::verify_full(&ca, None)
+                        .map_err(|e| tls_error(Box::new(e)))?,
+                )
             }
-            None => {
-                let (client, connection) = config
-                    .connect(tokio_postgres::NoTls)
-                    .await
-                    .map_err(failed)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                client
-            }
+            None => None,
         };
-        Ok(client)
+        pgop_tls::postgres::connect(&mut config, tls)
+            .await
+            .map_err(|source| Error::TargetConnect {
+                target: self.describe(),
+                source,
+            })
     }
 }
 

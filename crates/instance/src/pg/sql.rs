@@ -197,23 +197,10 @@ impl Upstream {
             .dbname("postgres")
             .application_name("pgop-instance")
             .connect_timeout(Duration::from_secs(5));
-        let client = match &self.tls {
-            Some(tls) => {
-                config.ssl_mode(tokio_postgres::config::SslMode::Require);
-                let (client, connection) = config.connect(tls.connector()?).await.map_err(reach)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                client
-            }
-            None => {
-                let (client, connection) = config.connect(NoTls).await.map_err(reach)?;
-                tokio::spawn(async move {
-                    let _ = connection.await;
-                });
-                client
-            }
-        };
+        let tls = self.tls.as_ref().map(UpstreamTls::connector).transpose()?;
+        let client = pgop_tls::postgres::connect(&mut config, tls)
+            .await
+            .map_err(reach)?;
         let row = client
             .query_one("SELECT pg_is_in_recovery()", &[])
             .await

@@ -502,16 +502,13 @@ pub async fn connect_verified(
     let tls = pgop_tls::postgres::PostgresTls::verify_full(ca_pem, None)
         .and_then(|t| t.server_name(server_name))
         .expect("a TLS configuration");
-    let (client, connection) = tokio_postgres::Config::new()
+    let mut config = tokio_postgres::Config::new();
+    config
         .host(host)
         .port(port)
         .user(user)
         .password(password)
         .dbname(dbname)
-        .connect_timeout(Duration::from_secs(5))
-        .ssl_mode(tokio_postgres::config::SslMode::Require)
-        .connect(tls)
-        .await?;
-    tokio::spawn(connection);
-    Ok(client)
+        .connect_timeout(Duration::from_secs(5));
+    pgop_tls::postgres::connect(&mut config, Some(tls)).await
 }
