@@ -44,6 +44,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/*
+The namespaces the operator watches, as a JSON list (read it with fromJsonArray):
+watchNamespaces, or watchNamespace alone (the older one-namespace value); empty: all
+namespaces. Setting both is refused.
+*/}}
+{{- define "pgop.watchNamespaces" -}}
+{{- if and .Values.watchNamespace .Values.watchNamespaces -}}
+{{- fail "set watchNamespaces (a list of namespaces) or watchNamespace (one namespace, the older value), not both" -}}
+{{- end -}}
+{{- if .Values.watchNamespace -}}
+{{- list .Values.watchNamespace | toJson -}}
+{{- else -}}
+{{- .Values.watchNamespaces | default list | uniq | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 Cluster-scoped reads, whichever namespaces are watched: Nodes (a watch cache of their names
 and cordons: a drained primary's node is left by a switchover, and a volume pinned to a
 deleted node is recreated elsewhere) and the PersistentVolume of a claim whose node is gone.
@@ -59,43 +75,59 @@ deleted node is recreated elsewhere) and the PersistentVolume of a claim whose n
 
 {{/*
 Everything `pgop operator` may do in the namespaces it watches, and nothing more: the rules
-of the ClusterRole (cluster-wide) or of the Role in watchNamespace (namespace-scoped).
+of the ClusterRole (cluster-wide) or of the Role in each watched namespace (namespace-scoped).
 */}}
 {{- define "pgop.rules" -}}
-- apiGroups: [database.example.com]
-  resources: [postgresclusters, postgresbackups]
-  verbs: [get, list, watch]
-# Scheduled backups are created, and those retention removed from the store deleted.
-- apiGroups: [database.example.com]
-  resources: [postgresbackups]
-  verbs: [create, delete]
-# Only to remove the switchover annotation once it has been acted on.
+# Each rule, and each verb, is used; crates/operator/tests/rbac_minimal.rs removes them one
+# at a time and shows what then fails (docs/security.md has the table).
+# The controllers' watches; get: a backup's cluster, a recovery's source cluster (and
+# granted to the instance Roles). patch: only to remove the switchover annotation once
+# it has been read.
 - apiGroups: [database.example.com]
   resources: [postgresclusters]
-  verbs: [patch]
+  verbs: [get, list, watch, patch]
+# get: a recovery's source backup. Scheduled backups are created, and those retention
+# removed from the store deleted.
+- apiGroups: [database.example.com]
+  resources: [postgresbackups]
+  verbs: [get, list, watch, create, delete]
 - apiGroups: [database.example.com]
   resources: [postgresclusters/status, postgresbackups/status]
-  verbs: [get, patch, update]
+  verbs: [patch]
+# The children: listed and watched (the operator's caches), written by server-side
+# apply (patch, and create for a new object); Pods and generated Secrets are created
+# once. Pods and claims of removed instances are deleted, and the superuser's Secret
+# once access is turned off; get: a backup's instance Pod, the certificates' Secrets.
 - apiGroups: [""]
-  resources: [pods, persistentvolumeclaims, services, secrets, serviceaccounts]
-  verbs: [get, list, watch, create, patch, update, delete]
+  resources: [pods]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
+  verbs: [list, watch, create, patch]
+# The primary's budget goes once no switchover could move it.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, update, delete]
-# Each cluster's NetworkPolicy (spec.networkPolicy).
+  verbs: [list, watch, create, patch, delete]
+# Each cluster's NetworkPolicy (spec.networkPolicy; deleted when turned off).
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [list, watch, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, list, watch, create, patch, update, delete]
-# The operator grants these to instance pods through their Role, so it must hold them
-# (RBAC forbids granting what one does not have); its own leader election uses get,
-# create and update on its Lease.
+  verbs: [list, watch, create, patch]
+# get, create, update: the leader Lease, and the release of a dead primary's Lease. list
+# and watch: only because the instance Roles grant them (the manager watches its cluster's
+# Lease), and RBAC lets no one grant what it does not hold.
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: ["", events.k8s.io]
+  verbs: [get, list, watch, create, update]
+- apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
 {{- end -}}

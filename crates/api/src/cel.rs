@@ -9,6 +9,7 @@ use crate::cluster::{
     MAX_CLUSTER_NAME_LENGTH, OWNED_PARAMETERS, RESERVED_NAME_PREFIX, RESERVED_NAMES,
     UNSUPPORTED_PARAMETER_PREFIX, UNSUPPORTED_PARAMETERS,
 };
+use crate::constants::OWN_SECRET_SUFFIXES;
 use crate::formats::{
     DNS_LABEL_PATTERN, LABEL_KEY_PATTERN, MAX_LABEL_KEY_LENGTH, MAX_LABEL_KEY_PREFIX_LENGTH,
     MAX_PARAMETER_NAME_LENGTH, PARAMETER_NAME_PATTERN,
@@ -133,6 +134,43 @@ pub fn cluster_name() -> Rule {
     ))
     .message(Message::Message(format!("metadata.name {}", msg_cluster_name())))
     .reason(Reason::FieldValueInvalid)
+}
+
+/// What is wrong with naming one of the cluster's own Secrets where the spec names a user's.
+pub fn msg_own_secret() -> String {
+    let own: Vec<String> = OWN_SECRET_SUFFIXES
+        .iter()
+        .map(|s| format!("<cluster>{s}"))
+        .collect();
+    format!(
+        "may not name one of the cluster's own Secrets ({}): pgop writes those itself; \
+         name a Secret of your own",
+        own.join(", ")
+    )
+}
+
+/// Whether `secret` is one of the Secrets pgop keeps for the cluster `cluster`.
+pub fn is_own_secret(cluster: &str, secret: &str) -> bool {
+    OWN_SECRET_SUFFIXES
+        .iter()
+        .any(|suffix| secret.strip_suffix(suffix) == Some(cluster))
+}
+
+/// Root of PostgresCluster: the user's Secret named at `path` (under `spec`, e.g.
+/// `credentials.appSecret`) is not one of the cluster's own.
+pub fn not_own_secret(path: &str) -> Rule {
+    let (parent, _) = path.rsplit_once('.').unwrap_or(("", path));
+    let own: Vec<String> = OWN_SECRET_SUFFIXES
+        .iter()
+        .map(|s| format!("self.metadata.name + '{s}'"))
+        .collect();
+    Rule::new(format!(
+        "!has(self.spec.{parent}) || !has(self.spec.{path}) || !(self.spec.{path} in [{}])",
+        own.join(", ")
+    ))
+    .message(Message::Message(msg_own_secret()))
+    .field_path(format!(".spec.{path}"))
+    .reason(Reason::FieldValueForbidden)
 }
 
 /// spec: fewer synchronous standbys than instances.

@@ -157,7 +157,11 @@ pub const MAX_CLUSTER_NAME_LENGTH: usize = 50;
         description = "What the cluster is doing"
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = cel::cluster_name()
+    validation = cel::cluster_name(),
+    validation = cel::not_own_secret("tls.serverSecret"),
+    validation = cel::not_own_secret("tls.clientCASecret"),
+    validation = cel::not_own_secret("credentials.appSecret"),
+    validation = cel::not_own_secret("credentials.superuserSecret")
 )]
 #[x_kube(validation = cel::synchronous_below_replicas())]
 #[serde(rename_all = "camelCase")]
@@ -207,6 +211,11 @@ pub struct PostgresClusterSpec {
     /// with a client certificate.
     #[serde(default)]
     pub tls: TlsSpec,
+
+    /// Where the application owner's and the superuser's passwords come from, and whether
+    /// the superuser may log in over the network (it may not by default).
+    #[serde(default)]
+    pub credentials: crate::credentials::CredentialsSpec,
 
     /// The NetworkPolicy pgop keeps for the instance Pods: PostgreSQL from the cluster's
     /// own instances and the selected clients (anyone by default), the manager's read-only
@@ -697,6 +706,14 @@ pub struct PostgresClusterStatus {
     /// When the last logical backup (`pg_dump`) completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_logical_backup_time: Option<Time>,
+
+    /// When `instances[].receivedLsn` and `.replayedLsn` were read. They are published at
+    /// most once a minute while nothing else about the instances changes (a role, a timeline,
+    /// readiness, an instance coming or going), so that a cluster under write load does not
+    /// rewrite its status every second; the live positions are on each manager's
+    /// `/pg/status` and in its metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub positions_observed_at: Option<Time>,
 }
 
 /// A restart asked for with the annotation `database.example.com/restart`.
@@ -748,6 +765,7 @@ impl Default for PostgresClusterStatus {
             last_backup_time: None,
             first_recoverability_point: None,
             last_logical_backup_time: None,
+            positions_observed_at: None,
         }
     }
 }

@@ -41,6 +41,14 @@ pub const MANAGER_PORT_NAME: &str = "manager";
 pub const MANAGER_TLS_PORT: u16 = 8001;
 /// Name of the instance manager's TLS port in Pods.
 pub const MANAGER_TLS_PORT_NAME: &str = "manager-tls";
+/// Suffix of the Secret holding the application owner's credentials, which the instances
+/// read (`username`, `password`, `dbname`, `uri`, ...).
+pub const APP_SECRET_SUFFIX: &str = "-app";
+/// Suffix of the Secret holding the replication user's password.
+pub const REPLICATION_SECRET_SUFFIX: &str = "-replication";
+/// Suffix of the Secret holding the superuser's credentials, with
+/// `spec.credentials.superuserAccess` only.
+pub const SUPERUSER_SECRET_SUFFIX: &str = "-superuser";
 /// Suffix of the Secret holding a cluster's certificate authority (`ca.crt`, `ca.key`):
 /// only the operator reads it.
 pub const CA_SECRET_SUFFIX: &str = "-ca";
@@ -56,6 +64,19 @@ pub const SERVER_TLS_SECRET_SUFFIX: &str = "-server-tls";
 /// Suffix of the Secret holding the replication user's client certificate (`tls.crt`,
 /// `tls.key`, `ca.crt`), with which standbys connect to their primary.
 pub const REPLICATION_TLS_SECRET_SUFFIX: &str = "-replication-tls";
+/// Every Secret pgop keeps for a cluster, by suffix of the cluster's name: none of them may
+/// be named where the spec names a user's Secret (pgop would copy a Secret onto itself, or
+/// pin a certificate it should renew).
+pub const OWN_SECRET_SUFFIXES: &[&str] = &[
+    APP_SECRET_SUFFIX,
+    REPLICATION_SECRET_SUFFIX,
+    SUPERUSER_SECRET_SUFFIX,
+    CA_SECRET_SUFFIX,
+    MANAGER_TLS_SECRET_SUFFIX,
+    POSTGRES_CA_SECRET_SUFFIX,
+    SERVER_TLS_SECRET_SUFFIX,
+    REPLICATION_TLS_SECRET_SUFFIX,
+];
 /// Annotation on a certificate's Secret: when the certificate expires (RFC 3339); the
 /// operator renews it ahead of that.
 pub const ANNOTATION_NOT_AFTER: &str = "database.example.com/not-after";

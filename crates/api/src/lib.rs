@@ -11,6 +11,7 @@ pub mod cel;
 pub mod cluster;
 pub mod conditions;
 pub mod constants;
+pub mod credentials;
 pub mod defaults;
 pub mod formats;
 pub mod instance_status;

@@ -142,7 +142,30 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
         errors.0.push(e);
     }
     validate_spec(&cluster.spec, &mut errors);
+    for (field, secret) in user_secrets(&cluster.spec) {
+        errors.check(
+            !cel::is_own_secret(&cluster.name_any(), secret),
+            field,
+            cel::msg_own_secret,
+        );
+    }
     errors.into_result()
+}
+
+/// The Secrets a spec names that belong to the user, by field.
+fn user_secrets(spec: &PostgresClusterSpec) -> Vec<(&'static str, &str)> {
+    [
+        ("spec.tls.serverSecret", &spec.tls.server_secret),
+        ("spec.tls.clientCASecret", &spec.tls.client_ca_secret),
+        ("spec.credentials.appSecret", &spec.credentials.app_secret),
+        (
+            "spec.credentials.superuserSecret",
+            &spec.credentials.superuser_secret,
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(field, name)| name.as_deref().map(|n| (field, n)))
+    .collect()
 }
 
 /// Validates a PostgresBackup spec.
@@ -291,6 +314,12 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     }
     if let Some(name) = &spec.tls.client_ca_secret {
         errors.name("spec.tls.clientCASecret", name);
+    }
+    if let Some(name) = &spec.credentials.app_secret {
+        errors.name("spec.credentials.appSecret", name);
+    }
+    if let Some(name) = &spec.credentials.superuser_secret {
+        errors.name("spec.credentials.superuserSecret", name);
     }
     if let Some(backup) = &spec.backup {
         validate_backup_spec(backup, errors);

@@ -234,6 +234,23 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "app credentials Secret",
+        set: |s, v| s["credentials"]["appSecret"] = json!(v),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["shop-login", "a.b", "-a", "A", "a..b", "a_b"],
+        strict: true,
+    },
+    Format {
+        name: "superuser credentials Secret",
+        set: |s, v| {
+            s["credentials"]["superuserAccess"] = json!(true);
+            s["credentials"]["superuserSecret"] = json!(v)
+        },
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["dba", "a.b", "a-", "A", "a..b"],
+        strict: true,
+    },
+    Format {
         name: "bucket",
         set: |s, v| s["bootstrap"]["recovery"]["store"]["s3"]["bucket"] = json!(v),
         rust: formats::is_bucket,

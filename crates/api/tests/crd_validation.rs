@@ -348,6 +348,36 @@ const BAD: &[Case] = &[
         "spec.tls.clientCASecret",
     ),
     case(
+        "app Secret named with a command substitution",
+        "storage: {size: 1Gi}\ncredentials: {appSecret: \"$(id)\"}",
+        "spec.credentials.appSecret",
+    ),
+    case(
+        "superuser Secret named with a newline",
+        "storage: {size: 1Gi}\ncredentials: {superuserAccess: true, superuserSecret: \"su\\nx\"}",
+        "spec.credentials.superuserSecret",
+    ),
+    case(
+        "app Secret is the cluster's own app Secret",
+        "storage: {size: 1Gi}\ncredentials: {appSecret: bad-app}",
+        "spec.credentials.appSecret",
+    ),
+    case(
+        "superuser Secret is the cluster's own superuser Secret",
+        "storage: {size: 1Gi}\ncredentials: {superuserAccess: true, superuserSecret: bad-superuser}",
+        "spec.credentials.superuserSecret",
+    ),
+    case(
+        "server certificate Secret is the cluster's own",
+        "storage: {size: 1Gi}\ntls: {serverSecret: bad-server-tls}",
+        "spec.tls.serverSecret",
+    ),
+    case(
+        "client CA Secret is the cluster's own authority",
+        "storage: {size: 1Gi}\ntls: {clientCASecret: bad-postgres-ca}",
+        "spec.tls.clientCASecret",
+    ),
+    case(
         "toleration without key or Exists",
         "storage: {size: 1Gi}\naffinity: {tolerations: [{value: x}]}",
         "spec.affinity.tolerations[0].operator",
@@ -395,6 +425,7 @@ postgresql:
   pgHba: ["host all all 10.0.0.0/8 scram-sha-256", "host \"my db\" app ::1/128 md5", "hostssl all app all cert"]
 replication: {synchronous: 1, dataDurability: required}
 tls: {allowPlaintext: true, serverSecret: db-server-cert, clientCASecret: app-client-ca}
+credentials: {appSecret: shop-credentials, superuserAccess: true, superuserSecret: dba-credentials}
 networkPolicy:
   clients:
     - {podLabels: {app: shop}}
@@ -603,6 +634,7 @@ async fn a_valid_manifest_is_accepted_and_defaulted_as_serde_defaults_it() -> Re
             "switchoverTimeout": 60,
             "paused": false,
             "tls": {},
+            "credentials": {},
             "networkPolicy": {"enabled": true}
         })
     );
@@ -672,6 +704,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,
         last_logical_backup_time: None,
+        positions_observed_at: Some(now.clone()),
     };
     let patch = json!({
         "apiVersion": pgop_api::constants::API_VERSION,

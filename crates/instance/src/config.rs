@@ -289,12 +289,18 @@ fn line(name: &str, value: &str) -> String {
 }
 
 /// pg_hba.conf: the manager over the socket, replication (with a client certificate over
-/// TLS when `tls` is given, else with a password), no superuser over the network, no
+/// TLS when `tls` is given, else with a password), no superuser over the network (but
+/// with `superuser_access`: with a password over TLS only), no
 /// connection without TLS unless `tls` allows plaintext, the user's rules, then password
 /// access for everyone else. A user rule outside pgop's grammar
 /// ([`pgop_api::formats::is_hba_line`]: one line, a known type and method, no `@file`) is
 /// left out. `tls`: `Some(allow_plaintext)` when PostgreSQL serves TLS.
-pub fn render_pg_hba(extra: &[String], replication_user: &str, tls: Option<bool>) -> String {
+pub fn render_pg_hba(
+    extra: &[String],
+    replication_user: &str,
+    tls: Option<bool>,
+    superuser_access: bool,
+) -> String {
     let mut out = String::from("# Written by pgop; edits are overwritten.\n");
     // The socket directory is private to PostgreSQL's OS user: only the manager gets here.
     out.push_str(&format!("local all {} trust\n", quote_ident(SUPERUSER)));
@@ -315,11 +321,15 @@ pub fn render_pg_hba(extra: &[String], replication_user: &str, tls: Option<bool>
             "host replication {replication} all scram-sha-256\n"
         )),
     }
-    // The superuser only ever connects over the socket: no rule below may let it in
-    // over the network (a `trust` rule for `all` users would otherwise).
+    // The superuser connects over the socket, and over the network only with
+    // spec.credentials.superuserAccess, with its password, over TLS: no rule below may let
+    // it in otherwise (a `trust` rule for `all` users would).
+    let su = quote_ident(SUPERUSER);
+    if superuser_access && tls.is_some() {
+        out.push_str(&format!("hostssl all {su} all scram-sha-256\n"));
+    }
     out.push_str(&format!(
-        "host all {su} all reject\nhost replication {su} all reject\n",
-        su = quote_ident(SUPERUSER)
+        "host all {su} all reject\nhost replication {su} all reject\n"
     ));
     if tls == Some(false) {
         // spec.tls.allowPlaintext is off: whatever the user's rules say.
@@ -731,6 +741,7 @@ mod tests {
             ],
             "streaming_replica",
             None,
+            false,
         );
         assert!(!hba.contains("trust\n\n"), "{hba}");
         assert!(!hba.contains("host all all all trust"), "{hba}");
@@ -820,6 +831,11 @@ mod tests {
             ],
             "streaming_replica",
             None,
+            true,
+        );
+        assert!(
+            !hba.contains("hostssl all \"postgres\""),
+            "without TLS, no password login as the superuser even with superuserAccess: {hba}"
         );
         let reject = hba
             .find("host all \"postgres\" all reject")
@@ -838,7 +854,7 @@ mod tests {
     #[test]
     fn with_tls_replication_needs_a_certificate_and_plaintext_is_refused_before_user_rules() {
         let rules = ["host all all 0.0.0.0/0 scram-sha-256".to_string()];
-        let hba = render_pg_hba(&rules, "streaming_replica", Some(false));
+        let hba = render_pg_hba(&rules, "streaming_replica", Some(false), false);
         let position = |line: &str| {
             hba.find(&format!("{line}\n"))
                 .unwrap_or_else(|| panic!("{line:?} missing from:\n{hba}"))
@@ -855,9 +871,23 @@ mod tests {
             "{hba}"
         );
 
-        let allowed = render_pg_hba(&rules, "streaming_replica", Some(true));
+        let allowed = render_pg_hba(&rules, "streaming_replica", Some(true), false);
         assert!(!allowed.contains("hostnossl"), "{allowed}");
         assert!(allowed.contains("hostssl replication \"streaming_replica\" all cert\n"));
+
+        // superuserAccess: the superuser's password over TLS, before the rule that
+        // refuses it; never over plaintext, even when plaintext is allowed.
+        for allow_plaintext in [false, true] {
+            let hba = render_pg_hba(&rules, "streaming_replica", Some(allow_plaintext), true);
+            let su = hba
+                .find("hostssl all \"postgres\" all scram-sha-256\n")
+                .unwrap_or_else(|| panic!("superuser over TLS missing from:\n{hba}"));
+            let reject = hba
+                .find("host all \"postgres\" all reject\n")
+                .expect("superuser otherwise refused");
+            assert!(su < reject, "{hba}");
+            assert!(!hba.contains("host all \"postgres\" all scram"), "{hba}");
+        }
 
         let conf =
             render_postgresql_conf(&layout(), &Mode::Primary, "", None, true, &BTreeMap::new());

@@ -9,14 +9,16 @@
 //!   seen it unchanged (same resourceVersion) for `leaseDurationSeconds` on its own
 //!   monotonic clock, as client-go's leader election does (clock skew between nodes does
 //!   not matter).
-//! - renew: every few seconds while held ([`keep`]); a Lease held by someone else, or no
-//!   renewal for [`Timings::fence_after`], calls the holder's fence callback once, well
-//!   before another contender may take the Lease over.
+//! - renew: every few seconds while held ([`keep`]), an update of the version this
+//!   contender last wrote, without reading it first (a conflict means someone else wrote
+//!   it since: then it is read); a Lease held by someone else, or no renewal for
+//!   [`Timings::fence_after`], calls the holder's fence callback once, well before another
+//!   contender may take the Lease over.
 //! - release ([`Contender::release`]): clear `holderIdentity`, only if this contender holds
 //!   it, so that the next one need not wait for it to expire.
 //!
-//! Every write is an update with the resourceVersion just read (compare-and-swap) or a
-//! create: two contenders never both succeed. Only `create`, `get` and `update` are used.
+//! Every write is an update with the resourceVersion just read or last written
+//! (compare-and-swap) or a create: two contenders never both succeed. Only `create`, `get` and `update` are used.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -103,6 +105,9 @@ pub struct Contender {
     timings: Timings,
     owner: std::sync::Mutex<Option<OwnerReference>>,
     observed: std::sync::Mutex<Option<Observation>>,
+    /// The Lease as this contender last wrote it while holding it: the next renewal
+    /// updates that version (compare-and-swap) without reading it first.
+    written: std::sync::Mutex<Option<Lease>>,
 }
 
 /// Every request gets at most this long: a hung API server must not delay fencing.
@@ -124,6 +129,10 @@ fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
 }
 
+fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}
+
 impl Contender {
     /// The Lease `name` in `namespace`, contended for as `identity`.
     pub fn new(
@@ -140,6 +149,7 @@ impl Contender {
             timings,
             owner: std::sync::Mutex::new(None),
             observed: std::sync::Mutex::new(None),
+            written: std::sync::Mutex::new(None),
         }
     }
 
@@ -232,6 +242,11 @@ impl Contender {
         }
     }
 
+    /// Records `lease` as just written by this contender (kept only while it holds it).
+    fn wrote(&self, lease: Option<Lease>) {
+        *lock(&self.written) = lease.filter(|l| holder_of(l) == Some(self.identity.as_str()));
+    }
+
     fn duration_seconds(&self) -> i32 {
         i32::try_from(self.timings.duration.as_secs()).unwrap_or(i32::MAX)
     }
@@ -259,7 +274,10 @@ impl Contender {
             )
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(written) => {
+                self.wrote(Some(written));
+                Ok(true)
+            }
             Err(Error::Write { source, .. }) if is_conflict(&source) => Ok(false),
             Err(err) => Err(err),
         }
@@ -268,6 +286,7 @@ impl Contender {
     /// Writes `lease` back (update with the resourceVersion it was read with); `false` when
     /// someone else wrote it first.
     async fn replace(&self, lease: &Lease) -> Result<bool, Error> {
+        self.wrote(None);
         match self
             .bounded(
                 self.api.replace(&self.name, &PostParams::default(), lease),
@@ -275,7 +294,10 @@ impl Contender {
             )
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(written) => {
+                self.wrote(Some(written));
+                Ok(true)
+            }
             Err(Error::Write { source, .. }) if is_conflict(&source) => Ok(false),
             Err(err) => Err(err),
         }
@@ -335,8 +357,19 @@ impl Contender {
         }
     }
 
-    /// One renewal by the holder.
+    /// One renewal by the holder: an update of the version it last wrote, else (written by
+    /// someone else since, deleted, or not known) read and written.
     pub async fn renew(&self) -> Result<Renewal, Error> {
+        let written = lock(&self.written).take();
+        if let Some(lease) = written {
+            match self.take(lease, true).await {
+                Ok(true) => return Ok(Renewal::Renewed),
+                // Written by someone else since: read it below.
+                Ok(false) => {}
+                Err(Error::Write { source, .. }) if is_not_found(&source) => {}
+                Err(err) => return Err(err),
+            }
+        }
         for _ in 0..2 {
             let Some(lease) = self.read().await? else {
                 // Deleted: nobody holds it; a create is a compare-and-swap too.

@@ -15,11 +15,7 @@ pub mod metrics;
 pub mod selector;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    Node, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
-};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -45,6 +41,14 @@ pub struct Context {
     pub cluster_selector: Option<kube::core::Selector>,
     /// Client certificates for the managers' authenticated endpoint ([`cluster::pki`]).
     pub manager_clients: cluster::pki::ManagerClients,
+    /// The watch caches of the clusters' children (and PostgresBackups) in this context's
+    /// scope ([`cluster::cache`]); without them every pass lists from the API server.
+    pub caches: Option<cluster::cache::Caches>,
+    /// What each cluster's last pass wrote, until the caches show it.
+    pub expectations: cluster::cache::Expectations,
+    /// The instances' probes, polled apart from the reconciles ([`cluster::prober`]);
+    /// without it every pass probes every instance itself.
+    pub prober: Option<cluster::prober::Prober>,
 }
 
 impl Context {
@@ -61,6 +65,9 @@ impl Context {
             nodes: cluster::nodes::NodeFacts::default(),
             cluster_selector: None,
             manager_clients: cluster::pki::ManagerClients::default(),
+            caches: None,
+            expectations: cluster::cache::Expectations::default(),
+            prober: None,
         }
     }
 }
@@ -68,13 +75,16 @@ impl Context {
 /// How the operator runs.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// Watch this namespace only; all namespaces when `None`.
-    pub namespace: Option<String>,
+    /// Watch these namespaces only; all namespaces when empty. Each namespace gets
+    /// controllers of its own (a PostgresCluster and a PostgresBackup controller, with
+    /// their watches on that namespace), so [`Options::concurrency`] applies to each.
+    pub namespaces: Vec<String>,
     /// Manage only the PostgresClusters whose labels match ([`selector::parse`]), and the
     /// PostgresBackups of those clusters; all of them when `None`. Two operators with
     /// complementary selectors split the clusters between them (a canary release).
     pub cluster_selector: Option<kube::core::Selector>,
-    /// Most clusters reconciled at the same time.
+    /// Most clusters (and, separately, backups) reconciled at the same time, per watched
+    /// namespace: with [`Options::namespaces`] `[a, b]` up to twice as many in all.
     pub concurrency: u16,
     pub settings: Settings,
     /// Where to serve `/metrics`, `/healthz` and `/readyz` (port 0: any free port, see
@@ -93,7 +103,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            namespace: None,
+            namespaces: Vec::new(),
             cluster_selector: None,
             concurrency: 4,
             settings: Settings::default(),
@@ -197,21 +207,21 @@ impl Operator {
             options,
             listener,
         } = self;
-        let ns = options.namespace.as_deref();
-        // Children are watched through the managed-by label only, so the caches hold pgop's
-        // objects and not every Pod and Secret of the cluster.
-        let children = watcher::Config::default().labels(&format!(
-            "{}={}",
-            pgop_api::labels::MANAGED_BY,
-            pgop_api::labels::MANAGED_BY_VALUE
-        ));
         // Nodes: names and cordons only (see cluster::nodes), cluster-wide. Without the
         // permission the watcher retries with backoff and the node features stay off.
         let (node_reader, node_writer) = kube::runtime::reflector::store::<Node>();
-        let mut ctx = Context::new(client.clone(), options.settings.clone());
-        ctx.nodes = cluster::nodes::NodeFacts::new(node_reader);
-        ctx.cluster_selector = options.cluster_selector.clone();
-        let ctx = Arc::new(ctx);
+        // Each scope (namespace) has a context of its own: its caches (and its clusters'
+        // manager client certificates). Everything else is the same in each.
+        // One prober for every scope: its pool bounds the probes in flight fleet-wide.
+        let prober = cluster::prober::Prober::new(cluster::prober::Config::default());
+        let context = |caches: cluster::cache::Caches| {
+            let mut ctx = Context::new(client.clone(), options.settings.clone());
+            ctx.prober = Some(prober.clone());
+            ctx.nodes = cluster::nodes::NodeFacts::new(node_reader.clone());
+            ctx.cluster_selector = options.cluster_selector.clone();
+            ctx.caches = Some(caches);
+            Arc::new(ctx)
+        };
         let recorded = Arc::new(metrics::Metrics::with_version(&options.version));
         let election = options
             .leader_election
@@ -244,84 +254,132 @@ impl Operator {
             Some(selector) => watcher::Config::default().labels_from(selector),
             None => watcher::Config::default(),
         };
-        let clusters = Controller::new(api::<PostgresCluster>(&client, ns), selected)
-            .owns(api::<Pod>(&client, ns), children.clone())
-            .owns(api::<PersistentVolumeClaim>(&client, ns), children.clone())
-            .owns(api::<Service>(&client, ns), children.clone())
-            .owns(api::<Secret>(&client, ns), children.clone())
-            .owns(api::<PodDisruptionBudget>(&client, ns), children.clone())
-            .owns(
-                api::<k8s_openapi::api::networking::v1::NetworkPolicy>(&client, ns),
-                children.clone(),
+        // One cluster and one backup controller per watched namespace (or one of each for
+        // all namespaces): a reflector's store holds one watch, and several namespaced
+        // watches cannot be merged safely into one. They share the context, the metrics
+        // and the stop signal; /metrics and /readyz read all their stores.
+        let scopes: Vec<Option<&str>> = if options.namespaces.is_empty() {
+            vec![None]
+        } else {
+            options
+                .namespaces
+                .iter()
+                .map(|ns| Some(ns.as_str()))
+                .collect()
+        };
+        let mut cluster_stores = Vec::with_capacity(scopes.len());
+        let mut backup_stores = Vec::with_capacity(scopes.len());
+        let mut running = Vec::with_capacity(2 * scopes.len());
+        for ns in scopes {
+            // The backup controller's store of PostgresBackups doubles as the clusters'
+            // cache of their backups.
+            let backups = Controller::new(
+                api::<PostgresBackup>(&client, ns),
+                watcher::Config::default(),
             )
-            .owns(api::<ServiceAccount>(&client, ns), children.clone())
-            .owns(api::<Role>(&client, ns), children.clone())
-            .owns(api::<RoleBinding>(&client, ns), children)
             .with_config(controller::Config::default().concurrency(options.concurrency))
             .graceful_shutdown_on(stopped());
-        let cluster_store = clusters.store();
-        let m = recorded.clone();
-        let clusters = clusters
-            .run(
-                move |obj, ctx| {
-                    timed(
-                        m.clone(),
-                        metrics::Controller::Cluster,
-                        cluster::reconcile(obj, ctx),
-                        cluster::Error::metric_label,
-                    )
-                },
-                cluster::error_policy,
-                ctx.clone(),
+            let (mut caches, feeds) = cluster::cache::Caches::watch(&client, ns);
+            caches.backups = Some(backups.store());
+            let ctx = context(caches);
+            // The clusters' own watch, kept without managedFields.
+            let (cluster_reader, cluster_writer) =
+                kube::runtime::reflector::store::<PostgresCluster>();
+            let cluster_stream = kube::runtime::reflector(
+                cluster_writer,
+                watcher(api::<PostgresCluster>(&client, ns), selected.clone())
+                    .modify(cluster::cache::trim::<PostgresCluster>),
             )
-            .for_each(|result| async move {
-                match result {
-                    Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
-                    Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
-                    // A child changed whose cluster is not in the store: the cluster was
-                    // just deleted, or another operator manages it (--cluster-selector).
-                    Err(controller::Error::ObjectNotFound(obj)) => {
-                        tracing::trace!(cluster = %obj, "not managed here (or deleted)")
+            .applied_objects();
+            // Each child kind's watch fills its cache and triggers its cluster's reconcile.
+            let clusters = feeds
+                .attach(Controller::for_stream(cluster_stream, cluster_reader))
+                // A significant change of an instance (its role, reachability, readiness)
+                // wakes its cluster at once.
+                .reconcile_on(prober.wakes(ns.map(str::to_string)))
+                .with_config(controller::Config::default().concurrency(options.concurrency))
+                .graceful_shutdown_on(stopped());
+            cluster_stores.push(clusters.store());
+            let m = recorded.clone();
+            let clusters = clusters
+                .run(
+                    move |obj, ctx| {
+                        timed(
+                            m.clone(),
+                            metrics::Controller::Cluster,
+                            cluster::reconcile(obj, ctx),
+                            cluster::Error::metric_label,
+                        )
+                    },
+                    cluster::error_policy,
+                    ctx.clone(),
+                )
+                .for_each(|result| async move {
+                    match result {
+                        Ok((obj, _)) => tracing::debug!(cluster = %obj, "reconciled"),
+                        Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
+                        // A child changed whose cluster is not in the store: the cluster was
+                        // just deleted, or another operator manages it (--cluster-selector).
+                        Err(controller::Error::ObjectNotFound(obj)) => {
+                            tracing::trace!(cluster = %obj, "not managed here (or deleted)")
+                        }
+                        Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
                     }
-                    Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
-                }
-            });
-        let backups = Controller::new(
-            api::<PostgresBackup>(&client, ns),
-            watcher::Config::default(),
-        )
-        .with_config(controller::Config::default().concurrency(options.concurrency))
-        .graceful_shutdown_on(stopped());
-        let backup_store = backups.store();
-        let m = recorded.clone();
-        let backups = backups
-            .run(
-                move |obj, ctx| {
-                    timed(
-                        m.clone(),
-                        metrics::Controller::Backup,
-                        backup::controller::reconcile(obj, ctx),
-                        backup::controller::Error::metric_label,
-                    )
-                },
-                backup::controller::error_policy,
-                ctx,
-            )
-            .for_each(|result| async move {
-                match result {
-                    Ok((obj, _)) => tracing::debug!(backup = %obj, "reconciled"),
-                    Err(controller::Error::ReconcilerFailed(..)) => {}
-                    Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
-                }
-            });
+                });
+            running.push(futures::FutureExt::boxed(clusters));
+            backup_stores.push(backups.store());
+            let m = recorded.clone();
+            let backups = backups
+                .run(
+                    move |obj, ctx| {
+                        timed(
+                            m.clone(),
+                            metrics::Controller::Backup,
+                            backup::controller::reconcile(obj, ctx),
+                            backup::controller::Error::metric_label,
+                        )
+                    },
+                    backup::controller::error_policy,
+                    ctx.clone(),
+                )
+                .for_each(|result| async move {
+                    match result {
+                        Ok((obj, _)) => tracing::debug!(backup = %obj, "reconciled"),
+                        Err(controller::Error::ReconcilerFailed(..)) => {}
+                        Err(e) => tracing::warn!(error = %error_chain(&e), "controller error"),
+                    }
+                });
+            running.push(futures::FutureExt::boxed(backups));
+        }
 
+        // Clusters gone from every store (deleted, relabelled out of the selector) stop
+        // being probed: a reconcile never runs for them to say so.
+        let sweep = {
+            let stores = cluster_stores.clone();
+            let prober = prober.clone();
+            async move {
+                let mut every = tokio::time::interval(PROBER_SWEEP);
+                loop {
+                    every.tick().await;
+                    prober.retain(|r| stores.iter().any(|s| s.get(r).is_some()));
+                }
+            }
+        };
+        let sweep_stopped = stopped();
+        let sweep = async move {
+            tokio::select! {
+                () = sweep => {}
+                () = sweep_stopped => {}
+            }
+        };
         let server = listener.map(|(listener, addr)| {
             tracing::info!(address = %addr, "serving /metrics, /healthz and /readyz");
             let router = metrics::router(metrics::Sources {
                 metrics: recorded.clone(),
-                clusters: cluster_store,
-                backups: backup_store,
+                clusters: cluster_stores,
+                backups: backup_stores,
                 selective: options.cluster_selector.is_some(),
+                prober: Some(prober.clone()),
             });
             let serve = axum::serve(listener, router).with_graceful_shutdown(stopped());
             let stopped = stopped();
@@ -368,7 +426,7 @@ impl Operator {
             }
             recorded.set_leader(true);
             let mut both = Box::pin(async {
-                tokio::join!(clusters, backups, nodes);
+                tokio::join!(futures::future::join_all(running), nodes, sweep);
             });
             let (lost, leading) = match leading {
                 Some((lease, contender, keeper, lost)) => (
@@ -449,6 +507,9 @@ async fn timed<E>(
     );
     result
 }
+
+/// How often the prober forgets the clusters no store holds any more.
+const PROBER_SWEEP: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long reconciles in flight may take to finish after a shutdown request.
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);

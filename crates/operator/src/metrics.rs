@@ -24,9 +24,9 @@ use pgop_api::backup::{BackupPhase, PostgresBackup};
 use pgop_api::cluster::{ClusterPhase, InstanceRole};
 use pgop_api::constants::{PATH_HEALTHZ, PATH_METRICS, PATH_READYZ};
 use prometheus_client::encoding::text;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::BTreeMap;
@@ -253,6 +253,7 @@ pub fn encode(
     clusters: &[Arc<PostgresCluster>],
     backups: &[Arc<PostgresBackup>],
     metrics: &Metrics,
+    prober: Option<crate::cluster::prober::Stats>,
 ) -> Result<String, std::fmt::Error> {
     let mut b = Builder {
         registry: Registry::with_prefix("pgop"),
@@ -285,6 +286,35 @@ pub fn encode(
         "Failed reconciles, by controller and reason (the error variant, as in the operator's logs)",
         metrics.errors.clone(),
     );
+
+    // The prober's counters (while the controllers run).
+    if let Some(stats) = prober {
+        b.registry.register(
+            "operator_probes",
+            "Probes of the instance managers' /pg/status by the operator's prober, answered or not",
+            ConstCounter::new(stats.probes),
+        );
+        b.registry.register(
+            "operator_probe_failures",
+            "Probes that found the instance unreachable (refused, dropped, timed out, unreadable)",
+            ConstCounter::new(stats.failures),
+        );
+        b.registry.register(
+            "operator_prober_connections",
+            "Connections the prober opened to instance managers (each kept alive across probes)",
+            ConstCounter::new(stats.connections),
+        );
+        b.registry.register(
+            "operator_prober_wakes",
+            "Significant changes of an instance the prober saw, each waking its cluster's reconcile",
+            ConstCounter::new(stats.wakes),
+        );
+        b.registry.register(
+            "operator_prober_instances",
+            "Instances the prober polls now",
+            ConstGauge::new(i64::try_from(stats.instances).unwrap_or(i64::MAX)),
+        );
+    }
 
     // Clusters, from the store.
     let phase = b.int(
@@ -413,25 +443,39 @@ pub fn encode(
     Ok(out)
 }
 
-/// What the HTTP endpoints read: the recorded metrics and the controllers' stores.
+/// What the HTTP endpoints read: the recorded metrics and the controllers' stores, one
+/// of each kind per watched namespace (or one for all namespaces).
 #[derive(Clone)]
 pub struct Sources {
     pub metrics: Arc<Metrics>,
-    pub clusters: Store<PostgresCluster>,
-    pub backups: Store<PostgresBackup>,
+    pub clusters: Vec<Store<PostgresCluster>>,
+    pub backups: Vec<Store<PostgresBackup>>,
     /// Whether the operator manages only selected clusters (`--cluster-selector`): then
     /// only the backups of the clusters in the store are reported, so that two operators
     /// side by side never both report one backup.
     pub selective: bool,
+    /// The prober, whose counters are reported while this replica leads.
+    pub prober: Option<crate::cluster::prober::Prober>,
 }
 
 impl Sources {
-    /// Whether this replica is ready: the leader once both stores have received their
-    /// first list from the API server; a standby (waiting for leadership, its controllers
+    /// Whether this replica is ready: the leader once every store has received its first
+    /// list from the API server; a standby (waiting for leadership, its controllers
     /// not started) always. A standby is healthy, and a Deployment's rolling update must
     /// not wait for it: there, the new Pod is the standby until the old leader is gone.
     pub fn ready(&self) -> bool {
-        !self.metrics.leader() || (listed(&self.clusters) && listed(&self.backups))
+        !self.metrics.leader()
+            || (self.clusters.iter().all(listed) && self.backups.iter().all(listed))
+    }
+
+    /// The clusters in every store.
+    fn clusters(&self) -> Vec<Arc<PostgresCluster>> {
+        self.clusters.iter().flat_map(Store::state).collect()
+    }
+
+    /// The backups in every store.
+    fn backups(&self) -> Vec<Arc<PostgresBackup>> {
+        self.backups.iter().flat_map(Store::state).collect()
     }
 }
 
@@ -445,7 +489,7 @@ where
 }
 
 /// The routes: `GET /metrics`, `/healthz` (200 while the process runs) and `/readyz` (200
-/// once both controllers' stores have their first list, 503 before; always 200 while
+/// once all the controllers' stores have their first list, 503 before; always 200 while
 /// waiting for leadership, see [`Sources::ready`]).
 pub fn router(sources: Sources) -> Router {
     Router::new()
@@ -490,9 +534,14 @@ fn reported_backups(
 }
 
 async fn serve_metrics(State(sources): State<Arc<Sources>>) -> Response {
-    let clusters = sources.clusters.state();
-    let backups = reported_backups(&clusters, sources.backups.state(), sources.selective);
-    match encode(&clusters, &backups, &sources.metrics) {
+    let clusters = sources.clusters();
+    let backups = reported_backups(&clusters, sources.backups(), sources.selective);
+    let prober = sources
+        .prober
+        .as_ref()
+        .filter(|_| sources.metrics.leader())
+        .map(crate::cluster::prober::Prober::stats);
+    match encode(&clusters, &backups, &sources.metrics, prober) {
         Ok(body) => ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], body).into_response(),
         Err(std::fmt::Error) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -640,7 +689,7 @@ mod tests {
 
     #[test]
     fn a_ready_cluster_with_three_instances_conditions_and_backups() {
-        let text = encode(&[ready_cluster()], &[], &Metrics::default()).expect("encode");
+        let text = encode(&[ready_cluster()], &[], &Metrics::default(), None).expect("encode");
         for line in [
             r#"pgop_cluster_phase{namespace="prod",cluster="main",phase="Ready"} 1"#,
             r#"pgop_cluster_phase{namespace="prod",cluster="main",phase="Degraded"} 0"#,
@@ -690,11 +739,35 @@ mod tests {
     }
 
     #[test]
+    fn the_probers_counters_are_reported_when_given() {
+        let stats = crate::cluster::prober::Stats {
+            probes: 12,
+            failures: 3,
+            connections: 4,
+            wakes: 2,
+            instances: 6,
+        };
+        let text = encode(&[], &[], &Metrics::default(), Some(stats)).expect("encode");
+        for line in [
+            "pgop_operator_probes_total 12",
+            "pgop_operator_probe_failures_total 3",
+            "pgop_operator_prober_connections_total 4",
+            "pgop_operator_prober_wakes_total 2",
+            "pgop_operator_prober_instances 6",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        let without = encode(&[], &[], &Metrics::default(), None).expect("encode");
+        assert!(!without.contains("prober"), "{without}");
+    }
+
+    #[test]
     fn a_cluster_without_status_has_its_spec_and_zeros_only() {
         let text = encode(
             &[cluster("dev", "fresh", 2, serde_json::Value::Null)],
             &[],
             &Metrics::default(),
+            None,
         )
         .expect("encode");
         let samples = parse(&text);
@@ -731,7 +804,7 @@ mod tests {
             backup("prod", "main-3", "main", Some("Completed")),
             backup("prod", "other-1", "other", None),
         ];
-        let text = encode(&[], &backups, &Metrics::default()).expect("encode");
+        let text = encode(&[], &backups, &Metrics::default(), None).expect("encode");
         for line in [
             r#"pgop_backups{namespace="prod",cluster="main",phase="Completed"} 2"#,
             r#"pgop_backups{namespace="prod",cluster="main",phase="Failed"} 1"#,
@@ -765,7 +838,7 @@ mod tests {
             Duration::from_secs(60),
             Some("NoNamespace"),
         );
-        let text = encode(&[], &[], &metrics).expect("encode");
+        let text = encode(&[], &[], &metrics, None).expect("encode");
         for line in [
             r#"pgop_operator_reconciles_total{controller="cluster",result="ok"} 2"#,
             r#"pgop_operator_reconciles_total{controller="cluster",result="error"} 1"#,
@@ -811,7 +884,7 @@ mod tests {
         if let Some(status) = c.status.as_mut() {
             status.conditions[0].type_ = "we\"ird\\type\nx".into();
         }
-        let text = encode(&[Arc::new(c)], &[], &Metrics::default()).expect("encode");
+        let text = encode(&[Arc::new(c)], &[], &Metrics::default(), None).expect("encode");
         has_line(
             &text,
             r#"pgop_cluster_condition{namespace="prod",cluster="main",type="we\"ird\\type\nx",status="True"} 1"#,
@@ -837,10 +910,10 @@ mod tests {
 
     #[test]
     fn the_build_info_names_the_version() {
-        let text = encode(&[], &[], &Metrics::with_version("0.2.0-next")).expect("encode");
+        let text = encode(&[], &[], &Metrics::with_version("0.2.0-next"), None).expect("encode");
         has_line(&text, "# TYPE pgop_operator_build_info gauge");
         has_line(&text, r#"pgop_operator_build_info{version="0.2.0-next"} 1"#);
-        let text = encode(&[], &[], &Metrics::default()).expect("encode");
+        let text = encode(&[], &[], &Metrics::default(), None).expect("encode");
         has_line(
             &text,
             &format!(
@@ -853,17 +926,17 @@ mod tests {
     #[test]
     fn the_leader_gauge_is_1_while_leading_only() {
         let metrics = Metrics::default();
-        let text = encode(&[], &[], &metrics).expect("encode");
+        let text = encode(&[], &[], &metrics, None).expect("encode");
         has_line(&text, "# TYPE pgop_operator_leader gauge");
         has_line(&text, "pgop_operator_leader 0");
         assert_eq!(value(&parse(&text), "pgop_operator_leader", ""), Some(0.0));
         metrics.set_leader(true);
         assert!(metrics.leader());
-        let text = encode(&[], &[], &metrics).expect("encode");
+        let text = encode(&[], &[], &metrics, None).expect("encode");
         assert_eq!(value(&parse(&text), "pgop_operator_leader", ""), Some(1.0));
         metrics.set_leader(false);
         assert!(!metrics.leader());
-        let text = encode(&[], &[], &metrics).expect("encode");
+        let text = encode(&[], &[], &metrics, None).expect("encode");
         has_line(&text, "pgop_operator_leader 0");
     }
 
@@ -889,6 +962,69 @@ mod tests {
         );
     }
 
+    /// With several watched namespaces there is a store of each kind per namespace: ready
+    /// once all of them listed, and the metrics cover the objects of every one.
+    #[test]
+    fn the_stores_of_every_watched_namespace_count() {
+        use kube::runtime::reflector;
+        use kube::runtime::watcher::Event;
+        let (prod, mut prod_writer) = reflector::store::<PostgresCluster>();
+        let (dev, mut dev_writer) = reflector::store::<PostgresCluster>();
+        let (prod_backups, mut prod_backup_writer) = reflector::store::<PostgresBackup>();
+        let (dev_backups, mut dev_backup_writer) = reflector::store::<PostgresBackup>();
+        let metrics = Arc::new(Metrics::default());
+        metrics.set_leader(true);
+        let sources = Sources {
+            metrics,
+            clusters: vec![prod, dev],
+            backups: vec![prod_backups, dev_backups],
+            selective: true,
+            prober: None,
+        };
+        assert!(!sources.ready());
+        prod_writer.apply_watcher_event(&Event::Init);
+        prod_writer.apply_watcher_event(&Event::InitApply((*ready_cluster()).clone()));
+        prod_writer.apply_watcher_event(&Event::InitDone);
+        for writer in [&mut prod_backup_writer, &mut dev_backup_writer] {
+            writer.apply_watcher_event(&Event::Init);
+        }
+        prod_backup_writer.apply_watcher_event(&Event::InitApply(
+            (*backup("prod", "p", "main", None)).clone(),
+        ));
+        dev_backup_writer.apply_watcher_event(&Event::InitApply(
+            (*backup("dev", "d", "main", None)).clone(),
+        ));
+        for writer in [&mut prod_backup_writer, &mut dev_backup_writer] {
+            writer.apply_watcher_event(&Event::InitDone);
+        }
+        assert!(!sources.ready(), "dev's clusters not listed yet");
+        let dev_cluster = cluster("dev", "main", 1, serde_json::json!({}));
+        dev_writer.apply_watcher_event(&Event::Init);
+        dev_writer.apply_watcher_event(&Event::InitApply((*dev_cluster).clone()));
+        dev_writer.apply_watcher_event(&Event::InitDone);
+        assert!(sources.ready());
+        let clusters = sources.clusters();
+        let mut names: Vec<_> = clusters
+            .iter()
+            .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        names.sort();
+        assert_eq!(names, ["dev/main", "prod/main"]);
+        let reported = reported_backups(&clusters, sources.backups(), sources.selective);
+        let mut names: Vec<_> = reported.iter().map(|b| b.name_any()).collect();
+        names.sort();
+        assert_eq!(names, ["d", "p"], "each backup's cluster is in some store");
+        let text = encode(&clusters, &reported, &sources.metrics, None).expect("encode");
+        for ns in ["prod", "dev"] {
+            assert!(
+                text.contains(&format!(
+                    r#"pgop_backups{{namespace="{ns}",cluster="main",phase="Pending"}} 1"#
+                )),
+                "{text}"
+            );
+        }
+    }
+
     /// A standby (not leading, its controllers not started, so its stores never list) is
     /// healthy and ready; once it leads, it is ready only after the first lists.
     #[tokio::test]
@@ -900,9 +1036,10 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let router = router(Sources {
             metrics: metrics.clone(),
-            clusters,
-            backups,
+            clusters: vec![clusters],
+            backups: vec![backups],
             selective: false,
+            prober: None,
         });
         assert_eq!(status(&router, "/healthz").await.0, 200);
         assert_eq!(status(&router, "/readyz").await.0, 200, "standby");
@@ -930,9 +1067,10 @@ mod tests {
         metrics.set_leader(true);
         let router = router(Sources {
             metrics,
-            clusters,
-            backups,
+            clusters: vec![clusters],
+            backups: vec![backups],
             selective: false,
+            prober: None,
         });
         assert_eq!(status(&router, "/healthz").await.0, 200);
         assert_eq!(status(&router, "/readyz").await.0, 503);

@@ -2,7 +2,8 @@
 //! rendering with the default values, `helm lint --strict` is clean, and its renderings
 //! under several value sets say what they should and are accepted, server-side and with
 //! strict field validation, by a real kube-apiserver. The operator runs under the
-//! namespace-scoped RBAC it renders (the cluster-wide one is `rbac.rs`'s).
+//! namespace-scoped RBAC it renders, for one and for two watched namespaces (the
+//! cluster-wide one is `rbac.rs`'s).
 //!
 //! Helm is built by `hack/install-testenv.sh` into the testenv bin directory.
 
@@ -10,9 +11,9 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::Client;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{self, Scope};
+use kube::{Client, ResourceExt};
 use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
 use pgop_testenv::TestNamespace;
@@ -380,6 +381,10 @@ fn helm_lint_is_clean_with_every_value_set() -> Result {
         ("defaults", DEFAULTS.to_string()),
         ("podmonitor", TWO_REPLICAS_AND_PODMONITOR.to_string()),
         ("namespaced", namespaced("databases")),
+        (
+            "two-namespaces",
+            "watchNamespaces: [team-a, team-b]\n".to_string(),
+        ),
         ("custom", CUSTOM_POD.to_string()),
     ];
     for (label, values) in sets {
@@ -397,9 +402,18 @@ fn helm_lint_is_clean_with_every_value_set() -> Result {
 fn values_the_operator_cannot_honour_are_refused() -> Result {
     helm()?;
     let refused = [
-        // The operator watches one namespace or all, never a list.
-        ("watchNamespaces: [a, b]\n", "set watchNamespace (a string)"),
+        // Watched namespaces: a list of namespace names, each once, or the older one
+        // namespace; not both.
+        (
+            "watchNamespaces: [a, b]\nwatchNamespace: c\n",
+            "set watchNamespaces (a list of namespaces) or watchNamespace (one namespace, the older value), not both",
+        ),
+        ("watchNamespaces: [a, a]\n", "watchNamespaces"),
+        ("watchNamespaces: [a, B]\n", "watchNamespaces"),
+        ("watchNamespaces: ['a,b']\n", "watchNamespaces"),
+        ("watchNamespaces: a\n", "watchNamespaces"),
         ("watchNamespace: [a, b]\n", "watchNamespace"),
+        ("watchNamespace: a_b\n", "watchNamespace"),
         // Two replicas without a Lease would both reconcile.
         (
             "replicas: 2\nleaderElection: {enabled: false}\n",
@@ -825,7 +839,7 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
     let op = Operator::start_with(
         &operator_client,
         pgop_operator::Options {
-            namespace: Some(w.to_string()),
+            namespaces: vec![w.to_string()],
             leader_election: Some(pgop_operator::LeaderElection {
                 namespace: h.to_string(),
                 name: full.clone(),
@@ -868,6 +882,137 @@ async fn one_watched_namespace_renders_roles_only_and_the_operator_runs_under_th
     );
     op.stop().await;
     watched.delete().await?;
+    home.delete().await?;
+    Ok(())
+}
+
+/// `watchNamespaces` with two namespaces: a Role and RoleBinding in each, nothing
+/// cluster-wide for the main rules; the operator, impersonating the chart's ServiceAccount
+/// with the flags the chart passes, reconciles a cluster in each of the two and leaves one
+/// in a third namespace alone.
+#[tokio::test]
+async fn two_watched_namespaces_render_roles_in_each_and_the_operator_serves_both() -> Result {
+    let (plane, admin, home) = setup("helm-list-home").await?;
+    let first = TestNamespace::create(plane.config(), "helm-list-a").await?;
+    let second = TestNamespace::create(plane.config(), "helm-list-b").await?;
+    let other = TestNamespace::create(plane.config(), "helm-list-other").await?;
+    let (h, a, b, o) = (home.name(), first.name(), second.name(), other.name());
+    let full = format!("{h}-operator");
+    let values = format!("watchNamespaces: [{a}, {b}]\n");
+    let docs = template(h, h, &values)?;
+    let only_namespaced = template(h, h, &format!("{values}rbac:\n  nodes: false\n"))?;
+    assert_eq!(
+        objects(&only_namespaced),
+        [
+            format!("Deployment {h}/{full}"),
+            format!("Role {a}/{full}"),
+            format!("Role {b}/{full}"),
+            format!("Role {h}/{full}-leader-election"),
+            format!("RoleBinding {a}/{full}"),
+            format!("RoleBinding {b}/{full}"),
+            format!("RoleBinding {h}/{full}-leader-election"),
+            format!("Service {h}/{full}-metrics"),
+            format!("ServiceAccount {h}/{full}"),
+        ],
+        "nothing cluster-wide"
+    );
+    let cluster_roles: Vec<String> = objects(&docs)
+        .into_iter()
+        .filter(|o| o.starts_with("Cluster"))
+        .collect();
+    assert_eq!(
+        cluster_roles,
+        [
+            format!("ClusterRole {full}-nodes"),
+            format!("ClusterRoleBinding {full}-nodes"),
+        ],
+        "only the Node reads are cluster-wide"
+    );
+    let flags: Vec<String> = args(&docs)
+        .into_iter()
+        .filter(|f| f.starts_with("--namespace"))
+        .collect();
+    assert_eq!(
+        flags,
+        [format!("--namespace={a}"), format!("--namespace={b}")]
+    );
+    let cluster_wide = template(h, h, "rbac:\n  nodes: false\n")?;
+    for ns in [a, b] {
+        let role = docs
+            .iter()
+            .find(|d| kind_of(d) == "Role" && d["metadata"]["namespace"].as_str() == Some(ns))
+            .ok_or_else(|| format!("no Role in {ns}"))?;
+        assert_eq!(role["rules"], one(&cluster_wide, "ClusterRole")["rules"]);
+    }
+    // The older one-namespace value renders as a list of one.
+    assert_eq!(
+        objects(&template(h, h, &namespaced(a))?),
+        objects(&template(h, h, &format!("watchNamespaces: [{a}]\n"))?)
+    );
+    // The release namespace among the watched ones: its Role covers the Lease too.
+    let with_home = template(h, h, &format!("watchNamespaces: [{a}, {h}]\n"))?;
+    assert!(
+        !objects(&with_home)
+            .iter()
+            .any(|o| o.contains("leader-election")),
+        "{:?}",
+        objects(&with_home)
+    );
+
+    apply(&admin, &docs).await?;
+    let mut config = plane.config().clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{h}:{full}"));
+    let operator_client = Client::try_from(config)?;
+    assert!(
+        Api::<PostgresCluster>::namespaced(operator_client.clone(), o)
+            .list(&Default::default())
+            .await
+            .is_err(),
+        "nothing in an unwatched namespace"
+    );
+    // Created first, so that by the time both watched clusters are Ready an operator
+    // that watched it would have reconciled it too.
+    create(&admin, o, &cluster("alone", 1)).await?;
+    let op = Operator::start_with(
+        &operator_client,
+        pgop_operator::Options {
+            namespaces: vec![a.to_string(), b.to_string()],
+            leader_election: Some(pgop_operator::LeaderElection {
+                namespace: h.to_string(),
+                name: full.clone(),
+                identity: "pgop-operator-0".to_string(),
+            }),
+            ..pgop_operator::Options::default()
+        },
+    );
+    for ns in [a, b] {
+        create(&admin, ns, &cluster("listed", 1)).await?;
+    }
+    for ns in [a, b] {
+        wait_names::<Pod>(&admin, ns, "listed", &["listed-1"]).await?;
+        make_ready(&admin, ns, "listed-1", true).await?;
+    }
+    for ns in [a, b] {
+        wait_cluster(&admin, ns, "listed", "phase Ready", |c| {
+            phase(c) == Some(ClusterPhase::Ready)
+        })
+        .await?;
+    }
+    let alone = get(&admin, o, "alone").await?;
+    assert!(alone.status.is_none(), "{:?}", alone.status);
+    assert!(alone.finalizers().is_empty(), "{:?}", alone.finalizers());
+    assert_eq!(
+        names::<Pod>(&admin, o, "alone").await?,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names::<Secret>(&admin, o, "alone").await?,
+        Vec::<String>::new()
+    );
+    op.stop().await;
+    other.delete().await?;
+    second.delete().await?;
+    first.delete().await?;
     home.delete().await?;
     Ok(())
 }

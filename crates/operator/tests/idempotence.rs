@@ -11,6 +11,7 @@ use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::time::Duration;
 
 #[derive(Clone, Default)]
 struct Requests(Arc<Mutex<Vec<String>>>);
@@ -62,21 +63,28 @@ fn steady(c: &PostgresCluster) -> bool {
         })
 }
 
+/// The two-instance cluster `calm`, brought to its steady state by a running operator,
+/// which is then stopped: the tests' reconciles are the only ones.
+async fn calm_cluster(client: &kube::Client, n: &str) -> Result {
+    let op = Operator::start(client, n);
+    create(client, n, &cluster("calm", 2)).await?;
+    wait_names::<Pod>(client, n, "calm", &["calm-1", "calm-2"]).await?;
+    for pod in ["calm-1", "calm-2"] {
+        make_ready(client, n, pod, true).await?;
+    }
+    // No instance manager runs here, so the operator finds the primary unavailable and,
+    // with no standby answering either, records that it cannot fail over: the steady state.
+    wait_cluster(client, n, "calm", "phase Ready, failover blocked", steady).await?;
+    op.stop().await;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_reconcile_that_finds_everything_in_place_writes_nothing() -> Result {
     let (plane, client, ns) = setup("noop").await?;
     let n = ns.name().to_string();
     let n = n.as_str();
-    let op = Operator::start(&client, n);
-    create(&client, n, &cluster("calm", 2)).await?;
-    wait_names::<Pod>(&client, n, "calm", &["calm-1", "calm-2"]).await?;
-    for pod in ["calm-1", "calm-2"] {
-        make_ready(&client, n, pod, true).await?;
-    }
-    // No instance manager runs here, so the operator finds the primary unavailable and,
-    // with no standby answering either, records that it cannot fail over: the steady state.
-    wait_cluster(&client, n, "calm", "phase Ready, failover blocked", steady).await?;
-    op.stop().await;
+    calm_cluster(&client, n).await?;
 
     let requests = Requests::default();
     let ctx = Arc::new(pgop_operator::Context::new(
@@ -110,6 +118,107 @@ async fn a_reconcile_that_finds_everything_in_place_writes_nothing() -> Result {
     );
     ns.delete().await?;
     Ok(())
+}
+
+/// With the watch caches, a reconcile that finds everything in place sends no request at
+/// all, not even a read. A child the reconcile then writes is expected: until the caches
+/// show it, a pass reads from the API server, and never writes it a second time.
+#[tokio::test]
+async fn a_reconcile_from_the_caches_sends_no_request_at_all() -> Result {
+    let (plane, client, ns) = setup("cached").await?;
+    let n = ns.name().to_string();
+    let n = n.as_str();
+    calm_cluster(&client, n).await?;
+
+    // The caches watch through a client of their own: only the reconcile's requests count.
+    let (caches, feeds) = pgop_operator::cluster::cache::Caches::watch(&client, Some(n));
+    let watching = tokio::spawn(feeds.run());
+    let requests = Requests::default();
+    let mut ctx = pgop_operator::Context::new(
+        counting_client(plane, &requests)?,
+        pgop_operator::Settings::default(),
+    );
+    ctx.caches = Some(caches.clone());
+    let ctx = Arc::new(ctx);
+    let filled = || {
+        let caches = caches.clone();
+        async move { caches.ready() && caches.services.of_cluster(n, "calm").len() == 3 }
+    };
+    assert!(
+        within(Duration::from_secs(30), filled).await,
+        "the caches never filled"
+    );
+
+    let cluster = get(&client, n, "calm").await?;
+    pgop_operator::cluster::reconcile(Arc::new(cluster), ctx.clone()).await?;
+    assert_eq!(
+        requests.0.lock().map(|v| v.clone()).unwrap_or_default(),
+        Vec::<String>::new(),
+        "a reconcile from the caches must send nothing"
+    );
+
+    // A Service deleted behind the operator's back: once the cache shows it gone, the
+    // next pass recreates it (one write), and the pass right after does not write again,
+    // whether or not the cache shows the new Service yet.
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(client.clone(), n);
+    services.delete("calm-ro", &Default::default()).await?;
+    let gone = || {
+        let caches = caches.clone();
+        async move {
+            !caches
+                .services
+                .of_cluster(n, "calm")
+                .iter()
+                .any(|s| s.metadata.name.as_deref() == Some("calm-ro"))
+        }
+    };
+    assert!(
+        within(Duration::from_secs(30), gone).await,
+        "the cache never saw the deletion"
+    );
+    let cluster = get(&client, n, "calm").await?;
+    pgop_operator::cluster::reconcile(Arc::new(cluster.clone()), ctx.clone()).await?;
+    let writes = requests.writes();
+    assert_eq!(
+        writes,
+        vec![format!("PATCH /api/v1/namespaces/{n}/services/calm-ro")],
+        "one write: the Service"
+    );
+    pgop_operator::cluster::reconcile(Arc::new(cluster.clone()), ctx.clone()).await?;
+    assert_eq!(requests.writes(), writes, "no second write of the Service");
+
+    // Once the cache shows the new Service, passes send nothing again.
+    let back = || {
+        let caches = caches.clone();
+        async move { caches.services.of_cluster(n, "calm").len() == 3 }
+    };
+    assert!(
+        within(Duration::from_secs(30), back).await,
+        "the cache never saw the new Service"
+    );
+    let before = requests.all();
+    pgop_operator::cluster::reconcile(Arc::new(cluster), ctx.clone()).await?;
+    assert_eq!(requests.all(), before, "a pass once the cache caught up");
+    watching.abort();
+    ns.delete().await?;
+    Ok(())
+}
+
+/// Polls `check` every 100 ms until it holds or `deadline` passes.
+async fn within<F, Fut>(deadline: Duration, check: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + deadline;
+    while std::time::Instant::now() < until {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    check().await
 }
 
 /// The API server keeps quantities in canonical form: a PVC asked for `1.5Gi` holds

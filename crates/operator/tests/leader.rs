@@ -32,7 +32,7 @@ struct Replica {
 impl Replica {
     async fn start(client: &kube::Client, ns: &str, identity: &str) -> Result<Self> {
         let options = pgop_operator::Options {
-            namespace: Some(ns.to_string()),
+            namespaces: vec![ns.to_string()],
             metrics_bind_address: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             leader_election: Some(LeaderElection::new(ns, identity)),
             ..pgop_operator::Options::default()

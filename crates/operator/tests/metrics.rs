@@ -46,7 +46,7 @@ async fn the_operator_serves_metrics_health_and_readiness() -> Result {
     let (_plane, client, ns) = setup("op-metrics").await?;
     let n = ns.name().to_string();
     let options = pgop_operator::Options {
-        namespace: Some(n.clone()),
+        namespaces: vec![n.clone()],
         metrics_bind_address: loopback_any_port(),
         ..pgop_operator::Options::default()
     };
@@ -120,7 +120,7 @@ async fn a_metrics_address_in_use_is_an_error_naming_it() -> Result {
     let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = taken.local_addr()?;
     let options = pgop_operator::Options {
-        namespace: Some(ns.name().to_string()),
+        namespaces: vec![ns.name().to_string()],
         metrics_bind_address: Some(addr),
         ..pgop_operator::Options::default()
     };

@@ -69,7 +69,7 @@ async fn the_operator_needs_no_more_than_its_published_rbac() -> Result {
     let op = Operator::start_with(
         &operator_client,
         pgop_operator::Options {
-            namespace: Some(n.to_string()),
+            namespaces: vec![n.to_string()],
             leader_election: Some(pgop_operator::LeaderElection::new(n, "pgop-operator-0")),
             ..pgop_operator::Options::default()
         },

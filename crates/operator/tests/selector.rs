@@ -18,7 +18,7 @@ fn operator(client: &kube::Client, ns: &str, selector: &str, image: &str) -> Res
     Ok(Operator::start_with(
         client,
         pgop_operator::Options {
-            namespace: Some(ns.to_string()),
+            namespaces: vec![ns.to_string()],
             cluster_selector: Some(pgop_operator::selector::parse(selector)?),
             settings: pgop_operator::Settings {
                 image: image.to_string(),

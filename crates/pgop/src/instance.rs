@@ -93,8 +93,10 @@ struct RunArgs {
     /// immediate one).
     #[arg(long, env = "PGOP_STOP_TIMEOUT", default_value_t = 10)]
     stop_timeout: u64,
-    /// Seconds between reads of the cluster when no watch event arrives.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Seconds between passes when nothing that concerns the manager changes (a safety
+    /// net: a pass reads what the watches keep and sends no request; changes of the
+    /// cluster, its Secrets, the primary's Pod and PostgreSQL's state wake it at once).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     resync: u64,
     /// Where the claim of `spec.backup.store.volume` is mounted.
     #[arg(
@@ -149,9 +151,7 @@ async fn wal_restore(args: WalRestoreArgs) -> Result<(), Error> {
 async fn run_instance(args: RunArgs) -> Result<(), Error> {
     let binaries = Binaries::locate(args.pg_bin.as_deref())?;
     let run_as = RunAs::when_root(&args.pg_user)?;
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
+    let client = crate::kube_client("instance").await?;
     // The pod IP rather than 0.0.0.0: the same in a real pod, and on the local node,
     // where every pod shares one network namespace, the only address that is its own.
     let pod_ip = || -> Result<std::net::IpAddr, Error> {

@@ -65,6 +65,30 @@ fn init_tracing(default: &str, json: bool) {
     }
 }
 
+/// `User-Agent: pgop-<component>/<version>`: every request a pgop component sends says
+/// which one sent it, in the API server's audit log and request logs.
+pub fn with_user_agent(
+    mut config: kube::Config,
+    component: &str,
+) -> Result<kube::Config, http::header::InvalidHeaderValue> {
+    let agent = http::HeaderValue::from_str(&format!("pgop-{component}/{VERSION}"))?;
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((http::header::USER_AGENT, agent));
+    Ok(config)
+}
+
+/// A client from the kubeconfig (KUBECONFIG) or the in-cluster service account, with
+/// [`with_user_agent`].
+pub async fn kube_client(component: &str) -> Result<kube::Client, String> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
+    let config = with_user_agent(config, component).map_err(|e| e.to_string())?;
+    kube::Client::try_from(config).map_err(|e| format!("failed to connect to Kubernetes: {e}"))
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -97,6 +121,19 @@ async fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn every_request_names_the_component_and_version() {
+        let config = kube::Config::new("https://127.0.0.1:6443".parse().expect("uri"));
+        let config = super::with_user_agent(config, "operator").expect("a header value");
+        let agents: Vec<_> = config
+            .headers
+            .iter()
+            .filter(|(n, _)| n == http::header::USER_AGENT)
+            .map(|(_, v)| v.to_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(agents, [format!("pgop-operator/{}", super::VERSION)]);
+    }
 
     #[test]
     fn the_command_line_is_well_formed() {

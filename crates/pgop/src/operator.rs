@@ -33,12 +33,40 @@ pub fn parse_bind_address(value: &str) -> Result<BindAddress, String> {
     })
 }
 
+/// A `--namespace` value: a namespace name, an RFC 1123 label (at most 63 lowercase
+/// letters, digits and `-`, starting and ending with a letter or digit).
+pub fn parse_namespace(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    // An RFC 1123 label is a subdomain of one label.
+    let valid =
+        value.len() <= 63 && !value.contains('.') && pgop_api::formats::is_dns_subdomain(value);
+    if valid {
+        Ok(value.to_string())
+    } else {
+        Err(format!(
+            "{value:?} is not a namespace name (an RFC 1123 label: at most 63 lowercase \
+             letters, digits and '-', starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// The namespaces in the order first given, each once.
+fn unique(namespaces: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    namespaces
+        .into_iter()
+        .filter(|ns| seen.insert(ns.clone()))
+        .collect()
+}
+
 #[derive(Debug, clap::Args)]
 #[group(id = "operator")]
 pub struct Args {
-    /// Watch only this namespace (all namespaces when unset).
-    #[arg(long, env = "PGOP_NAMESPACE")]
-    namespace: Option<String>,
+    /// Watch only these namespaces: `--namespace a,b`, or the flag repeated [default: all
+    /// namespaces]. Each watched namespace gets controllers of its own, and
+    /// `--concurrency` applies to each.
+    #[arg(long, env = "PGOP_NAMESPACE", value_name = "NS", value_delimiter = ',', value_parser = parse_namespace)]
+    namespace: Vec<String>,
     /// Manage only the PostgresClusters whose labels match this label selector (`kubectl
     /// -l` syntax: `key=value`, `key!=value`, `key`, `!key`, `key in (a,b)`, `key notin
     /// (a,b)`, joined by commas), and the PostgresBackups of those clusters [default:
@@ -47,7 +75,8 @@ pub struct Args {
     /// clusters between them.
     #[arg(long, env = "PGOP_CLUSTER_SELECTOR", value_name = "SELECTOR", value_parser = pgop_operator::selector::parse)]
     cluster_selector: Option<kube::core::Selector>,
-    /// Most clusters reconciled at the same time.
+    /// Most clusters reconciled at the same time, per watched namespace (and as many
+    /// backups).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     concurrency: u16,
     /// Image of PostgreSQL instance pods when a cluster does not name one (PostgreSQL
@@ -150,7 +179,7 @@ impl Args {
     pub fn options(self, env: &Env) -> Result<Options, String> {
         let leader_election = self.leader_election(env)?;
         Ok(Options {
-            namespace: self.namespace,
+            namespaces: unique(self.namespace),
             cluster_selector: self.cluster_selector,
             concurrency: self.concurrency,
             settings: Settings {
@@ -182,10 +211,8 @@ pub fn default_image() -> String {
 
 pub async fn run(args: Args) -> Result<(), Error> {
     let options = args.options(&Env::current())?;
-    let client = kube::Client::try_default()
-        .await
-        .map_err(|e| format!("failed to connect to Kubernetes: {e}"))?;
-    tracing::info!(version = crate::VERSION, namespace = ?options.namespace, cluster_selector = ?options.cluster_selector.as_ref().map(ToString::to_string), concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
+    let client = crate::kube_client("operator").await?;
+    tracing::info!(version = crate::VERSION, namespaces = %if options.namespaces.is_empty() { "(all)".to_string() } else { options.namespaces.join(",") }, cluster_selector = ?options.cluster_selector.as_ref().map(ToString::to_string), concurrency = options.concurrency, image = %options.settings.image, metrics = ?options.metrics_bind_address, leader_election = ?options.leader_election, "starting pgop operator");
     pgop_operator::run(client, options, shutdown_signal())
         .await
         .map_err(|e| pgop_operator::error_chain(&e))?;
@@ -352,6 +379,51 @@ mod tests {
             message.contains("--cluster-selector") && message.contains("not a label value"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn namespaces_are_a_list_repeated_or_comma_separated_each_once() {
+        let namespaces =
+            |flags: &[&str]| args(flags).options(&outside()).expect("valid").namespaces;
+        assert_eq!(namespaces(&[]), Vec::<String>::new(), "all namespaces");
+        assert_eq!(namespaces(&["--namespace", "prod"]), ["prod"]);
+        assert_eq!(namespaces(&["--namespace=prod,dev-2"]), ["prod", "dev-2"]);
+        assert_eq!(
+            namespaces(&[
+                "--namespace=prod",
+                "--namespace",
+                "dev,prod",
+                "--namespace=0ps"
+            ]),
+            ["prod", "dev", "0ps"]
+        );
+    }
+
+    #[test]
+    fn a_bad_namespace_names_the_flag() {
+        let long = "a".repeat(64);
+        for bad in [
+            "--namespace=Prod",
+            "--namespace=prod,",
+            "--namespace=",
+            "--namespace=-prod",
+            "--namespace=prod-",
+            "--namespace=a.b",
+            "--namespace=a_b",
+            "--namespace=prod,$(reboot)",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([format!("--namespace={long}")])
+        {
+            let refused = Cli::try_parse_from(["pgop", bad.as_str()]).expect_err(&bad);
+            let message = refused.to_string();
+            assert!(
+                message.contains("--namespace") && message.contains("not a namespace name"),
+                "{bad}: {message}"
+            );
+        }
+        assert_eq!(parse_namespace(&"a".repeat(63)), Ok("a".repeat(63)));
     }
 
     #[test]

@@ -490,11 +490,18 @@ async fn archiving_a_scheduled_backup_pitr_and_a_logical_backup_on_real_nodes() 
         "restore-logical",
         &env.images.pgop.name,
         "copy-app",
+        // First, as a client would, wait until the new -rw Service answers: kube-proxy
+        // may not have programmed its endpoint yet on this Pod's node ("No route to
+        // host"), see `psql_retrying`.
         &format!(
-            "pgop backup logical restore --store-config /store/store.json \
+            "{} && pgop backup logical restore --store-config /store/store.json \
              --backup-id {logical_id} --database app \
              --host copy-rw.{NS}.svc.cluster.local --user \"$PGUSER\" --scratch-dir /out \
-             > /out/result"
+             > /out/result",
+            psql_retrying(
+                &format!("copy-rw.{NS}.svc.cluster.local"),
+                "-d app -c 'select 1' >/dev/null"
+            )
         ),
         infra_placement(),
     )?;

@@ -239,12 +239,23 @@ async fn e2e_a_value_the_dry_run_refuses_blocks_the_rollout_before_any_restart()
         |s| blocked_with(s, "RestartRefused", "pgop_no_such_library"),
     )
     .await?;
-    assert!(
-        events(&env, "dry")
-            .await?
-            .iter()
-            .any(|(r, n)| r == "RolloutBlocked" && n.contains("pgop_no_such_library"))
-    );
+    // The Event follows the status write (published after it, in the same pass).
+    pgop_testenv::wait::until(
+        "a RolloutBlocked Event naming the library",
+        TIMEOUT,
+        || async {
+            let seen = events(&env, "dry").await.map_err(|e| e.to_string())?;
+            if seen
+                .iter()
+                .any(|(r, n)| r == "RolloutBlocked" && n.contains("pgop_no_such_library"))
+            {
+                Ok(())
+            } else {
+                Err(format!("events so far: {seen:?}"))
+            }
+        },
+    )
+    .await?;
     assert_eq!(
         start_times(&env, "dry", &password).await?,
         before,

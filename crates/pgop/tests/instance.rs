@@ -826,3 +826,229 @@ async fn a_primary_fences_itself_when_its_lease_is_taken_and_restarts_a_crash_af
     ns.delete().await?;
     Ok(())
 }
+
+/// `pgop instance run`'s loop in this process (the same [`pgop_instance::run::run`] the
+/// binary calls), with a kube client the test chooses: here one that counts requests.
+struct InProcess {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), pgop_instance::run::Error>>,
+    dir: PathBuf,
+    http_port: u16,
+}
+
+impl InProcess {
+    fn start(
+        client: kube::Client,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+        pg_port: u16,
+    ) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("pgop-{namespace}-{name}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        postgres_dir(&dir)?;
+        postgres_dir(&dir.join("data"))?;
+        postgres_dir(&dir.join("run"))?;
+        let http_port = free_port()?;
+        let settings = pgop_instance::run::Settings {
+            pod_name: name.to_string(),
+            namespace: namespace.to_string(),
+            cluster: "demo".to_string(),
+            listen_addresses: ip.to_string(),
+            pg_port,
+            pgdata: dir.join("data/pgdata"),
+            socket_dir: dir.join("run"),
+            http_listen: format!("127.0.0.1:{http_port}").parse()?,
+            tls_listen: "127.0.0.1:0".parse()?,
+            binaries: pgop_instance::Binaries::locate(None)?,
+            run_as: pgop_instance::RunAs::when_root("postgres")?,
+            stop_timeout: Duration::from_secs(3),
+            // The default of `pgop instance run`: any reaction faster than this came from
+            // a watch.
+            resync: Duration::from_secs(60),
+            pgop_binary: PathBuf::from(env!("CARGO_BIN_EXE_pgop")),
+            backup_volume_path: dir.join("backup"),
+            version: "test".to_string(),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(pgop_instance::run::run(client, settings, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Self {
+            stop: Some(stop),
+            task,
+            dir,
+            http_port,
+        })
+    }
+
+    async fn role(&self) -> Option<String> {
+        let (code, body) = http_get(self.http_port, "/pg/status")?;
+        let status: serde_json::Value =
+            (code == 200).then(|| serde_json::from_str(&body).ok())??;
+        Some(status["role"].as_str()?.to_string())
+    }
+
+    fn ready(&self) -> bool {
+        http_get(self.http_port, "/readyz").is_some_and(|(code, _)| code == 200)
+    }
+
+    /// Stops the manager as SIGTERM would: PostgreSQL shut down cleanly.
+    async fn stop(mut self) -> Result {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.task).await???;
+        Ok(())
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.task.abort();
+        let pid = std::fs::read_to_string(self.dir.join("data/pgdata/postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next()?.trim().parse::<i32>().ok());
+        if let Some(pid) = pid {
+            // SAFETY: kill has no memory-safety preconditions; -pid is the server's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A primary and its streaming standby in their steady state send no read (GET or LIST) to
+/// the API server, while the operator's side keeps writing status that does not concern
+/// them (LSNs, readiness, conditions): the managers keep their cluster, Secrets and the
+/// primary's Pod from watches, and such writes do not wake them. A status change that
+/// concerns them (a switchover's `targetPrimary`) still takes effect within seconds, well
+/// before the 60 s resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managers_in_their_steady_state_send_no_reads_and_still_follow_the_status() -> Result {
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-steady").await?;
+    let n = ns.name();
+    let clusters = cluster(
+        &client,
+        n,
+        serde_json::json!({"replicas": 2, "storage": {"size": "1Gi"}, "failoverDelay": 0}),
+    )
+    .await?;
+    pod(&client, n, "demo-1", IP1).await?;
+    pod(&client, n, "demo-2", IP2).await?;
+    let instances = |lsn: &str, ready: bool| {
+        serde_json::json!([
+            {"name": "demo-1", "serial": 1, "ready": true, "receivedLsn": lsn},
+            {"name": "demo-2", "serial": 2, "ready": ready, "receivedLsn": lsn},
+        ])
+    };
+    set_status(
+        &clusters,
+        serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1",
+                           "phase": "Ready", "instances": instances("0/1000000", true)}),
+    )
+    .await?;
+    let (primary_requests, standby_requests) =
+        (common::Requests::default(), common::Requests::default());
+    let pg_port = free_port()?;
+    let primary = InProcess::start(
+        common::counting_client(plane.config(), &primary_requests)?,
+        n,
+        "demo-1",
+        IP1,
+        pg_port,
+    )?;
+    let standby = InProcess::start(
+        common::counting_client(plane.config(), &standby_requests)?,
+        n,
+        "demo-2",
+        IP2,
+        pg_port,
+    )?;
+    let wait = Duration::from_secs(90);
+    eventually("demo-1 primary and ready", wait, || async {
+        (primary.ready() && primary.role().await? == "primary").then_some(())
+    })
+    .await;
+    eventually("demo-2 streaming and ready", wait, || async {
+        (standby.ready() && standby.role().await? == "replica").then_some(())
+    })
+    .await;
+    // Whatever was under way at start (the first passes, the standby's first
+    // confirmations) is over within a few seconds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let (primary_mark, standby_mark) = (primary_requests.len(), standby_requests.len());
+    let steady = Instant::now();
+    let mut writes = 0;
+    while steady.elapsed() < Duration::from_secs(30) {
+        writes += 1;
+        let lsn = format!("0/{:X}", 0x100_0000 + writes * 0x1000);
+        let condition = serde_json::json!([{"type": "Ready", "status": "True",
+            "reason": "Ready", "message": format!("write {writes}"),
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+        set_status(
+            &clusters,
+            serde_json::json!({"instances": instances(&lsn, writes % 2 == 0),
+                               "readyReplicas": 1 + writes % 2, "conditions": condition}),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (primary_sent, standby_sent) = (
+        primary_requests.since(primary_mark),
+        standby_requests.since(standby_mark),
+    );
+    eprintln!(
+        "{writes} status writes in {:?}; the primary sent {} requests ({:?}...), the standby {} ({:?})",
+        steady.elapsed(),
+        primary_sent.len(),
+        primary_sent.first(),
+        standby_sent.len(),
+        standby_sent
+    );
+    assert!(writes >= 20, "only {writes} status writes");
+    assert_eq!(
+        primary_requests.reads_since(primary_mark),
+        Vec::<String>::new(),
+        "the primary read"
+    );
+    assert_eq!(
+        standby_requests.reads_since(standby_mark),
+        Vec::<String>::new(),
+        "the standby read"
+    );
+    // The primary's only requests are its Lease renewals (an update every 2 s), and
+    // perhaps a watch started again.
+    assert!(
+        primary_sent
+            .iter()
+            .all(|r| r.starts_with("PUT ") && r.contains("/leases/") || common::is_watch(r)),
+        "{primary_sent:?}"
+    );
+    assert!(
+        standby_sent.iter().all(|r| common::is_watch(r)),
+        "{standby_sent:?}"
+    );
+
+    // A switchover: the status names demo-2. Both managers act on it within seconds, far
+    // sooner than their 60 s resync.
+    let named = Instant::now();
+    set_status(&clusters, serde_json::json!({"targetPrimary": "demo-2"})).await?;
+    eventually("demo-2 promoted", Duration::from_secs(30), || async {
+        (standby.role().await? == "primary").then_some(())
+    })
+    .await;
+    eprintln!("targetPrimary to demo-2 promoted: {:?}", named.elapsed());
+    set_status(&clusters, serde_json::json!({"currentPrimary": "demo-2"})).await?;
+    eventually("demo-1 rejoined as a standby", wait, || async {
+        (primary.role().await? == "replica").then_some(())
+    })
+    .await;
+    primary.stop().await?;
+    standby.stop().await?;
+    ns.delete().await?;
+    Ok(())
+}

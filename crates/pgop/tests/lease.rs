@@ -3,11 +3,13 @@
 //! a renewing holder that loses the Lease, or cannot reach the API server, fences itself
 //! before anyone else may take over.
 
+mod common;
+
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
 use pgop_api::PostgresCluster;
-use pgop_instance::lease::{self, Fence, PrimaryLease, Timings};
+use pgop_instance::lease::{self, Fence, PrimaryLease, Renewal, Timings};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -234,6 +236,47 @@ async fn a_renewing_holder_that_finds_another_holder_fences_itself_at_once() -> 
     tokio::time::sleep(TIMINGS.renew * 2).await;
     assert!(!a.release().await?);
     assert_eq!(a.holder().await?.as_deref(), Some("intruder"));
+    ns.delete().await?;
+    Ok(())
+}
+
+/// A holder renews by updating the version it last wrote, without reading the Lease first;
+/// a Lease deleted or written by someone else since is read (and created again, or found
+/// lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_renews_without_reading_the_lease_until_someone_else_writes_it() -> Result {
+    let (client, ns) = setup("lease-renew").await?;
+    let plane = pgop_testenv::shared().await?;
+    let requests = common::Requests::default();
+    let counted = common::counting_client(plane.config(), &requests)?;
+    let a = contender(&counted, ns.name(), "demo-1");
+    assert!(a.try_acquire().await?);
+    let mark = requests.len();
+    for _ in 0..3 {
+        assert_eq!(a.renew().await?, Renewal::Renewed);
+    }
+    let sent = requests.since(mark);
+    assert_eq!(sent.len(), 3, "one update per renewal: {sent:?}");
+    assert!(sent.iter().all(|r| r.starts_with("PUT ")), "{sent:?}");
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    leases.delete("demo", &Default::default()).await?;
+    assert_eq!(a.renew().await?, Renewal::Renewed);
+    assert_eq!(a.holder().await?.as_deref(), Some("demo-1"));
+
+    let mut lease = leases.get("demo").await?;
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = Some("intruder".into());
+    }
+    leases
+        .replace("demo", &PostParams::default(), &lease)
+        .await?;
+    assert_eq!(
+        a.renew().await?,
+        Renewal::Lost {
+            holder: Some("intruder".into())
+        }
+    );
     ns.delete().await?;
     Ok(())
 }

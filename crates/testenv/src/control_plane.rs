@@ -238,7 +238,10 @@ impl ControlPlane {
                 "--service-account-signing-key-file={}",
                 pki.service_account_key.display()
             ))
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .arg(format!(
+                "--service-cluster-ip-range={}",
+                crate::real_nodes::SERVICE_CIDR
+            ))
             .arg("--allow-privileged=true")
             .arg("--profiling=false");
         if options.real_nodes {

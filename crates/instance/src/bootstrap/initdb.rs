@@ -57,7 +57,7 @@ pub async fn create_roles(client: &Client, credentials: &Credentials) -> Result<
              ALTER ROLE {ident} LOGIN {extra} PASSWORD {password};",
             lit = quote_literal(name),
             ident = quote_ident(name),
-            password = quote_literal(password),
+            password = crate::pg::sql::password_literal(password),
         )
     };
     client

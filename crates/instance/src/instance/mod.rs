@@ -147,10 +147,12 @@ struct Desired {
     /// standby needs at least as high (from pg_controldata), used where the spec's are
     /// lower. Not kept in later renderings: the rolling restart lowers them in order.
     standby_floors: BTreeMap<String, i64>,
-    /// The application and replication passwords as the cluster's Secrets hold them now.
-    passwords: (String, String),
+    /// The application, replication and superuser passwords as the cluster's Secrets hold
+    /// them now; no superuser password unless `spec.credentials.superuserAccess` (nor any
+    /// network login as the superuser: see [`config::render_pg_hba`]).
+    passwords: (String, String, Option<String>),
     /// The passwords last set in PostgreSQL by this manager (as the primary).
-    passwords_set: Option<(String, String)>,
+    passwords_set: Option<(String, String, Option<String>)>,
     /// PostgreSQL's TLS material, once the cluster's Secrets gave it (see
     /// [`Instance::set_tls`]); without it PostgreSQL runs without TLS.
     tls: Option<config::Tls>,
@@ -193,6 +195,7 @@ impl Instance {
         let passwords = (
             options.credentials.app_password.clone(),
             options.credentials.replication_password.clone(),
+            None,
         );
         Self {
             options,
@@ -369,6 +372,7 @@ impl Instance {
                     &d.pg_hba,
                     &self.options.credentials.replication_user,
                     d.tls.as_ref().map(|t| t.allow_plaintext),
+                    d.passwords.2.is_some(),
                 ),
                 matches!(d.mode, Mode::Standby { .. }),
                 d.archiving.clone(),

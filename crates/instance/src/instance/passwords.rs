@@ -8,7 +8,22 @@ impl Instance {
     /// streams with the new replication password from its next configuration; the primary
     /// sets both in PostgreSQL ([`Instance::apply_passwords`]).
     pub fn set_passwords(&self, app: &str, replication: &str) {
-        self.desired().passwords = (app.to_string(), replication.to_string());
+        let mut d = self.desired();
+        d.passwords.0 = app.to_string();
+        d.passwords.1 = replication.to_string();
+    }
+
+    /// The superuser's password from `<cluster>-superuser` with
+    /// `spec.credentials.superuserAccess`, or `None`: no password, and no network login as
+    /// the superuser. pg_hba.conf follows at the next configuration
+    /// ([`Instance::apply_config`]).
+    pub fn set_superuser(&self, password: Option<&str>) {
+        let mut d = self.desired();
+        if d.passwords.2.is_some() != password.is_some() {
+            // pg_hba.conf changes: written and reloaded by the next apply_config.
+            d.applied = None;
+        }
+        d.passwords.2 = password.map(str::to_string);
     }
 
     /// Primary: sets the Secrets' passwords on the application and replication roles when
@@ -38,13 +53,29 @@ impl Instance {
                     .batch_execute(&format!(
                         "ALTER ROLE {} PASSWORD {}",
                         sql::quote_ident(role),
-                        sql::quote_literal(password)
+                        sql::password_literal(password)
                     ))
                     .await
                     .map_err(Error::SetPassword)?;
             }
         }
-        tracing::info!("the roles' passwords are the Secrets' passwords");
+        // The superuser: the Secret's password with superuserAccess, else none at all (no
+        // password can then log it in, whatever pg_hba.conf says).
+        let superuser = match &passwords.2 {
+            Some(password) => sql::password_literal(password),
+            None => "NULL".to_string(),
+        };
+        client
+            .batch_execute(&format!(
+                "ALTER ROLE {} PASSWORD {superuser}",
+                sql::quote_ident(sql::SUPERUSER)
+            ))
+            .await
+            .map_err(Error::SetPassword)?;
+        tracing::info!(
+            superuser_access = passwords.2.is_some(),
+            "the roles' passwords are the Secrets' passwords"
+        );
         self.desired().passwords_set = Some(passwords);
         Ok(())
     }

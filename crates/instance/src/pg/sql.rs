@@ -246,6 +246,15 @@ pub fn quote_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
+/// The literal of a role's password in `ALTER ROLE ... PASSWORD`: its SCRAM-SHA-256
+/// verifier (random salt), computed here so that the password itself never reaches the
+/// server, its statement logs or `pg_stat_statements`.
+pub fn password_literal(password: &str) -> String {
+    quote_literal(&postgres_protocol::password::scram_sha_256(
+        password.as_bytes(),
+    ))
+}
+
 /// An SQL identifier.
 pub fn quote_ident(value: &str) -> String {
     format!("\"{}\"", value.replace('"', "\"\""))

@@ -1,6 +1,8 @@
-//! `pgop instance run`: the instance manager inside a pod. It reads its own PostgresCluster
-//! (a watch narrowed to that one object, plus a periodic resync) and the cluster's Secrets,
-//! and turns the cluster status into calls on [`Instance`]: bootstrap, start, promote when
+//! `pgop instance run`: the instance manager inside a pod. It reads its own PostgresCluster,
+//! the cluster's Secrets and the primary's Pod from watches narrowed to each object
+//! ([`watch`]: no request in the steady state; a pass runs when what it uses of them
+//! changes, when PostgreSQL's state changes, and at a periodic resync), and turns the
+//! cluster status into calls on [`Instance`]: bootstrap, start, promote when
 //! `targetPrimary` names this instance, follow or rejoin the primary otherwise, slots and
 //! synchronous standbys on the primary, configuration everywhere. It must never choose a
 //! primary: with no `targetPrimary`/`currentPrimary` in the status it waits.
@@ -12,6 +14,7 @@
 //! primary need not wait for it to expire.
 
 mod plan;
+mod watch;
 
 pub use plan::{Action, Observed, Plan, plan};
 
@@ -22,10 +25,8 @@ use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
 use crate::pg::{Binaries, RunAs, Upstream};
 use crate::sync::SyncSpec;
 use crate::{error_chain, http};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
@@ -39,6 +40,18 @@ use std::time::{Duration, Instant};
 const SOON: Duration = Duration::from_millis(400);
 /// How soon a failed pass is retried while the primary changes.
 const RETRY_WHILE_CHANGING: Duration = Duration::from_secs(1);
+/// How soon a failed pass is retried otherwise, the first time; the delay doubles with
+/// each failure in a row, up to [`RETRY_MAX`]. A failure (a standby whose primary is not
+/// up yet, say) must not wait for the resync, and must not spin either.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest delay before a failed pass is retried.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// The delay before retrying after `failures` failed passes in a row (at least one).
+fn retry_after(failures: u32) -> Duration {
+    let doublings = failures.saturating_sub(1).min(16);
+    RETRY_FIRST.saturating_mul(1 << doublings).min(RETRY_MAX)
+}
 /// How long a primary fenced by a failover waits for its fast shutdown (walsenders shipping
 /// the last WAL) before an immediate one.
 const FAILOVER_STEP_DOWN_BOUND: Duration = Duration::from_secs(2);
@@ -53,6 +66,9 @@ const RESTORE_BACKOFF: Duration = Duration::from_secs(30);
 const WAIT_FOR_CERTIFICATES: Duration = Duration::from_secs(2);
 /// How long a restore may replay WAL.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// A Secret no pass read for this long is no longer watched (e.g. the spec names another
+/// store Secret now).
+const SECRET_IDLE: Duration = Duration::from_secs(600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -68,6 +84,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("Secret {name} does not exist")]
+    NoSecret { name: String },
     #[error("failed to read key {key} of Secret {name}")]
     ReadSecretKey { name: String, key: &'static str },
     #[error("failed to read key {key} of the backup store's Secret {name}")]
@@ -93,7 +111,8 @@ pub enum Error {
 /// What the loop does after a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
-    /// Wait for a watch event, the resync tick or a postmaster state change.
+    /// Wait for a change that concerns the manager, the resync tick or a postmaster state
+    /// change.
     Idle,
     /// Run again shortly: waiting for the Lease, a hold-off or a change of primary.
     Soon,
@@ -195,7 +214,8 @@ pub struct Settings {
     pub binaries: Binaries,
     pub run_as: Option<RunAs>,
     pub stop_timeout: Duration,
-    /// How often the cluster is read even without a watch event.
+    /// How often a pass runs even when nothing that concerns the manager changed (a
+    /// safety net: the pass reads what the watches keep, it sends no request).
     pub resync: Duration,
     /// The `pgop` binary PostgreSQL's `archive_command` runs (this very binary).
     pub pgop_binary: PathBuf,
@@ -205,13 +225,100 @@ pub struct Settings {
     pub version: String,
 }
 
+/// What the manager reads from the API server, each kept from a watch of that one object
+/// ([`watch`]): its cluster, the Secrets it uses, the primary's Pod. A change of what the
+/// manager uses of them wakes its loop (`wake`).
+struct Inputs {
+    cluster: watch::Named<PostgresCluster>,
+    secrets: watch::Watches<Secret>,
+    /// The Pod of the primary the status names (one watch, moved when the primary changes).
+    primary_pod: watch::Watches<Pod>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Inputs {
+    fn new(client: &kube::Client, settings: &Settings) -> Self {
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let ns = &settings.namespace;
+        Self {
+            cluster: watch::Named::start(
+                Api::namespaced(client.clone(), ns),
+                &settings.cluster,
+                cluster_concerns,
+                wake.clone(),
+            ),
+            secrets: watch::Watches::new(
+                Api::namespaced(client.clone(), ns),
+                secret_concerns,
+                wake.clone(),
+            ),
+            primary_pod: watch::Watches::new(
+                Api::namespaced(client.clone(), ns),
+                pod_concerns,
+                wake.clone(),
+            ),
+            wake,
+        }
+    }
+}
+
+/// What of its cluster the manager acts on, as a digest: a change of anything else (the
+/// operator's status writes of LSNs, readiness, conditions, backup times) wakes nothing.
+/// The whole spec and generation; the uid (the Lease's ownerReference); of the status,
+/// what [`plan()`] and [`reconcile`] read: the primaries named, the instances' names, the
+/// phase, the recovery source and the rolling restart. The manager reads no annotation or
+/// label of its cluster (the restart annotation reaches it as `status.restartRequested`).
+pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
+    #[derive(serde::Serialize)]
+    struct Status<'a> {
+        phase: &'a Option<pgop_api::cluster::ClusterPhase>,
+        current_primary: &'a Option<String>,
+        target_primary: &'a Option<String>,
+        instances: Vec<&'a str>,
+        recovery_source: &'a Option<RecoverySource>,
+        restart_instance: &'a Option<String>,
+        restart_requested: &'a Option<pgop_api::cluster::RestartRequest>,
+    }
+    #[derive(serde::Serialize)]
+    struct Concerns<'a> {
+        uid: &'a Option<String>,
+        generation: Option<i64>,
+        spec: &'a pgop_api::cluster::PostgresClusterSpec,
+        status: Option<Status<'a>>,
+    }
+    watch::digest(&Concerns {
+        uid: &cluster.metadata.uid,
+        generation: cluster.metadata.generation,
+        spec: &cluster.spec,
+        status: cluster.status.as_ref().map(|s| Status {
+            phase: &s.phase,
+            current_primary: &s.current_primary,
+            target_primary: &s.target_primary,
+            instances: s.instances.iter().map(|i| i.name.as_str()).collect(),
+            recovery_source: &s.recovery_source,
+            restart_instance: &s.restart_instance,
+            restart_requested: &s.restart_requested,
+        }),
+    })
+}
+
+/// A Secret's data: credentials, certificates renewed by the operator, S3 keys.
+fn secret_concerns(secret: &Secret) -> u64 {
+    watch::digest(&(&secret.data, &secret.string_data))
+}
+
+/// The primary's address.
+fn pod_concerns(pod: &Pod) -> u64 {
+    watch::digest(&pod.status.as_ref().map(|s| &s.pod_ip))
+}
+
 /// Runs the manager until `shutdown` completes, then stops PostgreSQL cleanly.
 pub async fn run(
     client: kube::Client,
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &settings.namespace);
+    let inputs = Inputs::new(&client, &settings);
     let mut shutdown = Box::pin(shutdown);
     crate::reaper::register_backup_programs();
     if crate::reaper::is_init() {
@@ -219,7 +326,7 @@ pub async fn run(
     }
     let credentials = tokio::select! {
         () = &mut shutdown => return Ok(()),
-        credentials = wait_for_credentials(&client, &settings) => credentials,
+        credentials = wait_for_credentials(&inputs, &settings) => credentials,
     };
     let instance = Arc::new(
         Instance::new(Options {
@@ -307,19 +414,18 @@ pub async fn run(
     tracing::info!(address = %tls_addr, "serving backups and retention over mutual TLS once the certificate is read");
     let tls_server = tokio::spawn(tls_server);
 
-    let events = watcher(
-        clusters.clone(),
-        watcher::Config::default().fields(&format!("metadata.name={}", settings.cluster)),
-    );
-    let mut events = std::pin::pin!(events);
     let mut resync = tokio::time::interval(settings.resync);
     let mut bootstrap_failed: Option<Instant> = None;
     let mut states = instance.state_changes();
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    // Failed passes in a row: the retry backs off (see `retry_after`).
+    let mut failures: u32 = 0;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            _ = events.next() => {}
+            // A change of what the manager uses of its cluster, its Secrets or the primary's
+            // Pod (the watches of `inputs`).
+            () = inputs.wake.notified() => {}
             _ = resync.tick() => {}
             // A crash, a fence or a stop: act at once.
             Ok(()) = states.changed() => {}
@@ -331,47 +437,58 @@ pub async fn run(
             } => {}
         }
         soon = None;
-        let step =
-            async {
-                let cluster = clusters.get_opt(&settings.cluster).await.map_err(|source| {
-                    Error::ReadCluster {
-                        name: settings.cluster.clone(),
-                        source,
-                    }
+        let step = async {
+            let cluster = inputs
+                .cluster
+                .get()
+                .await
+                .map_err(|source| Error::ReadCluster {
+                    name: settings.cluster.clone(),
+                    source,
                 });
-                let cluster = match cluster {
-                    Ok(Some(cluster)) => cluster,
-                    Ok(None) => return (false, Ok(Next::Idle)),
-                    Err(err) => return (false, Err(err)),
-                };
-                let changing = cluster
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.target_primary != s.current_primary);
-                let result = reconcile(
-                    &client,
-                    &settings,
-                    &instance,
-                    &material,
-                    &mut hold,
-                    &cluster,
-                    &mut bootstrap_failed,
-                )
-                .await;
-                (changing, result)
+            let cluster = match cluster {
+                Ok(Some(cluster)) => cluster,
+                Ok(None) => return (false, Ok(Next::Idle)),
+                Err(err) => return (false, Err(err)),
             };
+            let changing = cluster
+                .status
+                .as_ref()
+                .is_some_and(|s| s.target_primary != s.current_primary);
+            let result = reconcile(
+                &inputs,
+                &settings,
+                &instance,
+                &material,
+                &mut hold,
+                &cluster,
+                &mut bootstrap_failed,
+            )
+            .await;
+            inputs.secrets.forget_idle(SECRET_IDLE);
+            (changing, result)
+        };
         tokio::select! {
             // An interrupted bootstrap leaves its marker: the next start redoes it.
             () = &mut shutdown => break,
-            (changing, result) = step => match result {
-                Ok(Next::Soon) => soon = Some(Box::pin(tokio::time::sleep(SOON))),
-                Ok(Next::After(after)) => soon = Some(Box::pin(tokio::time::sleep(after))),
-                Ok(Next::Idle) if changing => soon = Some(Box::pin(tokio::time::sleep(SOON))),
-                Ok(Next::Idle) => {}
-                Err(err) => {
-                    tracing::warn!(error = %error_chain(&err), "reconcile failed; retrying");
-                    if changing {
-                        soon = Some(Box::pin(tokio::time::sleep(RETRY_WHILE_CHANGING)));
+            (changing, result) = step => {
+                if result.is_ok() {
+                    failures = 0;
+                }
+                match result {
+                    Ok(Next::Soon) => soon = Some(Box::pin(tokio::time::sleep(SOON))),
+                    Ok(Next::After(after)) => soon = Some(Box::pin(tokio::time::sleep(after))),
+                    Ok(Next::Idle) if changing => soon = Some(Box::pin(tokio::time::sleep(SOON))),
+                    Ok(Next::Idle) => {}
+                    Err(err) => {
+                        failures = failures.saturating_add(1);
+                        let delay = if changing {
+                            RETRY_WHILE_CHANGING
+                        } else {
+                            retry_after(failures)
+                        };
+                        tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "reconcile failed; retrying");
+                        soon = Some(Box::pin(tokio::time::sleep(delay)));
                     }
                 }
             }
@@ -391,7 +508,7 @@ pub async fn run(
 /// One pass: observe, plan (pure, in [`plan`]), act, then slots, synchronous standbys and
 /// configuration.
 async fn reconcile(
-    client: &kube::Client,
+    inputs: &Inputs,
     settings: &Settings,
     instance: &Arc<Instance>,
     material: &crate::tls::Material,
@@ -407,14 +524,33 @@ async fn reconcile(
         return Ok(Next::Idle);
     }
     // The Secrets may have been generated anew (deleted by hand): their passwords win.
-    match read_credentials(client, settings).await {
+    match read_credentials(inputs, settings).await {
         Ok(c) => instance.set_passwords(&c.app_password, &c.replication_password),
         Err(err) => {
             tracing::warn!(error = %error_chain(&err), "failed to read the cluster's Secrets; keeping the passwords known")
         }
     }
+    // The superuser's password, with spec.credentials.superuserAccess only.
+    if cluster.spec.credentials.superuser_access {
+        let name = format!(
+            "{}{}",
+            settings.cluster,
+            pgop_api::constants::SUPERUSER_SECRET_SUFFIX
+        );
+        match read_secret(inputs, name)
+            .await
+            .and_then(|secret| secret_text(&secret, "password"))
+        {
+            Ok(password) => instance.set_superuser(Some(&password)),
+            Err(err) => {
+                tracing::info!(error = %error_chain(&err), "failed to read the superuser Secret; keeping the superuser password known")
+            }
+        }
+    } else {
+        instance.set_superuser(None);
+    }
     // The TLS endpoint's certificate: renewed by the operator ahead of its expiry.
-    match read_manager_tls(client, settings).await {
+    match read_manager_tls(inputs, settings).await {
         Ok((cert, key, ca)) => match material.load(&cert, &key, &ca) {
             Ok(true) => {
                 tracing::info!("the TLS endpoint uses the certificate of the Secret from now on")
@@ -434,7 +570,7 @@ async fn reconcile(
     // PostgreSQL's certificates: renewed by the operator ahead of their expiry, reloaded
     // without a restart. PostgreSQL never starts without them.
     let allow_plaintext = cluster.spec.tls.allow_plaintext;
-    match read_postgres_tls(client, settings, allow_plaintext).await {
+    match read_postgres_tls(inputs, settings, allow_plaintext).await {
         Ok(tls) => match instance.set_tls(tls) {
             Ok(true) => tracing::info!(
                 allow_plaintext,
@@ -461,9 +597,7 @@ async fn reconcile(
         .or_else(|| status.current_primary.clone());
     // The primary's address, when another instance is the primary.
     let upstream_of_primary = match named.as_deref() {
-        Some(primary) if primary != me => {
-            Some(upstream(client, settings, instance, primary).await?)
-        }
+        Some(primary) if primary != me => Some(upstream(inputs, instance, primary).await?),
         _ => None,
     };
     let observed = Observed {
@@ -482,7 +616,7 @@ async fn reconcile(
             .is_some_and(|at| at.elapsed() < crash_hold_off(cluster)),
     };
     // WAL archiving follows spec.backup.store; written with the next start or reload.
-    instance.set_archiving(archiving(client, settings, cluster).await?);
+    instance.set_archiving(archiving(inputs, settings, cluster).await?);
     let plan = plan::plan(me, &status, &observed);
     // spec.bootstrap.recovery: the first primary restores a backup instead of initdb, from
     // where the operator resolved it; decided before the Lease is taken.
@@ -504,7 +638,7 @@ async fn reconcile(
         {
             return Ok(Next::After(left));
         }
-        match recovery_of(client, settings, spec, source).await {
+        match recovery_of(inputs, settings, spec, source).await {
             Ok(r) => recovery = Some(r),
             Err(err) => {
                 instance.set_bootstrap_error(Some(error_chain(&err)));
@@ -522,7 +656,7 @@ async fn reconcile(
         async move {
             match known {
                 Some(u) if named.as_deref() == Some(primary.as_str()) => Ok(u),
-                _ => upstream(client, settings, instance, &primary).await,
+                _ => upstream(inputs, instance, &primary).await,
             }
         }
     };
@@ -664,14 +798,14 @@ pub fn restart_requested(status: &PostgresClusterStatus, postmaster_started: Opt
 /// WAL archiving as `spec.backup.store` asks: the store with its credentials read from the
 /// Secret the spec names (S3) or the volume's mount path.
 async fn archiving(
-    client: &kube::Client,
+    inputs: &Inputs,
     settings: &Settings,
     cluster: &PostgresCluster,
 ) -> Result<Option<instance::Archiving>, Error> {
     let Some(store) = cluster.spec.backup.as_ref().and_then(|b| b.store.as_ref()) else {
         return Ok(None);
     };
-    let config = store_config(client, settings, store, &settings.cluster).await?;
+    let config = store_config(inputs, settings, store, &settings.cluster).await?;
     Ok(Some(instance::Archiving {
         store: config,
         pgop_binary: settings.pgop_binary.clone(),
@@ -682,12 +816,12 @@ async fn archiving(
 /// cluster's store (credentials from the Secret its `s3.credentialsSecret` names, in this
 /// namespace), the backup, the target.
 async fn recovery_of(
-    client: &kube::Client,
+    inputs: &Inputs,
     settings: &Settings,
     spec: &RecoverySpec,
     source: &RecoverySource,
 ) -> Result<instance::Recovery, Error> {
-    let config = store_config(client, settings, &source.store, &source.cluster).await?;
+    let config = store_config(inputs, settings, &source.store, &source.cluster).await?;
     Ok(instance::Recovery {
         source: config,
         backup_id: source.backup_id.clone(),
@@ -709,22 +843,15 @@ pub fn recovery_target(spec: &RecoverySpec) -> pgop_backup::Target {
 /// A store of the API resolved for `cluster`'s objects: S3 keys read from the Secret the
 /// store names (in this namespace), a volume at its mount path.
 async fn store_config(
-    client: &kube::Client,
+    inputs: &Inputs,
     settings: &Settings,
     store: &BackupStore,
     cluster: &str,
 ) -> Result<pgop_backup::StoreConfig, Error> {
     let keys = match &store.s3 {
         Some(s3) => {
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
             let name = &s3.credentials_secret.name;
-            let secret = secrets
-                .get(name)
-                .await
-                .map_err(|source| Error::ReadSecret {
-                    name: name.clone(),
-                    source,
-                })?;
+            let (_, secret) = read_secret(inputs, name.clone()).await?;
             let (access_key_id, secret_access_key) = s3
                 .credentials_secret
                 .keys_in(&secret)
@@ -769,15 +896,12 @@ fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
     }
 }
 
-/// The primary's address: its Pod's IP.
-async fn upstream(
-    client: &kube::Client,
-    settings: &Settings,
-    instance: &Instance,
-    primary: &str,
-) -> Result<Upstream, Error> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &settings.namespace);
-    let pod = pods
+/// The primary's address: its Pod's IP, from the watch of that Pod (moved to the primary
+/// the status names; a new IP wakes the loop).
+async fn upstream(inputs: &Inputs, instance: &Instance, primary: &str) -> Result<Upstream, Error> {
+    inputs.primary_pod.keep_only(primary);
+    let pod = inputs
+        .primary_pod
         .get(primary)
         .await
         .map_err(|source| Error::ResolvePrimary {
@@ -785,8 +909,9 @@ async fn upstream(
             source: Some(source),
         })?;
     let ip = pod
-        .status
-        .and_then(|s| s.pod_ip)
+        .as_ref()
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.pod_ip.clone())
         .ok_or_else(|| Error::ResolvePrimary {
             name: primary.to_string(),
             source: None,
@@ -795,9 +920,9 @@ async fn upstream(
 }
 
 /// The cluster's Secrets, retried until the operator has created them.
-async fn wait_for_credentials(client: &kube::Client, settings: &Settings) -> Credentials {
+async fn wait_for_credentials(inputs: &Inputs, settings: &Settings) -> Credentials {
     loop {
-        match read_credentials(client, settings).await {
+        match read_credentials(inputs, settings).await {
             Ok(credentials) => return credentials,
             Err(err) => {
                 tracing::info!(error = %error_chain(&err), "waiting for the cluster's Secrets")
@@ -807,21 +932,17 @@ async fn wait_for_credentials(client: &kube::Client, settings: &Settings) -> Cre
     }
 }
 
-/// Secret `name` of the cluster's namespace.
-async fn read_secret(
-    client: &kube::Client,
-    settings: &Settings,
-    name: String,
-) -> Result<(String, Secret), Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &settings.namespace);
-    match secrets.get(&name).await {
-        Ok(secret) => Ok((name, secret)),
+/// Secret `name` of the cluster's namespace, as its watch last saw it.
+async fn read_secret(inputs: &Inputs, name: String) -> Result<(String, Arc<Secret>), Error> {
+    match inputs.secrets.get(&name).await {
+        Ok(Some(secret)) => Ok((name, secret)),
+        Ok(None) => Err(Error::NoSecret { name }),
         Err(source) => Err(Error::ReadSecret { name, source }),
     }
 }
 
 /// The text of `key` in a Secret read by [`read_secret`].
-fn secret_text((name, secret): &(String, Secret), key: &'static str) -> Result<String, Error> {
+fn secret_text((name, secret): &(String, Arc<Secret>), key: &'static str) -> Result<String, Error> {
     secret
         .data
         .as_ref()
@@ -836,7 +957,7 @@ fn secret_text((name, secret): &(String, Secret), key: &'static str) -> Result<S
 /// The manager certificate, its key and the authority's certificate (PEM), from the
 /// Secret `<cluster>-manager-tls` the operator keeps.
 async fn read_manager_tls(
-    client: &kube::Client,
+    inputs: &Inputs,
     settings: &Settings,
 ) -> Result<(String, String, String), Error> {
     let name = format!(
@@ -844,7 +965,7 @@ async fn read_manager_tls(
         settings.cluster,
         pgop_api::constants::MANAGER_TLS_SECRET_SUFFIX
     );
-    let secret = read_secret(client, settings, name).await?;
+    let secret = read_secret(inputs, name).await?;
     Ok((
         secret_text(&secret, "tls.crt")?,
         secret_text(&secret, "tls.key")?,
@@ -855,24 +976,15 @@ async fn read_manager_tls(
 /// PostgreSQL's certificates from the Secrets `<cluster>-server-tls` and
 /// `<cluster>-replication-tls` the operator keeps.
 async fn read_postgres_tls(
-    client: &kube::Client,
+    inputs: &Inputs,
     settings: &Settings,
     allow_plaintext: bool,
 ) -> Result<crate::config::Tls, Error> {
     use pgop_api::constants::{REPLICATION_TLS_SECRET_SUFFIX, SERVER_TLS_SECRET_SUFFIX};
     let cluster = &settings.cluster;
-    let server = read_secret(
-        client,
-        settings,
-        format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}"),
-    )
-    .await?;
-    let replication = read_secret(
-        client,
-        settings,
-        format!("{cluster}{REPLICATION_TLS_SECRET_SUFFIX}"),
-    )
-    .await?;
+    let server = read_secret(inputs, format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}")).await?;
+    let replication =
+        read_secret(inputs, format!("{cluster}{REPLICATION_TLS_SECRET_SUFFIX}")).await?;
     Ok(crate::config::Tls {
         server_cert: secret_text(&server, "tls.crt")?,
         server_key: secret_text(&server, "tls.key")?,
@@ -888,11 +1000,8 @@ async fn read_postgres_tls(
     })
 }
 
-async fn read_credentials(
-    client: &kube::Client,
-    settings: &Settings,
-) -> Result<Credentials, Error> {
-    let read = |name: String| read_secret(client, settings, name);
+async fn read_credentials(inputs: &Inputs, settings: &Settings) -> Result<Credentials, Error> {
+    let read = |name: String| read_secret(inputs, name);
     let key = secret_text;
     let app = read(format!("{}-app", settings.cluster)).await?;
     let replication = read(format!("{}-replication", settings.cluster)).await?;
@@ -933,9 +1042,93 @@ async fn watch_lease(client: kube::Client, namespace: String, lease: Arc<Primary
 
 #[cfg(test)]
 mod tests {
-    use super::{PostgresClusterStatus, recovery_target, restart_requested};
+    use super::{PostgresClusterStatus, cluster_concerns, recovery_target, restart_requested};
+
+    #[test]
+    fn a_failed_pass_is_retried_after_a_delay_that_doubles_up_to_a_cap() {
+        use super::{RETRY_FIRST, RETRY_MAX, retry_after};
+        use std::time::Duration;
+        assert_eq!(retry_after(1), RETRY_FIRST);
+        assert_eq!(retry_after(2), Duration::from_secs(2));
+        assert_eq!(retry_after(3), Duration::from_secs(4));
+        assert_eq!(retry_after(5), Duration::from_secs(16));
+        assert_eq!(retry_after(6), RETRY_MAX);
+        assert_eq!(retry_after(u32::MAX), RETRY_MAX);
+        assert_eq!(
+            retry_after(0),
+            RETRY_FIRST,
+            "never sooner than the first delay"
+        );
+    }
+    use pgop_api::PostgresCluster;
     use pgop_api::cluster::RecoverySpec;
     use pgop_backup::Target;
+
+    fn cluster(yaml: &str) -> PostgresCluster {
+        serde_yaml::from_str(yaml).expect("a cluster")
+    }
+
+    const CLUSTER: &str = r#"
+apiVersion: database.example.com/v1alpha1
+kind: PostgresCluster
+metadata: {name: demo, namespace: ns, uid: u1, generation: 3, resourceVersion: "10"}
+spec: {replicas: 2, storage: {size: 1Gi}}
+status:
+  phase: Ready
+  currentPrimary: demo-1
+  targetPrimary: demo-1
+  observedGeneration: 3
+  readyReplicas: 2
+  instances:
+    - {name: demo-1, serial: 1, ready: true, receivedLsn: 0/3000000, replayedLsn: 0/3000000}
+    - {name: demo-2, serial: 2, ready: true, receivedLsn: 0/3000000, replayedLsn: 0/3000000}
+"#;
+
+    /// Applies `edit` to the status of [`CLUSTER`] (as JSON) and tells whether the digest of
+    /// what the manager uses moved.
+    fn moves(edit: impl FnOnce(&mut serde_json::Value)) -> bool {
+        let before = cluster(CLUSTER);
+        let mut value = serde_json::to_value(&before).expect("json");
+        edit(&mut value);
+        let after: PostgresCluster = serde_json::from_value(value).expect("a cluster");
+        cluster_concerns(&before) != cluster_concerns(&after)
+    }
+
+    #[test]
+    fn status_writes_that_do_not_concern_the_manager_leave_its_digest() {
+        assert!(!moves(
+            |v| v["status"]["instances"][0]["receivedLsn"] = "0/4000000".into()
+        ));
+        assert!(!moves(
+            |v| v["status"]["instances"][1]["ready"] = false.into()
+        ));
+        assert!(!moves(|v| v["status"]["readyReplicas"] = 1.into()));
+        assert!(!moves(|v| v["metadata"]["resourceVersion"] = "11".into()));
+        assert!(!moves(|v| v["status"]["conditions"] = serde_json::json!([{
+            "type": "Ready", "status": "True", "reason": "Ready", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}])));
+    }
+
+    #[test]
+    fn what_the_manager_acts_on_moves_its_digest() {
+        assert!(moves(|v| v["status"]["targetPrimary"] = "demo-2".into()));
+        assert!(moves(|v| v["status"]["currentPrimary"] = "demo-2".into()));
+        assert!(moves(|v| v["status"]["phase"] = "FailingOver".into()));
+        assert!(moves(|v| v["status"]["restartInstance"] = "demo-2".into()));
+        assert!(moves(
+            |v| v["status"]["restartRequested"] =
+                serde_json::json!({"value": "1", "requestedAt": "2026-01-01T00:00:00Z"})
+        ));
+        assert!(moves(
+            |v| v["status"]["instances"][1]["name"] = "demo-3".into()
+        ));
+        assert!(moves(
+            |v| v["spec"]["postgresql"] = serde_json::json!({"parameters": {"work_mem": "8MB"}})
+        ));
+        assert!(moves(|v| v["metadata"]["generation"] = 4.into()));
+        assert!(moves(|v| v["metadata"]["uid"] = "u2".into()));
+        assert!(moves(|v| v["status"] = serde_json::Value::Null));
+    }
 
     #[test]
     fn the_recovery_target_is_the_time_the_lsn_or_the_end_of_wal() {

@@ -262,6 +262,24 @@ pub fn due_backup(
     }
 }
 
+/// How long from `now` until the next firing of either of the cluster's backup schedules
+/// (plus a second, so that the firing is due when the pass comes); `None` without one.
+pub fn until_next_firing(
+    cluster: &PostgresCluster,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<std::time::Duration> {
+    let spec = cluster.spec.backup.as_ref()?;
+    spec.store.as_ref()?;
+    [BackupMethod::BaseBackup, BackupMethod::Logical]
+        .into_iter()
+        .filter_map(|method| schedule_of(cluster, method))
+        .filter_map(|schedule| Schedule::parse(schedule, spec.timezone.as_deref()).ok())
+        .filter_map(|schedule| schedule.next_after(now))
+        .filter_map(|at| std::time::Duration::try_from(at.duration_since(now)).ok())
+        .min()
+        .map(|d| d + std::time::Duration::from_secs(1))
+}
+
 /// Creates the scheduled PostgresBackup `name` of `method` (owned by the cluster, so that
 /// the objects go with it; the data in the store stays). An existing one is fine.
 pub async fn create_scheduled(

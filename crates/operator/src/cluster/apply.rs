@@ -15,13 +15,12 @@
 //! - Instances the plan removed lose their Pod, then their PVC.
 
 use super::build::{Children, quantity};
+use super::cache::Written;
 use super::dereference::Observed;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use pgop_api::constants::FIELD_MANAGER;
 use serde::Serialize;
@@ -63,6 +62,30 @@ pub struct Outcome {
     pub repaired: Vec<String>,
     /// Names of objects deleted, as `Kind/name`.
     pub deleted: Vec<String>,
+    /// Every write, with the resourceVersion it returned: what the watch caches must show
+    /// before a later pass may trust them ([`super::cache::Expectations`]).
+    pub written: Vec<Written>,
+}
+
+impl Outcome {
+    fn wrote<K: Resource + k8s_openapi::Resource>(&mut self, obj: &K) {
+        self.written.push(Written {
+            kind: K::KIND,
+            name: obj.name_any(),
+            version: obj.meta().resource_version.clone(),
+            uid: None,
+        });
+    }
+
+    fn deleted<K: k8s_openapi::Resource>(&mut self, name: &str, uid: Option<String>) {
+        self.deleted.push(format!("{}/{name}", K::KIND));
+        self.written.push(Written {
+            kind: K::KIND,
+            name: name.to_string(),
+            version: None,
+            uid,
+        });
+    }
 }
 
 /// True when every field of `desired` is present with the same value in `live`.
@@ -117,7 +140,7 @@ fn to_json<K: ResourceExt + k8s_openapi::Resource + Serialize>(obj: &K) -> Resul
 }
 
 /// Server-side apply under pgop's field manager, taking over fields others changed.
-async fn server_side_apply<K>(api: &Api<K>, desired: &K) -> Result<(), Error>
+async fn server_side_apply<K>(api: &Api<K>, desired: &K) -> Result<K, Error>
 where
     K: Resource<DynamicType = ()>
         + k8s_openapi::Resource
@@ -137,8 +160,7 @@ where
         kind: K::KIND,
         name,
         source,
-    })?;
-    Ok(())
+    })
 }
 
 /// Server-side applies `desired` unless `live` already contains it.
@@ -167,7 +189,8 @@ where
     {
         return Ok(());
     }
-    server_side_apply(&api::<K>(client, namespace), desired).await?;
+    let written = server_side_apply(&api::<K>(client, namespace), desired).await?;
+    outcome.wrote(&written);
     if current.is_some() {
         outcome.repaired.push(label);
     } else {
@@ -178,6 +201,10 @@ where
 
 /// Creates `desired` if it does not exist; otherwise only repairs its labels and
 /// ownerReference, never its data or spec.
+///
+/// Created with a plain create, never an apply: when the view of what exists is behind
+/// (a watch cache), the API server refuses to create it again (409), and the object,
+/// a certificate authority or a password, is never overwritten.
 async fn create_or_fix_metadata<K>(
     client: &Client,
     namespace: &str,
@@ -202,18 +229,32 @@ where
         source,
     };
     let Some(current) = find(live, &name) else {
-        server_side_apply(&api, desired).await?;
-        outcome.created.push(label);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        match api.create(&params, desired).await {
+            Ok(created) => {
+                outcome.wrote(&created);
+                outcome.created.push(label);
+            }
+            // It exists after all: the view was behind. The next pass repairs its
+            // metadata if it must.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(apply_err(e)),
+        }
         return Ok(());
     };
     if let Some(patch) = metadata_patch(desired.meta(), current.meta()) {
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER),
-            &Patch::Merge(patch),
-        )
-        .await
-        .map_err(apply_err)?;
+        let patched = api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(patch),
+            )
+            .await
+            .map_err(apply_err)?;
+        outcome.wrote(&patched);
         outcome.repaired.push(label);
     }
     Ok(())
@@ -252,7 +293,7 @@ async fn fix_derived_keys(
     if changed.is_empty() {
         return Ok(());
     }
-    api::<Secret>(client, namespace)
+    let patched = api::<Secret>(client, namespace)
         .patch(
             &name,
             &PatchParams::apply(FIELD_MANAGER),
@@ -264,6 +305,7 @@ async fn fix_derived_keys(
             name: name.clone(),
             source,
         })?;
+    outcome.wrote(&patched);
     outcome.repaired.push(format!("Secret/{name}"));
     Ok(())
 }
@@ -327,7 +369,10 @@ pub async fn apply(
         role,
         role_binding,
         app_secret,
+        app_derived_keys,
         replication_secret,
+        superuser_secret,
+        superuser_secret_name,
         ca_secret,
         manager_tls_secret,
         postgres_ca_secret,
@@ -365,10 +410,22 @@ pub async fn apply(
         namespace,
         app_secret,
         &observed.secrets,
-        super::build::APP_DERIVED_KEYS,
+        app_derived_keys,
         &mut out,
     )
     .await?;
+    match superuser_secret {
+        Some((secret, keys)) => {
+            create_or_fix_metadata(client, namespace, secret, &observed.secrets, &mut out).await?;
+            fix_derived_keys(client, namespace, secret, &observed.secrets, keys, &mut out).await?;
+        }
+        // spec.credentials.superuserAccess is off: no Secret holds a superuser password.
+        None => {
+            if let Some(secret) = find(&observed.secrets, superuser_secret_name) {
+                delete(client, namespace, secret, background(), &mut out).await?;
+            }
+        }
+    }
     create_or_fix_metadata(
         client,
         namespace,
@@ -421,7 +478,7 @@ pub async fn apply(
     for stale in &observed.pod_disruption_budgets {
         let name = stale.name_any();
         if !pod_disruption_budgets.iter().any(|b| b.name_any() == name) {
-            delete::<PodDisruptionBudget>(client, namespace, &name, &mut out).await?;
+            delete(client, namespace, stale, background(), &mut out).await?;
         }
     }
     for pvc in pvcs {
@@ -445,7 +502,7 @@ pub async fn apply(
         // spec.networkPolicy.enabled turned off: the policy goes.
         None => {
             for stale in &observed.network_policies {
-                delete::<NetworkPolicy>(client, namespace, &stale.name_any(), &mut out).await?;
+                delete(client, namespace, stale, background(), &mut out).await?;
             }
         }
     }
@@ -454,23 +511,32 @@ pub async fn apply(
 
 /// Deletes one instance's Pod (gracefully), keeping its volume: the next reconcile
 /// creates the Pod anew from the current spec.
-pub async fn delete_pod(client: &Client, namespace: &str, name: &str) -> Result<(), Error> {
-    let api = api::<Pod>(client, namespace);
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(source) => Err(Error::Delete {
-            kind: "Pod",
-            name: name.to_string(),
-            source,
-        }),
-    }
-}
-
-async fn delete<K>(
+pub async fn delete_pod(
     client: &Client,
     namespace: &str,
     name: &str,
+    observed: &Observed,
+    out: &mut Outcome,
+) -> Result<(), Error> {
+    match find(&observed.pods, name) {
+        Some(pod) => delete(client, namespace, pod, DeleteParams::default(), out).await,
+        None => Ok(()),
+    }
+}
+
+/// Background propagation: the object goes at once, its dependents after.
+fn background() -> DeleteParams {
+    DeleteParams::background()
+}
+
+/// Deletes `live`, and only that object: the delete is conditional on its uid, so that a
+/// view that is behind (a watch cache) cannot delete a newer object of the same name.
+/// Gone already, or replaced, is success.
+async fn delete<K>(
+    client: &Client,
+    namespace: &str,
+    live: &K,
+    mut params: DeleteParams,
     out: &mut Outcome,
 ) -> Result<(), Error>
 where
@@ -480,19 +546,25 @@ where
         + Clone
         + Debug,
 {
-    match api::<K>(client, namespace)
-        .delete(name, &DeleteParams::background())
-        .await
-    {
+    let name = live.name_any();
+    let uid = live.meta().uid.clone();
+    if let Some(uid) = &uid {
+        params.preconditions = Some(kube::api::Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        });
+    }
+    match api::<K>(client, namespace).delete(&name, &params).await {
         Ok(_) => {
-            out.deleted
-                .push(format!("{}/{name}", <K as k8s_openapi::Resource>::KIND));
+            out.deleted::<K>(&name, uid);
             Ok(())
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        // 404: gone already; 409: the uid precondition failed, so the object of that name
+        // is another one, and the one meant is gone.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
         Err(source) => Err(Error::Delete {
             kind: <K as k8s_openapi::Resource>::KIND,
-            name: name.to_string(),
+            name,
             source,
         }),
     }
@@ -507,11 +579,11 @@ pub async fn delete_instances(
     out: &mut Outcome,
 ) -> Result<(), Error> {
     for name in names {
-        if find(&observed.pods, name).is_some() {
-            delete::<Pod>(client, namespace, name, out).await?;
+        if let Some(pod) = find(&observed.pods, name) {
+            delete(client, namespace, pod, background(), out).await?;
         }
-        if find(&observed.pvcs, name).is_some() {
-            delete::<PersistentVolumeClaim>(client, namespace, name, out).await?;
+        if let Some(pvc) = find(&observed.pvcs, name) {
+            delete(client, namespace, pvc, background(), out).await?;
         }
     }
     Ok(())

@@ -1,5 +1,8 @@
-//! Dereference: read what exists. Every child carries the cluster label, so one labelled
-//! LIST per kind finds them all; nothing here writes.
+//! Dereference: read what exists. Every child carries the cluster label, so the watch
+//! caches ([`super::cache`]) file them by cluster, and a pass reads them there without a
+//! request. A cluster the caches may not yet show as its last pass left it (see
+//! [`super::cache::Expectations`]), or caches not yet filled, are read from the API server
+//! instead: one labelled LIST per kind. Nothing here writes.
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -8,6 +11,8 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource};
 use pgop_api::labels;
+
+use super::cache::{Caches, Expectations};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
@@ -51,6 +56,35 @@ where
         })
 }
 
+/// Where a pass read the children from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Cache,
+    ApiServer,
+}
+
+/// Every child of `cluster`: from the caches when they can be trusted, else from the API
+/// server.
+pub async fn read(
+    client: &Client,
+    caches: Option<&Caches>,
+    expectations: &Expectations,
+    namespace: &str,
+    cluster: &str,
+) -> Result<(Observed, Source), Error> {
+    if let Some(caches) = caches
+        && caches.ready()
+        && expectations.met(caches, namespace, cluster)
+    {
+        return Ok((caches.observe(namespace, cluster), Source::Cache));
+    }
+    Ok((
+        observe(client, namespace, cluster).await?,
+        Source::ApiServer,
+    ))
+}
+
+/// Every child of `cluster`, listed from the API server (one labelled LIST per kind).
 pub async fn observe(client: &Client, namespace: &str, cluster: &str) -> Result<Observed, Error> {
     let sel = format!("{}={cluster}", labels::CLUSTER);
     let (

@@ -1,22 +1,31 @@
 //! The PostgresCluster controller.
 //!
-//! Reconcile is a pipeline; each step is a module with its own error type:
+//! Reconcile is a pipeline, one call per step in [`reconcile_inner`]; each step is a
+//! module (or a function here) with its own error type:
 //! 1. read — the cluster arrives from the watch; deletion and `spec.paused` stop here;
 //! 2. validate — defaults, then the same rules as the CRD schema and CEL (`pgop_api`);
 //!    an invalid spec sets phase Invalid and waits for the next change, never retries;
-//! 3. [`dereference`] — list the children that exist (one labelled LIST per kind);
-//! 4. [`instances`] — plan the instance serials (pure);
+//! 3. [`dereference`] — the children that exist, from the watch caches ([`cache`]) or,
+//!    while they may not show this cluster's last writes, one labelled LIST per kind;
+//! 4. [`instances`] — plan the instance serials (pure), reserving new ones in the status;
 //! 5. [`probe`] — read every instance's `/pg/status` (in parallel, bounded), then
 //!    [`roles`] — decide the primary: failover, switchover, completion (pure);
-//! 6. [`build`] — the desired children as plain values (pure);
-//! 7. [`rollout`] — the next step of a rolling update, if any (pure);
-//! 8. [`status`] — compute status and conditions (pure) and patch them when they changed;
-//!    a new `targetPrimary` is thus written before any label moves;
-//! 9. [`apply`] — server-side apply what differs, create what is missing, delete the
-//!    instances the plan removed and the Pod the rollout replaces.
+//! 6. [`credentials`], [`pki`], [`build`] — passwords and certificates, then the desired
+//!    children as plain values (pure);
+//! 7. [`rollout`] — the next step of a rolling update, if any (pure), or a switchover
+//!    first (a drain, or a rollout that reached the primary);
+//! 8. [`status`] — compute status, conditions and the backup facts (pure) and patch them
+//!    when they changed; a new `targetPrimary` is thus written before any label moves;
+//! 9. schedule — create the scheduled backups due now ([`backup::cluster::due_backup`]);
+//! 10. [`lease`] — during a failover, release the Lease of a primary whose container is
+//!     stopped;
+//! 11. [`apply`] — server-side apply what differs, create what is missing, delete the
+//!     instances the plan removed and the Pod the rollout replaces.
 //!
-//! A cluster is looked at again every [`POLL`] (faster during a change of primary): the
-//! instances are probed on every pass, which is how a failed primary is noticed.
+//! A cluster runs when it or a child changes (the watches), when one of its instances
+//! changes significantly (the [`prober`], which polls them apart from the reconciles: how
+//! a failed primary is noticed), and otherwise as [`next_pass`] says: every [`RESYNC`],
+//! sooner while a decision waits on the clock.
 //!
 //! No finalizer: every child carries a controller ownerReference, so the garbage
 //! collector deletes them with the cluster, and nothing outside the API server (yet)
@@ -24,18 +33,21 @@
 
 pub mod apply;
 pub mod build;
+pub mod cache;
+pub mod credentials;
 pub mod dereference;
 pub mod instances;
 pub mod lease;
 pub mod nodes;
 pub mod pki;
 pub mod probe;
+pub mod prober;
 pub mod roles;
 pub mod rollout;
 pub mod status;
 
 use crate::{Context, backup};
-use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -51,8 +63,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often a cluster's instances are probed when nothing else happens.
+/// How often a cluster is looked at while a decision waits on the clock (see
+/// [`next_pass`]).
 pub const POLL: Duration = Duration::from_secs(1);
+/// How often a cluster is looked at when nothing wakes it: a safety net, since the
+/// watches and the prober wake it on every change that matters.
+pub const RESYNC: Duration = Duration::from_secs(30);
 /// How often during a failover or switchover.
 pub const POLL_TRANSITION: Duration = Duration::from_millis(300);
 
@@ -139,6 +155,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 1. read
     if cluster.metadata.deletion_timestamp.is_some() {
+        ctx.expectations.forget(&namespace, &name);
         let mut status = cluster.status.clone().unwrap_or_default();
         status.phase = Some(ClusterPhase::Deleting);
         if patch_status(ctx, cluster, &namespace, status).await? {
@@ -171,9 +188,217 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     }
 
     // 3. dereference
-    let observed = dereference::observe(&ctx.client, &namespace, &name).await?;
+    let (observed, _) = dereference::read(
+        &ctx.client,
+        ctx.caches.as_ref(),
+        &ctx.expectations,
+        &namespace,
+        &name,
+    )
+    .await?;
 
     // 4. plan
+    let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed).await?;
+    let named = &planned.named;
+
+    // 5. probe the instances and decide the roles
+    let probes = probes(ctx, cluster, &observed).await;
+    let initial_primary = instances::instance_name(&name, planned.plan.primary);
+    let mut roles = roles::decide(&roles::Input {
+        cluster: &defaulted,
+        instances: named,
+        initial_primary: &initial_primary,
+        pods: &observed.pods,
+        probes: &probes,
+        switchover_to: cluster
+            .annotations()
+            .get(ANNOTATION_SWITCHOVER_TO)
+            .map(String::as_str),
+        now: now(),
+    });
+    // Nodes: a budget holding the primary's eviction while a switchover could move it.
+    let placed = nodes::instances(named, &observed.pods, &probes);
+    let primary_budget = nodes::primary_budget_wanted(&placed, &roles, &ctx.nodes);
+
+    // 6. build: only a confirmed primary carries the primary role label
+    let credentials = credentials(ctx, cluster, &defaulted, &namespace, named, &observed).await?;
+    let build = |roles: &roles::Roles| {
+        let wanted: Vec<build::InstanceSpec> = named
+            .iter()
+            .map(|(instance, _)| build::InstanceSpec {
+                name: instance.clone(),
+                primary: *instance == roles.current && !roles.in_transition(),
+            })
+            .collect();
+        build::children(
+            &defaulted,
+            &wanted,
+            &credentials,
+            &ctx.settings,
+            &build::Budgets::new(named.len(), roles.in_transition(), primary_budget),
+        )
+    };
+    let mut children = build(&roles)?;
+
+    // 7. rollout: one outdated instance at a time, standbys first; a drain moves the
+    // primary first
+    let rollout = rollout_step(
+        ctx, cluster, &defaulted, named, &observed, &probes, &placed, &children, &mut roles,
+    );
+    if rollout.rebuild {
+        children = build(&roles)?;
+    }
+
+    // 8. status first: a new targetPrimary is on record before any label moves
+    let backups = backups_of(ctx, cluster, &namespace).await?;
+    let status = write_status(
+        ctx,
+        cluster,
+        &defaulted,
+        &namespace,
+        &planned.plan,
+        &observed,
+        &probes,
+        &roles,
+        &rollout,
+        backups.as_deref(),
+    )
+    .await?;
+    if roles.clear_switchover_request {
+        clear_switchover_request(ctx, cluster, &namespace).await?;
+    }
+    let old_restart = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.restart_instance.as_ref());
+    if let Some(instance) = &rollout.restart_instance
+        && old_restart != Some(instance)
+    {
+        let note = format!(
+            "rolling restart: {instance} restarts PostgreSQL for parameters pending a restart"
+        );
+        let about = Some(instance.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "RollingRestart",
+            &note,
+            about,
+        )
+        .await;
+    }
+
+    // 9. schedule: the scheduled backups due now
+    let next_firing = match &backups {
+        Some(backups) => {
+            schedule_backups(ctx, cluster, &defaulted, &namespace, backups, &status).await?
+        }
+        None => None,
+    };
+
+    // 10. a failover from a primary whose container the kubelet reports stopped: its
+    // Lease goes now rather than after its duration (see lease.rs)
+    if roles.in_transition() && roles.phase == Some(ClusterPhase::FailingOver) {
+        release_dead_primary_lease(ctx, cluster, &namespace, &observed, &roles).await;
+    }
+
+    // 11. apply
+    let timed = rollout.replace.is_some()
+        || rollout.restart_instance.is_some()
+        || rollout.blocked.is_some()
+        || observed
+            .pods
+            .iter()
+            .any(|p| status::unschedulable_since(p).is_some());
+    apply_children(
+        ctx,
+        cluster,
+        &namespace,
+        &planned,
+        &observed,
+        &placed,
+        &roles,
+        &children,
+        rollout.replace,
+    )
+    .await?;
+    // The failover delay runs only while a standby could take over.
+    let failover_clock = !roles.primary.available
+        && probes.values().any(|p| {
+            p.status()
+                .is_some_and(|s| s.role == pgop_api::instance_status::PgRole::Replica)
+        });
+    Ok(Action::requeue(next_pass(
+        roles.in_transition(),
+        failover_clock || timed,
+        next_firing,
+    )))
+}
+
+/// When to look at the cluster again if nothing wakes it first (a change of the cluster
+/// or a child, from the watches; a significant change of an instance, from the prober):
+/// - during a failover or switchover, every [`POLL_TRANSITION`];
+/// - every [`POLL`] while a decision waits on the clock (`timed`): the primary is
+///   unavailable and a standby answers (the failover delay runs), a rollout step is under
+///   way (its health gate), an instance Pod is unschedulable (its grace);
+/// - else after [`RESYNC`], or at the next scheduled backup if sooner.
+///
+/// A primary that is unavailable with no standby answering waits on no clock: nothing can
+/// take over until an instance answers, and the prober wakes the cluster then.
+fn next_pass(in_transition: bool, timed: bool, next_firing: Option<Duration>) -> Duration {
+    if in_transition {
+        return POLL_TRANSITION;
+    }
+    if timed {
+        return POLL;
+    }
+    next_firing.map_or(RESYNC, |d| d.min(RESYNC))
+}
+
+/// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
+/// change of primary) after telling it the cluster's Pods; without a prober, probed now.
+async fn probes(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    observed: &dereference::Observed,
+) -> BTreeMap<String, probe::Probe> {
+    let Some(prober) = &ctx.prober else {
+        return probe::probe_all(&observed.pods).await;
+    };
+    let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
+    prober.track(&r, prober::instances_of(&observed.pods));
+    let changing = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| s.target_primary != s.current_primary);
+    if changing {
+        prober.probe_now(&r).await
+    } else {
+        prober.snapshot(&r).await
+    }
+}
+
+/// Step 4: the instances to keep, create and remove, by serial.
+struct Planned {
+    plan: instances::Plan,
+    /// Every planned instance: its name and serial.
+    named: Vec<(String, i32)>,
+    /// The serials with a Pod or a claim now.
+    existing: BTreeSet<i32>,
+}
+
+/// Step 4: plans the instance serials; new serials are reserved in the status before any
+/// instance is created, so that a crash in between cannot hand the same serial to a
+/// different instance later.
+async fn plan_instances(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    observed: &dereference::Observed,
+) -> Result<Planned, Error> {
+    let name = cluster.name_any();
     let existing: BTreeSet<i32> = observed
         .pods
         .iter()
@@ -192,122 +417,133 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         old_status.next_serial,
         current_primary,
     );
-    let created = plan.created(&existing);
-    if !created.is_empty() && plan.next_serial > old_status.next_serial {
-        // Reserve the serials before creating anything, so a crash in between cannot
-        // hand the same serial to a different instance later.
+    if !plan.created(&existing).is_empty() && plan.next_serial > old_status.next_serial {
         let mut reserved = old_status.clone();
         reserved.next_serial = plan.next_serial;
-        patch_status(ctx, cluster, &namespace, reserved).await?;
+        patch_status(ctx, cluster, namespace, reserved).await?;
     }
-
-    // 5. probe the instances and decide the roles
-    let probes = probe::probe_all(&observed.pods).await;
-    let named: Vec<(String, i32)> = plan
+    let named = plan
         .serials
         .iter()
         .map(|s| (instances::instance_name(&name, *s), *s))
         .collect();
-    let initial_primary = instances::instance_name(&name, plan.primary);
-    let switchover_to = cluster
-        .annotations()
-        .get(ANNOTATION_SWITCHOVER_TO)
-        .map(String::as_str);
-    let roles = roles::decide(&roles::Input {
-        cluster: &defaulted,
-        instances: &named,
-        initial_primary: &initial_primary,
-        pods: &observed.pods,
-        probes: &probes,
-        switchover_to,
-        now: now(),
-    });
+    Ok(Planned {
+        plan,
+        named,
+        existing,
+    })
+}
 
-    // Nodes: a budget holding the primary's eviction while a switchover could move it.
-    let placed = nodes::instances(&named, &observed.pods, &probes);
-    let primary_budget = nodes::primary_budget_wanted(&placed, &roles, &ctx.nodes);
-
-    // 6. build: only a confirmed primary carries the primary role label
-    let passwords = build::Credentials {
-        app: password_of(
-            &observed.secrets,
-            &format!("{name}{}", build::APP_SECRET_SUFFIX),
-        )?,
-        replication: password_of(
-            &observed.secrets,
-            &format!("{name}{}", build::REPLICATION_SECRET_SUFFIX),
-        )?,
-        certificates: {
-            let instance_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-            let tls = &defaulted.spec.tls;
-            let brought = match &tls.server_secret {
-                Some(secret) => {
-                    Some(pki::read_brought(&ctx.client, &namespace, secret, &name).await)
-                }
-                None => None,
-            };
-            let client_ca = match &tls.client_ca_secret {
-                Some(secret) => Some(
-                    pki::read_client_ca(&ctx.client, &namespace, secret)
-                        .await
-                        .map_err(|why| format!("Secret {secret} {why}")),
-                ),
-                None => None,
-            };
-            let pki = pki::plan(
-                &observed.secrets,
-                &name,
-                &namespace,
-                &instance_names,
-                (brought, client_ca),
-                now().0,
-            )?;
-            for warning in &pki.warnings {
-                publish(
-                    ctx,
-                    cluster,
-                    EventType::Warning,
-                    "TLSSecretRefused",
-                    warning,
-                )
-                .await;
-            }
-            build::Certificates {
-                ca_cert: pki.authority.cert_pem().to_string(),
-                ca_key: pki.authority.key_pem().to_string(),
-                manager_cert: pki.manager.cert_pem,
-                manager_key: pki.manager.key_pem,
-                manager_not_after: pki.manager.not_after.to_string(),
-                postgres_ca_cert: pki.postgres_authority.cert_pem().to_string(),
-                postgres_ca_key: pki.postgres_authority.key_pem().to_string(),
-                server: pki.server,
-                server_ca_cert: pki.server_ca,
-                server_annotations: pki.server_annotations,
-                replication: pki.replication,
-                client_ca_cert: pki.client_ca,
-            }
-        },
-    };
-    let build = |roles: &roles::Roles| {
-        let wanted: Vec<build::InstanceSpec> = named
-            .iter()
-            .map(|(instance, _)| build::InstanceSpec {
-                name: instance.clone(),
-                primary: *instance == roles.current && !roles.in_transition(),
-            })
-            .collect();
-        build::children(
-            &defaulted,
-            &wanted,
-            &passwords,
-            &ctx.settings,
-            &build::Budgets::new(named.len(), roles.in_transition(), primary_budget),
+/// Step 6: the passwords (generated, or the user's) and the certificates, read and
+/// checked; a refused Secret of the user's raises a Warning Event and changes nothing.
+async fn credentials(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    named: &[(String, i32)],
+    observed: &dereference::Observed,
+) -> Result<build::Credentials, Error> {
+    let name = cluster.name_any();
+    let chosen = credentials::plan(
+        &ctx.client,
+        namespace,
+        &name,
+        &defaulted.spec,
+        &observed.secrets,
+    )
+    .await?;
+    for warning in &chosen.warnings {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "CredentialsSecretRefused",
+            warning,
         )
+        .await;
+    }
+    let instance_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let tls = &defaulted.spec.tls;
+    let brought = match &tls.server_secret {
+        Some(secret) => Some(pki::read_brought(&ctx.client, namespace, secret, &name).await),
+        None => None,
     };
-    let mut roles = roles;
-    let mut children = build(&roles)?;
+    let client_ca = match &tls.client_ca_secret {
+        Some(secret) => Some(
+            pki::read_client_ca(&ctx.client, namespace, secret)
+                .await
+                .map_err(|why| format!("Secret {secret} {why}")),
+        ),
+        None => None,
+    };
+    let pki = pki::plan(
+        &observed.secrets,
+        &name,
+        namespace,
+        &instance_names,
+        (brought, client_ca),
+        now().0,
+    )?;
+    for warning in &pki.warnings {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "TLSSecretRefused",
+            warning,
+        )
+        .await;
+    }
+    Ok(build::Credentials {
+        passwords: chosen,
+        certificates: build::Certificates {
+            ca_cert: pki.authority.cert_pem().to_string(),
+            ca_key: pki.authority.key_pem().to_string(),
+            manager_cert: pki.manager.cert_pem,
+            manager_key: pki.manager.key_pem,
+            manager_not_after: pki.manager.not_after.to_string(),
+            postgres_ca_cert: pki.postgres_authority.cert_pem().to_string(),
+            postgres_ca_key: pki.postgres_authority.key_pem().to_string(),
+            server: pki.server,
+            server_ca_cert: pki.server_ca,
+            server_annotations: pki.server_annotations,
+            replication: pki.replication,
+            client_ca_cert: pki.client_ca,
+        },
+    })
+}
 
-    // 7. rollout: one outdated instance at a time, standbys first
+/// Step 7's decision.
+struct Rollout {
+    /// The outdated Pod to delete (it is created anew from the current spec).
+    replace: Option<String>,
+    /// The instance asked to restart PostgreSQL for parameters pending a restart.
+    restart_instance: Option<String>,
+    /// The restart annotation, with the moment it was first seen.
+    restart_requested: Option<pgop_api::cluster::RestartRequest>,
+    /// Why the rollout is blocked, if it is.
+    blocked: Option<rollout::Blocked>,
+    /// The roles changed (a switchover started): the children must be built again.
+    rebuild: bool,
+}
+
+/// Step 7: the next step of a rolling update, behind its health gate; a cordoned
+/// primary's node (a drain) or a rollout that must update the primary starts a
+/// switchover instead, recorded in `roles`.
+#[allow(clippy::too_many_arguments)]
+fn rollout_step(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    named: &[(String, i32)],
+    observed: &dereference::Observed,
+    probes: &BTreeMap<String, probe::Probe>,
+    placed: &[nodes::Instance<'_>],
+    children: &build::Children,
+    roles: &mut roles::Roles,
+) -> Rollout {
+    let old_status = cluster.status.clone().unwrap_or_default();
     let desired_hashes: BTreeMap<String, String> = children
         .pods
         .iter()
@@ -330,23 +566,20 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         (None, known) => known.clone(),
     };
     let unplaced = rollout::unplaced(&observed.pods, now().0);
-    let rollout_input = rollout::Input {
-        instances: &named,
+    let input = rollout::Input {
+        instances: named,
         pods: &observed.pods,
-        probes: &probes,
-        roles: &roles,
+        probes,
+        roles,
         desired_hashes: &desired_hashes,
         generation: cluster.metadata.generation,
-        restarting: cluster
-            .status
-            .as_ref()
-            .and_then(|s| s.restart_instance.as_deref()),
+        restarting: old_status.restart_instance.as_deref(),
         restart_requested_at: restart_requested
             .as_ref()
             .and_then(|r| r.requested_at.parse().ok()),
         unplaced: &unplaced,
     };
-    let step = rollout::next(&rollout_input);
+    let step = rollout::next(&input);
     // Health gate: a step that did not come back (or refused) blocks the rollout, and says so.
     let not_ready_since =
         pgop_api::conditions::find_condition(&old_status.conditions, pgop_api::conditions::READY)
@@ -357,44 +590,46 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         _ => None,
     };
     let blocked = rollout::blocked(
-        &rollout_input,
+        &input,
         restarting_now,
         not_ready_since,
         now().0,
         Duration::from_secs(u64::try_from(defaulted.spec.switchover_timeout).unwrap_or(60)),
     );
+    let mut decided = Rollout {
+        replace: None,
+        restart_instance: None,
+        restart_requested,
+        blocked,
+        rebuild: false,
+    };
     // A drain: the primary's node is cordoned, so the primary moves first (its budget
     // holds its eviction meanwhile); the rollout goes on afterwards.
-    let step = match nodes::evacuation(&placed, &roles, &ctx.nodes) {
-        Some(to) => {
-            let node = observed
-                .pods
-                .iter()
-                .find(|p| p.name_any() == roles.current)
-                .and_then(|p| p.spec.as_ref()?.node_name.clone())
-                .unwrap_or_default();
-            roles.notes.push(roles::Note {
-                warning: false,
-                reason: "SwitchoverStarted",
-                message: format!(
-                    "node {node} of the primary {} is cordoned (drained): switching the primary to {to}",
-                    roles.current
-                ),
-                instance: Some(to.clone()),
-            });
-            roles.target = to;
-            roles.phase = Some(ClusterPhase::SwitchingOver);
-            children = build(&roles)?;
-            rollout::Step::Idle
-        }
-        None => step,
-    };
-    let mut replace = None;
-    let mut restart_instance = None;
+    if let Some(to) = nodes::evacuation(placed, roles, &ctx.nodes) {
+        let node = observed
+            .pods
+            .iter()
+            .find(|p| p.name_any() == roles.current)
+            .and_then(|p| p.spec.as_ref()?.node_name.clone())
+            .unwrap_or_default();
+        roles.notes.push(roles::Note {
+            warning: false,
+            reason: "SwitchoverStarted",
+            message: format!(
+                "node {node} of the primary {} is cordoned (drained): switching the primary to {to}",
+                roles.current
+            ),
+            instance: Some(to.clone()),
+        });
+        roles.target = to;
+        roles.phase = Some(ClusterPhase::SwitchingOver);
+        decided.rebuild = true;
+        return decided;
+    }
     match step {
         rollout::Step::Idle => {}
-        rollout::Step::Replace { instance } => replace = Some(instance),
-        rollout::Step::Restart { instance } => restart_instance = Some(instance),
+        rollout::Step::Replace { instance } => decided.replace = Some(instance),
+        rollout::Step::Restart { instance } => decided.restart_instance = Some(instance),
         rollout::Step::Switchover { to } => {
             roles.notes.push(roles::Note {
                 warning: false,
@@ -407,22 +642,51 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             });
             roles.target = to;
             roles.phase = Some(ClusterPhase::SwitchingOver);
-            children = build(&roles)?;
+            decided.rebuild = true;
         }
     }
+    decided
+}
 
-    // 8. status first: a new targetPrimary is on record before any label moves
+/// Step 8: computes the status (with the backup facts) and writes it when it changed,
+/// then publishes the Events of its changed conditions and of the roles' decisions.
+#[allow(clippy::too_many_arguments)]
+async fn write_status(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    plan: &instances::Plan,
+    observed: &dereference::Observed,
+    probes: &BTreeMap<String, probe::Probe>,
+    roles: &roles::Roles,
+    rollout: &Rollout,
+    backups: Option<&[pgop_api::backup::PostgresBackup]>,
+) -> Result<PostgresClusterStatus, Error> {
     let seen = status::Observations {
         pods: &observed.pods,
-        probes: &probes,
-        roles: &roles,
+        probes,
+        roles,
     };
-    let mut status = status::compute(cluster, &plan, &seen, now());
-    status.restart_instance = restart_instance.clone();
-    status.restart_requested = restart_requested;
-    status::set_rollout_blocked(&mut status, blocked, cluster.metadata.generation, now());
-    let due_backups =
-        backup_facts(ctx, &defaulted, &namespace, &probes, &roles, &mut status).await?;
+    let mut status = status::compute(cluster, plan, &seen, now());
+    status.restart_instance = rollout.restart_instance.clone();
+    status.restart_requested = rollout.restart_requested.clone();
+    status::set_rollout_blocked(
+        &mut status,
+        rollout.blocked.clone(),
+        cluster.metadata.generation,
+        now(),
+    );
+    backup_facts(
+        ctx,
+        defaulted,
+        namespace,
+        probes,
+        roles,
+        backups,
+        &mut status,
+    )
+    .await;
     let events = [
         condition_event(
             cluster.status.as_ref(),
@@ -446,7 +710,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             ("InstancesUnschedulable", "InstancesScheduled"),
         ),
     ];
-    patch_status(ctx, cluster, &namespace, status).await?;
+    patch_status(ctx, cluster, namespace, status.clone()).await?;
     for (kind, reason, message) in events.into_iter().flatten() {
         publish(ctx, cluster, kind, reason, &message).await;
     }
@@ -460,80 +724,120 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         let about = note.instance.as_deref();
         publish_about(ctx, cluster, kind, note.reason, &note.message, about).await;
     }
-    if roles.clear_switchover_request {
-        clear_switchover_request(ctx, cluster, &namespace).await?;
-    }
-    for (name, method) in due_backups {
-        let created =
-            backup::cluster::create_scheduled(&ctx.client, &namespace, &defaulted, &name, method)
-                .await;
-        match created {
-            Ok(true) => {
-                let what = match method {
-                    BackupMethod::BaseBackup => "base",
-                    BackupMethod::Logical => "logical",
-                };
-                let note = format!("scheduled {what} backup {name} created");
-                publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
-            }
-            Ok(false) => {}
-            Err(e) => return Err(Error::ScheduleBackup(e)),
-        }
-    }
-    if let Some(instance) = &restart_instance
-        && old_status.restart_instance.as_ref() != Some(instance)
-    {
-        let note = format!(
-            "rolling restart: {instance} restarts PostgreSQL for parameters pending a restart"
-        );
-        let about = Some(instance.as_str());
-        publish_about(
-            ctx,
-            cluster,
-            EventType::Normal,
-            "RollingRestart",
-            &note,
-            about,
-        )
-        .await;
-    }
+    Ok(status)
+}
 
-    // A failover from a primary whose container the kubelet reports stopped: its Lease
-    // goes now rather than after its duration (see lease.rs).
-    if roles.in_transition() && roles.phase == Some(ClusterPhase::FailingOver) {
-        let old = observed.pods.iter().find(|p| p.name_any() == roles.current);
-        match lease::release_if_dead(&ctx.client, &namespace, &name, &roles.current, old).await {
-            Ok(true) => {
-                let note = format!(
-                    "the primary Lease held by {} was released: its container is not running",
-                    roles.current
-                );
-                tracing::info!(cluster = %key(cluster), "{note}");
-                let about = Some(roles.current.as_str());
-                publish_about(
-                    ctx,
-                    cluster,
-                    EventType::Normal,
-                    "LeaseReleased",
-                    &note,
-                    about,
-                )
-                .await;
-            }
-            Ok(false) => {}
+/// Step 9: creates the scheduled backups due now (their names are derived from the
+/// firing, so a second pass creates nothing twice); only a serving cluster takes them.
+/// Returns how long until the next firing of either schedule.
+async fn schedule_backups(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    backups: &[pgop_api::backup::PostgresBackup],
+    status: &PostgresClusterStatus,
+) -> Result<Option<Duration>, Error> {
+    let serving = matches!(
+        status.phase,
+        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    );
+    if !serving {
+        return Ok(None);
+    }
+    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
+    for method in [BackupMethod::BaseBackup, BackupMethod::Logical] {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let name = match backup::cluster::due_backup(defaulted, &mine, method, now) {
+            Ok(Some((name, _))) => name,
+            Ok(None) => continue,
             Err(e) => {
-                tracing::warn!(cluster = %key(cluster), error = %e, "releasing the Lease of a stopped primary");
+                // Validation rejects bad schedules; a time zone unknown here is reported.
+                tracing::warn!(cluster = %key(cluster), ?method, error = %e, "no scheduled backups");
+                continue;
             }
+        };
+        let created =
+            backup::cluster::create_scheduled(&ctx.client, namespace, defaulted, &name, method)
+                .await
+                .map_err(Error::ScheduleBackup)?;
+        if created {
+            let what = match method {
+                BackupMethod::BaseBackup => "base",
+                BackupMethod::Logical => "logical",
+            };
+            let note = format!("scheduled {what} backup {name} created");
+            publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
         }
     }
+    Ok(backup::cluster::until_next_firing(
+        defaulted,
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+}
 
-    // 9. apply, then delete what the plan removed and the outdated Pod; first, volumes
-    // lost with their node: the instance is recreated elsewhere on the next pass.
-    let lost = lost_volumes(ctx, &observed, &placed, &roles).await?;
+/// Step 10: releases the Lease of a primary whose container the kubelet reports stopped,
+/// so that the failover need not wait for its duration. A failure is logged: the Lease
+/// then expires on its own.
+async fn release_dead_primary_lease(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    observed: &dereference::Observed,
+    roles: &roles::Roles,
+) {
+    let name = cluster.name_any();
+    let old = observed.pods.iter().find(|p| p.name_any() == roles.current);
+    match lease::release_if_dead(&ctx.client, namespace, &name, &roles.current, old).await {
+        Ok(true) => {
+            let note = format!(
+                "the primary Lease held by {} was released: its container is not running",
+                roles.current
+            );
+            tracing::info!(cluster = %key(cluster), "{note}");
+            let about = Some(roles.current.as_str());
+            publish_about(
+                ctx,
+                cluster,
+                EventType::Normal,
+                "LeaseReleased",
+                &note,
+                about,
+            )
+            .await;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(cluster = %key(cluster), error = %e, "releasing the Lease of a stopped primary");
+        }
+    }
+}
+
+/// Step 11: first, volumes lost with their node (the instance is recreated elsewhere on
+/// the next pass); else apply the children, delete what the plan removed and the Pod the
+/// rollout replaces, and say so in Events. Until the writes are known (an error may cut
+/// them short), the next pass reads from the API server rather than the caches.
+#[allow(clippy::too_many_arguments)]
+async fn apply_children(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    planned: &Planned,
+    observed: &dereference::Observed,
+    placed: &[nodes::Instance<'_>],
+    roles: &roles::Roles,
+    children: &build::Children,
+    replace: Option<String>,
+) -> Result<(), Error> {
+    let name = cluster.name_any();
+    let lost = lost_volumes(ctx, observed, placed, roles).await?;
+    ctx.expectations.writing(namespace, &name);
     if !lost.is_empty() {
         let mut outcome = apply::Outcome::default();
-        apply::delete_instances(&ctx.client, &namespace, &lost, &observed, &mut outcome).await?;
-        for (instance, node) in lost.iter().zip(&lost_nodes(&observed, &lost)) {
+        apply::delete_instances(&ctx.client, namespace, &lost, observed, &mut outcome).await?;
+        ctx.expectations
+            .wrote(namespace, &name, std::mem::take(&mut outcome.written));
+        for (instance, node) in lost.iter().zip(&lost_nodes(observed, &lost)) {
             let note = format!(
                 "the volume of {instance} was on node {node}, which no longer exists: \
                  {instance} is removed and a new instance is cloned from the primary"
@@ -541,17 +845,18 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             let about = Some(instance.as_str());
             publish_about(ctx, cluster, EventType::Warning, "VolumeLost", &note, about).await;
         }
-        return Ok(Action::requeue(POLL));
+        return Ok(());
     }
-    let mut outcome = apply::apply(&ctx.client, &namespace, &children, &observed).await?;
+    let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
+    let plan = &planned.plan;
     let removed: Vec<String> = plan
         .remove
         .iter()
         .map(|s| instances::instance_name(&name, *s))
         .collect();
-    apply::delete_instances(&ctx.client, &namespace, &removed, &observed, &mut outcome).await?;
+    apply::delete_instances(&ctx.client, namespace, &removed, observed, &mut outcome).await?;
     if let Some(instance) = replace {
-        apply::delete_pod(&ctx.client, &namespace, &instance).await?;
+        apply::delete_pod(&ctx.client, namespace, &instance, observed, &mut outcome).await?;
         let note = format!("rolling update: replacing pod {instance}, built from an older spec");
         let about = Some(instance.as_str());
         publish_about(
@@ -564,20 +869,17 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         )
         .await;
     }
+    ctx.expectations
+        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
 
-    let new_instances: Vec<String> = created
+    let new_instances: Vec<String> = plan
+        .created(&planned.existing)
         .iter()
         .map(|s| instances::instance_name(&name, *s))
         .collect();
-    if existing.is_empty() && !new_instances.is_empty() {
-        publish(
-            ctx,
-            cluster,
-            EventType::Normal,
-            "Created",
-            &format!("created instances {}", new_instances.join(", ")),
-        )
-        .await;
+    if planned.existing.is_empty() && !new_instances.is_empty() {
+        let note = format!("created instances {}", new_instances.join(", "));
+        publish(ctx, cluster, EventType::Normal, "Created", &note).await;
     } else if !new_instances.is_empty() || !removed.is_empty() {
         let mut parts = Vec::new();
         if !new_instances.is_empty() {
@@ -586,34 +888,18 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         if !removed.is_empty() {
             parts.push(format!("removed {}", removed.join(", ")));
         }
-        publish(
-            ctx,
-            cluster,
-            EventType::Normal,
-            "Scaled",
-            &format!(
-                "scaled to {} instances: {}",
-                plan.serials.len(),
-                parts.join("; ")
-            ),
-        )
-        .await;
+        let note = format!(
+            "scaled to {} instances: {}",
+            plan.serials.len(),
+            parts.join("; ")
+        );
+        publish(ctx, cluster, EventType::Normal, "Scaled", &note).await;
     }
     if !outcome.repaired.is_empty() {
-        publish(
-            ctx,
-            cluster,
-            EventType::Normal,
-            "Repaired",
-            &format!("restored {}", outcome.repaired.join(", ")),
-        )
-        .await;
+        let note = format!("restored {}", outcome.repaired.join(", "));
+        publish(ctx, cluster, EventType::Normal, "Repaired", &note).await;
     }
-    Ok(Action::requeue(if roles.in_transition() {
-        POLL_TRANSITION
-    } else {
-        POLL
-    }))
+    Ok(())
 }
 
 /// The Event for a change of a condition: a Warning (`reasons.0`) when it turns bad (its
@@ -639,17 +925,61 @@ fn condition_event(
     }
 }
 
+/// The cluster's PostgresBackups when it has a backup section (`None` otherwise): from the
+/// backup controller's cache once it is filled, else listed.
+async fn backups_of(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+) -> Result<Option<Vec<pgop_api::backup::PostgresBackup>>, Error> {
+    if cluster.spec.backup.is_none() {
+        return Ok(None);
+    }
+    let name = cluster.name_any();
+    let cached = ctx
+        .caches
+        .as_ref()
+        .and_then(|c| c.backups.as_ref())
+        .filter(|store| {
+            futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        });
+    let mine = match cached {
+        Some(store) => store
+            .state_filter(|b| {
+                b.metadata.namespace.as_deref() == Some(namespace) && b.spec.cluster.name == name
+            })
+            .iter()
+            .map(|b| pgop_api::backup::PostgresBackup::clone(b))
+            .collect(),
+        None => {
+            let api: Api<pgop_api::backup::PostgresBackup> =
+                Api::namespaced(ctx.client.clone(), namespace);
+            let all = api
+                .list(&kube::api::ListParams::default())
+                .await
+                .map_err(Error::ListBackups)?
+                .items;
+            backup::cluster::of_cluster(&all, &name)
+                .into_iter()
+                .cloned()
+                .collect()
+        }
+    };
+    Ok(Some(mine))
+}
+
 /// The backup facts of the status: the recovery source of a restored cluster (resolved
-/// once), lastBackupTime, firstRecoverabilityPoint, BackupSucceeded, ContinuousArchiving;
-/// returns the scheduled backup due now, if any.
+/// once), a failed bootstrap, and with a backup section lastBackupTime,
+/// firstRecoverabilityPoint, BackupSucceeded and ContinuousArchiving.
 async fn backup_facts(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
-    probes: &std::collections::BTreeMap<String, probe::Probe>,
+    probes: &BTreeMap<String, probe::Probe>,
     roles: &roles::Roles,
+    backups: Option<&[pgop_api::backup::PostgresBackup]>,
     status: &mut PostgresClusterStatus,
-) -> Result<Vec<(String, BackupMethod)>, Error> {
+) {
     let generation = cluster.metadata.generation;
     let spec = &cluster.spec;
     let recovering = spec
@@ -694,41 +1024,15 @@ async fn backup_facts(
             now(),
         );
     }
-    if spec.backup.is_none() {
-        return Ok(Vec::new());
-    }
-    let api: Api<pgop_api::backup::PostgresBackup> = Api::namespaced(ctx.client.clone(), namespace);
-    let all = api
-        .list(&kube::api::ListParams::default())
-        .await
-        .map_err(Error::ListBackups)?
-        .items;
-    let mine = backup::cluster::of_cluster(&all, &cluster.name_any());
+    let Some(backups) = backups else {
+        return;
+    };
+    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
     backup::cluster::backup_status(&mine, status, generation, now());
     if spec.backup.as_ref().is_some_and(|b| b.store.is_some()) && !roles.in_transition() {
         let primary = probes.get(&roles.current).and_then(probe::Probe::status);
         backup::cluster::archiving_status(primary, status, generation, now());
     }
-    let serving = matches!(
-        status.phase,
-        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
-    );
-    if !serving {
-        return Ok(Vec::new());
-    }
-    let mut due = Vec::new();
-    for method in [BackupMethod::BaseBackup, BackupMethod::Logical] {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        match backup::cluster::due_backup(cluster, &mine, method, now) {
-            Ok(Some((name, _))) => due.push((name, method)),
-            Ok(None) => {}
-            Err(e) => {
-                // Validation rejects bad schedules; a time zone unknown here is reported.
-                tracing::warn!(cluster = %key(cluster), ?method, error = %e, "no scheduled backups");
-            }
-        }
-    }
-    Ok(due)
 }
 
 /// Removes the switchover annotation once it has been acted on or refused, so that an old
@@ -810,37 +1114,6 @@ async fn clear_switchover_request(
     Ok(())
 }
 
-/// The password in an existing Secret, or a new one when the Secret does not exist yet.
-fn password_of(secrets: &[Secret], name: &str) -> Result<String, Error> {
-    let existing = secrets
-        .iter()
-        .find(|s| s.name_any() == name)
-        .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get("password"))
-        .and_then(|p| String::from_utf8(p.0.clone()).ok());
-    match existing {
-        Some(p) => Ok(p),
-        None => generate_password(),
-    }
-}
-
-/// 32 random characters from [A-Za-z0-9] (about 190 bits).
-fn generate_password() -> Result<String, Error> {
-    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let mut out = String::with_capacity(32);
-    while out.len() < 32 {
-        let mut buf = [0u8; 64];
-        getrandom::fill(&mut buf).map_err(Error::GeneratePassword)?;
-        // Rejection sampling keeps every character equally likely.
-        for b in buf {
-            if (b as usize) < 248 && out.len() < 32 {
-                out.push(ALPHABET[b as usize % ALPHABET.len()] as char);
-            }
-        }
-    }
-    Ok(out)
-}
-
 /// Server-side applies `status` unless the cluster already shows it; true if written.
 async fn patch_status(
     ctx: &Context,
@@ -912,12 +1185,22 @@ async fn publish_about(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn passwords_are_32_alphanumerics_and_differ() {
-        let a = super::generate_password().expect("password");
-        let b = super::generate_password().expect("password");
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
-        assert_ne!(a, b);
+    fn a_cluster_is_looked_at_again_by_what_waits_on_the_clock() {
+        use super::{POLL, POLL_TRANSITION, RESYNC, next_pass};
+        use std::time::Duration;
+        assert_eq!(next_pass(true, true, None), POLL_TRANSITION);
+        assert_eq!(
+            next_pass(true, false, Some(Duration::from_secs(5))),
+            POLL_TRANSITION
+        );
+        assert_eq!(
+            next_pass(false, true, Some(Duration::from_millis(10))),
+            POLL
+        );
+        assert_eq!(next_pass(false, false, None), RESYNC);
+        let soon = Duration::from_secs(7);
+        assert_eq!(next_pass(false, false, Some(soon)), soon);
+        assert_eq!(next_pass(false, false, Some(RESYNC * 10)), RESYNC);
     }
 
     #[test]

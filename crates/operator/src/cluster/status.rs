@@ -55,6 +55,55 @@ pub fn unschedulable_since(pod: &Pod) -> Option<jiff::Timestamp> {
 /// The reason of `InstancesScheduled=False`, and of the Pod condition it comes from.
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
+/// Least time between two publications of the instances' WAL positions while nothing else
+/// about them changes (`status.positionsObservedAt`).
+pub const POSITIONS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Keeps the old WAL positions in `status.instances` (and `positionsObservedAt`) when only
+/// the positions changed and the old ones are younger than `interval`; else the new ones
+/// are published with `now`. A cluster under write load then writes its status at most
+/// once per interval for its positions. Roles, timelines, readiness and the set of
+/// instances are always current (and take fresh positions with them).
+pub fn publish_positions_at_most_every(
+    status: &mut PostgresClusterStatus,
+    old: &PostgresClusterStatus,
+    now: &Time,
+    interval: std::time::Duration,
+) {
+    let without_positions = |instances: &[InstanceStatus]| -> Vec<InstanceStatus> {
+        instances
+            .iter()
+            .map(|i| InstanceStatus {
+                received_lsn: None,
+                replayed_lsn: None,
+                ..i.clone()
+            })
+            .collect()
+    };
+    let positions = |instances: &[InstanceStatus]| -> Vec<(Option<String>, Option<String>)> {
+        instances
+            .iter()
+            .map(|i| (i.received_lsn.clone(), i.replayed_lsn.clone()))
+            .collect()
+    };
+    if positions(&status.instances) == positions(&old.instances) {
+        status.positions_observed_at = old.positions_observed_at.clone().or(Some(now.clone()));
+        return;
+    }
+    let young = old.positions_observed_at.as_ref().is_some_and(|at| {
+        now.0
+            .duration_since(at.0)
+            .try_into()
+            .is_ok_and(|age: std::time::Duration| age < interval)
+    });
+    if young && without_positions(&status.instances) == without_positions(&old.instances) {
+        status.instances = old.instances.clone();
+        status.positions_observed_at = old.positions_observed_at.clone();
+    } else {
+        status.positions_observed_at = Some(now.clone());
+    }
+}
+
 /// Longest part of a scheduler's message quoted per Pod.
 const MAX_SCHEDULER_MESSAGE: usize = 400;
 
@@ -88,6 +137,10 @@ pub struct Observations<'a> {
 
 /// The status of a cluster whose spec is valid, given its instance plan, its pods, what
 /// the instances reported and the roles decided.
+///
+/// The WAL positions of the instances are published at most every [`POSITIONS_INTERVAL`]
+/// unless something else about the instances changed: see
+/// [`publish_positions_at_most_every`].
 pub fn compute(
     cluster: &PostgresCluster,
     plan: &Plan,
@@ -144,6 +197,7 @@ pub fn compute(
             }
         })
         .collect();
+    publish_positions_at_most_every(&mut status, &old, &now, POSITIONS_INTERVAL);
     let desired = plan.serials.len() as i32;
     let existing = status
         .instances
@@ -475,6 +529,77 @@ mod tests {
             "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}
         }))
         .expect("pod")
+    }
+
+    #[test]
+    fn positions_alone_are_published_at_most_every_interval() {
+        let at = |secs: i64| Time(Timestamp::from_second(1_800_000_000 + secs).expect("time"));
+        let instance = |name: &str, role: InstanceRole, received: &str| InstanceStatus {
+            name: name.into(),
+            serial: 1,
+            role: Some(role),
+            ready: true,
+            timeline: Some(1),
+            received_lsn: Some(received.into()),
+            replayed_lsn: Some(received.into()),
+            manager_version: None,
+        };
+        let with = |instances: Vec<InstanceStatus>, observed: Option<Time>| PostgresClusterStatus {
+            instances,
+            positions_observed_at: observed,
+            ..PostgresClusterStatus::default()
+        };
+        let interval = std::time::Duration::from_secs(30);
+        let old = with(
+            vec![
+                instance("main-1", InstanceRole::Primary, "0/3000000"),
+                instance("main-2", InstanceRole::Replica, "0/3000000"),
+            ],
+            Some(at(0)),
+        );
+        let moved = || {
+            with(
+                vec![
+                    instance("main-1", InstanceRole::Primary, "0/4000000"),
+                    instance("main-2", InstanceRole::Replica, "0/3F00000"),
+                ],
+                None,
+            )
+        };
+
+        // Only the positions moved, 10 s after the last publication: the old ones stay.
+        let mut status = moved();
+        publish_positions_at_most_every(&mut status, &old, &at(10), interval);
+        assert_eq!(status, old, "nothing to write");
+
+        // 30 s after: published, with the time they were read.
+        let mut status = moved();
+        publish_positions_at_most_every(&mut status, &old, &at(30), interval);
+        assert_eq!(status.instances, moved().instances);
+        assert_eq!(status.positions_observed_at, Some(at(30)));
+
+        // A role changed: everything is current at once, positions included.
+        let mut status = moved();
+        status.instances[1].role = None;
+        publish_positions_at_most_every(&mut status, &old, &at(5), interval);
+        assert_eq!(
+            status.instances[0].received_lsn.as_deref(),
+            Some("0/4000000")
+        );
+        assert_eq!(status.positions_observed_at, Some(at(5)));
+
+        // Unchanged positions keep their time; a status without one gets it.
+        let mut status = old.clone();
+        publish_positions_at_most_every(&mut status, &old, &at(90), interval);
+        assert_eq!(status, old);
+        let mut status = with(old.instances.clone(), None);
+        publish_positions_at_most_every(
+            &mut status,
+            &with(old.instances.clone(), None),
+            &at(7),
+            interval,
+        );
+        assert_eq!(status.positions_observed_at, Some(at(7)));
     }
 
     /// Roles with `primary` running and in place.

@@ -34,7 +34,7 @@ impl Operator {
         Self::start_with(
             client,
             pgop_operator::Options {
-                namespace: Some(namespace.to_string()),
+                namespaces: vec![namespace.to_string()],
                 ..pgop_operator::Options::default()
             },
         )

@@ -60,7 +60,7 @@ pub async fn start(prefix: &str) -> Result<Env> {
     let (uid, gid) = pgop_testenv::node::local_user("postgres")
         .ok_or("no postgres user: apt-get install postgresql-15")?;
     let options = pgop_operator::Options {
-        namespace: Some(ns.name().to_string()),
+        namespaces: vec![ns.name().to_string()],
         settings: pgop_operator::Settings {
             run_as_user: i64::from(uid),
             run_as_group: i64::from(gid),
@@ -250,6 +250,27 @@ impl Env {
             return Err(format!("kill -9 {ppid}: {}", std::io::Error::last_os_error()).into());
         }
         Ok(ppid)
+    }
+
+    /// Waits for an Event of `reason` in the test's namespace; its note.
+    pub async fn wait_event(&self, reason: &str) -> Result<String> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), self.n());
+        let events = &events;
+        Ok(
+            wait::until(&format!("the {reason} Event"), TIMEOUT, || async move {
+                let list = events
+                    .list(&Default::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                list.items
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some(reason))
+                    .and_then(|e| e.note)
+                    .ok_or_else(|| "none yet".to_string())
+            })
+            .await?,
+        )
     }
 
     pub async fn delete_pod(&self, pod: &str) -> Result {
@@ -511,4 +532,56 @@ pub async fn connect_verified(
         .dbname(dbname)
         .connect_timeout(Duration::from_secs(5));
     pgop_tls::postgres::connect(&mut config, Some(tls)).await
+}
+
+/// Every request a [`counting_client`] sent: method, path and query.
+#[derive(Clone, Default)]
+pub struct Requests(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Requests {
+    /// How many so far (a mark for [`Self::since`]).
+    pub fn len(&self) -> usize {
+        self.0.lock().map(|v| v.len()).unwrap_or_default()
+    }
+
+    /// The requests sent after the first `mark`.
+    pub fn since(&self, mark: usize) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|v| v.iter().skip(mark).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The reads (GET: a get or a list) after the first `mark`, watches left out.
+    pub fn reads_since(&self, mark: usize) -> Vec<String> {
+        self.since(mark)
+            .into_iter()
+            .filter(|r| r.starts_with("GET ") && !is_watch(r))
+            .collect()
+    }
+}
+
+/// Whether a recorded request is a watch (`?watch=true`).
+pub fn is_watch(request: &str) -> bool {
+    request.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|p| p == "watch=true" || p == "watch=1")
+    })
+}
+
+/// A client of `config` that records the method, path and query of every request it sends.
+pub fn counting_client(config: &kube::Config, requests: &Requests) -> kube::Result<Client> {
+    let log = requests.0.clone();
+    let layer = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        if let Ok(mut v) = log.lock() {
+            let uri = req.uri();
+            let query = uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+            v.push(format!("{} {}{query}", req.method(), uri.path()));
+        }
+        req
+    });
+    Ok(kube::client::ClientBuilder::try_from(config.clone())?
+        .with_layer(&layer)
+        .build())
 }

@@ -5,8 +5,10 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-/// The Service CIDR the control plane allocates from (`--service-cluster-ip-range`).
-pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// The Service CIDR the control plane allocates from (`--service-cluster-ip-range`):
+/// about 4,000 ClusterIPs, enough for the scale benchmark's fleets (three Services a
+/// cluster).
+pub const SERVICE_CIDR: &str = "10.0.0.0/20";
 /// The ClusterIP the `kube-dns` Service gets, and the kubelets give to Pods.
 pub const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 10);
 /// Every node's Pod CIDR is a /24 of this.

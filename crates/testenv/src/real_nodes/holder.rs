@@ -156,6 +156,17 @@ mkdir -p /run/netns /run/containerd /var/lib/cni {d}/var-lib-cni
 mount -t tmpfs -o mode=0755 pgop-netns /run/netns
 mount -t tmpfs -o mode=0711 pgop-containerd /run/containerd
 mount --bind {d}/var-lib-cni /var/lib/cni
+# The kubelet's device-plugin socket is always /var/lib/kubelet/device-plugins/kubelet.sock,
+# whatever its --root-dir: kubelets of nodes started at the same time took it from each
+# other (\"bind: address already in use\") and one exited. Each node has its own.
+mkdir -p {d}/var-lib-kubelet /var/lib/kubelet
+mount --bind {d}/var-lib-kubelet /var/lib/kubelet
+# The kubelet makes its root directory a shared mount (a bind mount onto itself) when it
+# is not one, while its other goroutines already create sockets there: a rename that
+# straddles that mount fails with EXDEV and stops the kubelet. Made shared here first.
+mkdir -p {d}/kubelet
+mount --bind {d}/kubelet {d}/kubelet
+mount --make-rshared {d}/kubelet
 "
         ));
     }

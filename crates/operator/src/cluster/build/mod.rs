@@ -21,9 +21,7 @@ use pgop_api::PostgresCluster;
 use pgop_api::labels;
 use std::collections::BTreeMap;
 
-pub use secret::{
-    APP_DERIVED_KEYS, APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, REPLICATION_USER,
-};
+pub use secret::{APP_DERIVED_KEYS, REPLICATION_USER};
 
 /// The image instance pods run when neither the cluster nor the operator names one.
 pub const DEFAULT_IMAGE: &str = concat!("pgop:", env!("CARGO_PKG_VERSION"));
@@ -59,13 +57,11 @@ pub struct InstanceSpec {
     pub primary: bool,
 }
 
-/// The passwords of the two credentials Secrets, read from the existing Secrets or
-/// freshly generated when a Secret does not exist yet (it is then created once), and the
-/// certificates of the operator-to-manager channel (see `cluster::pki`).
+/// The passwords of the credentials Secrets (see `cluster::credentials`), and the
+/// certificates (see `cluster::pki`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
-    pub app: String,
-    pub replication: String,
+    pub passwords: crate::cluster::credentials::Passwords,
     pub certificates: Certificates,
 }
 
@@ -108,7 +104,15 @@ pub struct Children {
     pub role: Role,
     pub role_binding: RoleBinding,
     pub app_secret: Secret,
+    /// The keys of the app Secret kept in line with the spec at every reconcile (see
+    /// [`secret::app_derived_keys`]).
+    pub app_derived_keys: Vec<&'static str>,
     pub replication_secret: Secret,
+    /// `<cluster>-superuser`, with `spec.credentials.superuserAccess` only (an existing one
+    /// is deleted otherwise), and its derived keys.
+    pub superuser_secret: Option<(Secret, Vec<&'static str>)>,
+    /// `<cluster>-superuser`'s name, to delete it when `superuser_secret` is `None`.
+    pub superuser_secret_name: String,
     /// The authority (`<cluster>-ca`): created once, never rewritten.
     pub ca_secret: Secret,
     /// The managers' certificate (`<cluster>-manager-tls`): rewritten when renewed.
@@ -210,8 +214,21 @@ pub fn children(
         service_account: rbac::service_account(&common),
         role: rbac::role(&common, cluster),
         role_binding: rbac::role_binding(&common),
-        app_secret: secret::app(&common, spec, &passwords.app, &passwords.certificates),
-        replication_secret: secret::replication(&common, &passwords.replication),
+        app_secret: secret::app(
+            &common,
+            spec,
+            &passwords.passwords.app,
+            &passwords.certificates,
+        ),
+        app_derived_keys: secret::derived_keys(passwords.passwords.app_copied),
+        replication_secret: secret::replication(&common, &passwords.passwords.replication),
+        superuser_secret_name: secret::superuser_name(&common),
+        superuser_secret: passwords.passwords.superuser.as_ref().map(|(p, copied)| {
+            (
+                secret::superuser(&common, p, &passwords.certificates),
+                secret::derived_keys(*copied),
+            )
+        }),
         ca_secret: secret::authority(&common, &passwords.certificates),
         manager_tls_secret: secret::manager_tls(&common, &passwords.certificates),
         postgres_ca_secret: secret::postgres_authority(&common, &passwords.certificates),

@@ -1,5 +1,7 @@
 //! The identity of instance pods: a ServiceAccount, and a Role that lets the instance
-//! manager read its own cluster and credentials and hold the primary Lease — nothing more.
+//! manager read (and watch) its own cluster, its credentials and the primary's Pod, and
+//! hold the primary Lease — nothing more
+//! (the manager publishes no Events; docs/security.md lists each rule and its use).
 
 use super::Common;
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -27,9 +29,15 @@ pub fn service_account(c: &Common) -> ServiceAccount {
 
 pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
     let cluster = vec![c.cluster.clone()];
+    use pgop_api::constants::{
+        APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, SUPERUSER_SECRET_SUFFIX,
+    };
     let mut secrets = vec![
-        format!("{}{}", c.cluster, super::APP_SECRET_SUFFIX),
-        format!("{}{}", c.cluster, super::REPLICATION_SECRET_SUFFIX),
+        format!("{}{APP_SECRET_SUFFIX}", c.cluster),
+        format!("{}{REPLICATION_SECRET_SUFFIX}", c.cluster),
+        // Read with spec.credentials.superuserAccess only; the user's own Secrets
+        // (spec.credentials) never: the operator copies them.
+        format!("{}{SUPERUSER_SECRET_SUFFIX}", c.cluster),
         // The certificates the instances use; never the authorities (`<cluster>-ca`,
         // `<cluster>-postgres-ca`).
         format!(
@@ -78,8 +86,14 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
                 &["get", "list", "watch"],
                 &cluster,
             ),
-            rule(&[""], &["secrets"], &["get"], &secrets),
-            // To find the primary's address (its pod IP) when following it.
+            // Each Secret watched by name (a list and watch with a field selector on the
+            // name, which RBAC authorizes against these names); `get` for a read before a
+            // watch has listed, and for managers of earlier versions, which read them.
+            rule(&[""], &["secrets"], &["get", "list", "watch"], &secrets),
+            // To find the primary's address (its pod IP): a watch of the primary's Pod by
+            // name (a field selector), moved when the primary changes. Not narrowed by
+            // resourceNames: the primary is any instance, and instance names (serials)
+            // are not known when the Role is written. `get` as for Secrets.
             rule(&[""], &["pods"], &["get", "list", "watch"], &[]),
             // The primary Lease: only its holder may accept writes.
             rule(&["coordination.k8s.io"], &["leases"], &["create"], &[]),
@@ -88,12 +102,6 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
                 &["leases"],
                 &["get", "list", "watch", "update"],
                 &cluster,
-            ),
-            rule(
-                &["", "events.k8s.io"],
-                &["events"],
-                &["create", "patch"],
-                &[],
             ),
         ]),
     }

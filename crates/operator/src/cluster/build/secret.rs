@@ -14,9 +14,10 @@ use pgop_api::constants::{
 };
 use std::collections::BTreeMap;
 
-pub const APP_SECRET_SUFFIX: &str = "-app";
-pub const REPLICATION_SECRET_SUFFIX: &str = "-replication";
 pub use pgop_api::constants::REPLICATION_USER;
+use pgop_api::constants::{
+    APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, SUPERUSER, SUPERUSER_SECRET_SUFFIX,
+};
 
 fn secret(c: &Common, name: String, data: BTreeMap<String, String>) -> Secret {
     Secret {
@@ -39,18 +40,44 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str, certs: &Certi
         .and_then(|b| b.initdb.as_ref())
         .map(|i| (i.database.clone(), i.owner.clone()))
         .unwrap_or_else(|| ("app".to_string(), "app".to_string()));
+    login(c, APP_SECRET_SUFFIX, (&owner, password, &database), certs)
+}
+
+/// `<cluster>-superuser` (with `spec.credentials.superuserAccess`): as the app Secret, for
+/// the superuser and the `postgres` database.
+pub fn superuser(c: &Common, password: &str, certs: &Certificates) -> Secret {
+    login(
+        c,
+        SUPERUSER_SECRET_SUFFIX,
+        (SUPERUSER, password, "postgres"),
+        certs,
+    )
+}
+
+/// `<cluster>-superuser`.
+pub fn superuser_name(c: &Common) -> String {
+    format!("{}{SUPERUSER_SECRET_SUFFIX}", c.cluster)
+}
+
+/// A login Secret: user, password, database, the `-rw` Service, a URI and the authority.
+fn login(
+    c: &Common,
+    suffix: &str,
+    (owner, password, database): (&str, &str, &str),
+    certs: &Certificates,
+) -> Secret {
     let host = format!("{}-rw", c.cluster);
     let uri = format!(
         "postgresql://{}:{}@{host}.{}:{POSTGRES_PORT}/{}?sslmode={APP_SSLMODE}",
-        percent_encode(&owner),
+        percent_encode(owner),
         percent_encode(password),
         c.namespace,
-        percent_encode(&database)
+        percent_encode(database)
     );
     let data = [
-        ("username", owner.as_str()),
+        ("username", owner),
         ("password", password),
-        ("dbname", database.as_str()),
+        ("dbname", database),
         ("host", host.as_str()),
         ("port", &POSTGRES_PORT.to_string()),
         ("uri", uri.as_str()),
@@ -60,7 +87,7 @@ pub fn app(c: &Common, spec: &PostgresClusterSpec, password: &str, certs: &Certi
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    secret(c, format!("{}{APP_SECRET_SUFFIX}", c.cluster), data)
+    secret(c, format!("{}{suffix}", c.cluster), data)
 }
 
 /// `s` for one component of a URI: every byte but the unreserved ones (RFC 3986: letters,
@@ -82,6 +109,16 @@ pub fn percent_encode(s: &str) -> String {
 /// authority: kept in line with them when a user changes the password (or when the keys
 /// are new to a Secret made by an older pgop).
 pub const APP_DERIVED_KEYS: &[&str] = &["uri", "sslmode", "ca.crt"];
+
+/// The keys of a login Secret kept in line at every reconcile: [`APP_DERIVED_KEYS`], and
+/// `password` when it is copied from a Secret the user named.
+pub fn derived_keys(copied: bool) -> Vec<&'static str> {
+    let mut keys = APP_DERIVED_KEYS.to_vec();
+    if copied {
+        keys.push("password");
+    }
+    keys
+}
 
 pub fn replication(c: &Common, password: &str) -> Secret {
     let data = [("username", REPLICATION_USER), ("password", password)]

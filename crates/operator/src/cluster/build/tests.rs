@@ -31,8 +31,13 @@ fn instances() -> Vec<InstanceSpec> {
 
 fn passwords() -> Credentials {
     Credentials {
-        app: "app-password".into(),
-        replication: "replication-password".into(),
+        passwords: crate::cluster::credentials::Passwords {
+            app: "app-password".into(),
+            app_copied: false,
+            replication: "replication-password".into(),
+            superuser: Some(("superuser-password".into(), true)),
+            warnings: Vec::new(),
+        },
         certificates: Certificates {
             ca_cert: "CA CERTIFICATE".into(),
             ca_key: "CA KEY".into(),
@@ -84,7 +89,10 @@ fn to_yaml(c: &Children) -> String {
         role,
         role_binding,
         app_secret,
+        app_derived_keys,
         replication_secret,
+        superuser_secret,
+        superuser_secret_name: _,
         ca_secret,
         manager_tls_secret,
         postgres_ca_secret,
@@ -102,12 +110,19 @@ fn to_yaml(c: &Children) -> String {
         serde_yaml::to_string(role_binding),
         serde_yaml::to_string(app_secret),
         serde_yaml::to_string(replication_secret),
+    ];
+    docs.extend(
+        superuser_secret
+            .iter()
+            .map(|(s, _)| serde_yaml::to_string(s)),
+    );
+    docs.extend([
         serde_yaml::to_string(ca_secret),
         serde_yaml::to_string(manager_tls_secret),
         serde_yaml::to_string(postgres_ca_secret),
         serde_yaml::to_string(server_tls_secret),
         serde_yaml::to_string(replication_tls_secret),
-    ];
+    ]);
     docs.extend(services.iter().map(serde_yaml::to_string));
     for pdb in pod_disruption_budgets {
         docs.push(serde_yaml::to_string(pdb));
@@ -115,6 +130,8 @@ fn to_yaml(c: &Children) -> String {
     docs.extend(pvcs.iter().map(serde_yaml::to_string));
     docs.extend(pods.iter().map(serde_yaml::to_string));
     docs.extend(network_policy.iter().map(serde_yaml::to_string));
+    // Not objects: checked by the_password_follows_the_users_secret_only_when_copied.
+    let _ = app_derived_keys;
     docs.into_iter()
         .map(|d| d.expect("serializes"))
         .collect::<Vec<_>>()
@@ -170,6 +187,33 @@ fn every_child_is_owned_by_the_cluster_and_labelled() {
         );
         assert_eq!(v["metadata"]["namespace"].as_str(), Some("db"), "{doc}");
     }
+}
+
+#[test]
+fn the_password_follows_the_users_secret_only_when_copied() {
+    let built = build();
+    assert_eq!(built.app_derived_keys, ["uri", "sslmode", "ca.crt"]);
+    let (superuser, keys) = built.superuser_secret.expect("superuserAccess");
+    assert_eq!(keys, ["uri", "sslmode", "ca.crt", "password"]);
+    let data = superuser.string_data.unwrap_or_default();
+    assert_eq!(data.get("username").map(String::as_str), Some("postgres"));
+    assert_eq!(data.get("dbname").map(String::as_str), Some("postgres"));
+    let mut without = passwords();
+    without.passwords.superuser = None;
+    without.passwords.app_copied = true;
+    let built = children(
+        &fixture(),
+        &instances(),
+        &without,
+        &Settings::default(),
+        &Budgets::new(3, false, true),
+    )
+    .expect("builds");
+    assert!(built.superuser_secret.is_none());
+    assert_eq!(
+        built.app_derived_keys,
+        ["uri", "sslmode", "ca.crt", "password"]
+    );
 }
 
 #[test]

@@ -1,0 +1,672 @@
+//! Watch caches of the clusters' children, read by [`super::dereference`] instead of a
+//! LIST per kind per pass.
+//!
+//! - One watch per child kind (per watched namespace), narrowed to pgop's objects by the
+//!   managed-by label, feeds both the controller's triggers (`owns_stream`) and an
+//!   [`Index`] of the objects by namespace and cluster label. `managedFields` are
+//!   dropped on arrival: nothing reads them, and they are a large part of an object; so is
+//!   a Pod's spec but for `nodeName` ([`trim_pod`]).
+//! - An index answers only once its first complete LIST has arrived ([`Index::ready`]);
+//!   until then, and whenever it may not yet show this operator's own last writes, the
+//!   reconcile lists from the API server as before ([`Expectations`]).
+//! - A re-list after a broken watch is buffered and swapped in whole, so a reader never
+//!   sees half a LIST.
+
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use pgop_api::backup::PostgresBackup;
+use pgop_api::labels;
+use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use super::dereference::Observed;
+
+/// `(namespace, name)` of an object, or `(namespace, cluster)` of a group of them.
+type Key = (String, String);
+
+#[derive(Debug)]
+struct State<K> {
+    /// Objects by (namespace, cluster label), then by name.
+    by_cluster: HashMap<Key, BTreeMap<String, Arc<K>>>,
+    /// The cluster each object was filed under, by (namespace, name).
+    cluster_of: HashMap<Key, String>,
+}
+
+impl<K> Default for State<K> {
+    fn default() -> Self {
+        Self {
+            by_cluster: HashMap::new(),
+            cluster_of: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Resource> State<K> {
+    fn insert(&mut self, obj: K) {
+        let namespace = obj.meta().namespace.clone().unwrap_or_default();
+        let name = obj.meta().name.clone().unwrap_or_default();
+        self.remove(&namespace, &name);
+        // An object without the cluster label belongs to no cluster: not filed.
+        let Some(cluster) = obj
+            .meta()
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::CLUSTER))
+            .cloned()
+        else {
+            return;
+        };
+        self.cluster_of
+            .insert((namespace.clone(), name.clone()), cluster.clone());
+        self.by_cluster
+            .entry((namespace, cluster))
+            .or_default()
+            .insert(name, Arc::new(obj));
+    }
+
+    fn remove(&mut self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(cluster) = self.cluster_of.remove(&key) {
+            let group = (namespace.to_string(), cluster);
+            if let Some(objects) = self.by_cluster.get_mut(&group) {
+                objects.remove(name);
+                if objects.is_empty() {
+                    self.by_cluster.remove(&group);
+                }
+            }
+        }
+    }
+
+    fn get(&self, namespace: &str, name: &str) -> Option<&Arc<K>> {
+        let cluster = self
+            .cluster_of
+            .get(&(namespace.to_string(), name.to_string()))?;
+        self.by_cluster
+            .get(&(namespace.to_string(), cluster.clone()))?
+            .get(name)
+    }
+}
+
+#[derive(Debug)]
+struct Inner<K> {
+    state: State<K>,
+    /// A re-list in progress: filled by `InitApply`, swapped in at `InitDone`.
+    buffer: Option<State<K>>,
+    ready: bool,
+}
+
+/// The objects of one kind, by namespace and cluster label, kept by a watch.
+#[derive(Debug)]
+pub struct Index<K> {
+    inner: Arc<RwLock<Inner<K>>>,
+}
+
+impl<K> Clone for Index<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K> Default for Index<K> {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(RwLock::new(Inner {
+                state: State::default(),
+                buffer: None,
+                ready: false,
+            })),
+        }
+    }
+}
+
+impl<K: Resource + Clone> Index<K> {
+    /// Applies one watch event.
+    pub fn apply(&self, event: &watcher::Event<K>) {
+        let Ok(mut inner) = self.inner.write() else {
+            return;
+        };
+        match event {
+            watcher::Event::Apply(obj) => inner.state.insert(obj.clone()),
+            watcher::Event::Delete(obj) => {
+                let namespace = obj.meta().namespace.clone().unwrap_or_default();
+                inner.state.remove(&namespace, &obj.name_any());
+            }
+            watcher::Event::Init => inner.buffer = Some(State::default()),
+            watcher::Event::InitApply(obj) => match inner.buffer.as_mut() {
+                Some(buffer) => buffer.insert(obj.clone()),
+                None => inner.state.insert(obj.clone()),
+            },
+            watcher::Event::InitDone => {
+                if let Some(buffer) = inner.buffer.take() {
+                    inner.state = buffer;
+                }
+                inner.ready = true;
+            }
+        }
+    }
+
+    /// Whether the first complete LIST has arrived.
+    pub fn ready(&self) -> bool {
+        self.inner.read().map(|i| i.ready).unwrap_or(false)
+    }
+
+    /// The objects of cluster `cluster` in `namespace`, ordered by name.
+    pub fn of_cluster(&self, namespace: &str, cluster: &str) -> Vec<K> {
+        let Ok(inner) = self.inner.read() else {
+            return Vec::new();
+        };
+        inner
+            .state
+            .by_cluster
+            .get(&(namespace.to_string(), cluster.to_string()))
+            .map(|objects| objects.values().map(|o| K::clone(o)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The resourceVersion and uid of object `name`, if the index holds it.
+    fn version_of(&self, namespace: &str, name: &str) -> Option<(String, String)> {
+        let inner = self.inner.read().ok()?;
+        let obj = inner.state.get(namespace, name)?;
+        Some((
+            obj.meta().resource_version.clone().unwrap_or_default(),
+            obj.meta().uid.clone().unwrap_or_default(),
+        ))
+    }
+
+    /// How many objects the index holds.
+    pub fn len(&self) -> usize {
+        self.inner
+            .read()
+            .map(|i| i.state.cluster_of.len())
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A boxed stream of one child kind's watched objects, for `Controller::owns_stream`.
+pub type Feed<K> = Pin<Box<dyn Stream<Item = Result<K, watcher::Error>> + Send>>;
+
+/// Drops what no reader needs before an object is kept: `managedFields`.
+pub fn trim<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// [`trim`], and of a Pod's spec all but `nodeName`: a Pod is created once and never
+/// applied again (only its metadata is repaired), so no pass compares its spec, and the
+/// spec is most of a Pod's size. Its status stays whole.
+pub fn trim_pod(pod: &mut Pod) {
+    trim(pod);
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name.take(),
+            ..Default::default()
+        };
+    }
+}
+
+/// A watch of `K` (narrowed by `config`) that keeps `index` (each object as `trim`
+/// leaves it) and yields every object it touches.
+fn feed<K>(api: Api<K>, config: watcher::Config, index: Index<K>, trim: fn(&mut K)) -> Feed<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .modify(trim)
+        .map_ok(move |event| {
+            index.apply(&event);
+            event
+        })
+        .touched_objects()
+        .boxed()
+}
+
+/// The caches of every child kind of the clusters in one scope (a namespace, or all).
+#[derive(Clone, Debug, Default)]
+pub struct Caches {
+    pub service_accounts: Index<ServiceAccount>,
+    pub roles: Index<Role>,
+    pub role_bindings: Index<RoleBinding>,
+    pub secrets: Index<Secret>,
+    pub services: Index<Service>,
+    pub pod_disruption_budgets: Index<PodDisruptionBudget>,
+    pub pvcs: Index<PersistentVolumeClaim>,
+    pub pods: Index<Pod>,
+    pub network_policies: Index<NetworkPolicy>,
+    /// The PostgresBackups of the scope, from the backup controller's store.
+    pub backups: Option<Store<PostgresBackup>>,
+}
+
+/// The watches that fill [`Caches`], one per kind.
+pub struct Feeds {
+    pub service_accounts: Feed<ServiceAccount>,
+    pub roles: Feed<Role>,
+    pub role_bindings: Feed<RoleBinding>,
+    pub secrets: Feed<Secret>,
+    pub services: Feed<Service>,
+    pub pod_disruption_budgets: Feed<PodDisruptionBudget>,
+    pub pvcs: Feed<PersistentVolumeClaim>,
+    pub pods: Feed<Pod>,
+    pub network_policies: Feed<NetworkPolicy>,
+}
+
+impl Caches {
+    /// Caches of the children in `namespace` (all namespaces when `None`), and the
+    /// watches that fill them: nothing is watched until the feeds are polled.
+    pub fn watch(client: &Client, namespace: Option<&str>) -> (Caches, Feeds) {
+        // Children are watched through the managed-by label only, so the caches hold
+        // pgop's objects and not every Pod and Secret of the cluster.
+        let config = watcher::Config::default().labels(&format!(
+            "{}={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE
+        ));
+        let caches = Caches::default();
+        let feeds = Feeds {
+            service_accounts: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.service_accounts.clone(),
+                trim,
+            ),
+            roles: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.roles.clone(),
+                trim,
+            ),
+            role_bindings: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.role_bindings.clone(),
+                trim,
+            ),
+            secrets: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.secrets.clone(),
+                trim,
+            ),
+            services: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.services.clone(),
+                trim,
+            ),
+            pod_disruption_budgets: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.pod_disruption_budgets.clone(),
+                trim,
+            ),
+            pvcs: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.pvcs.clone(),
+                trim,
+            ),
+            pods: feed(
+                crate::api(client, namespace),
+                config.clone(),
+                caches.pods.clone(),
+                trim_pod,
+            ),
+            network_policies: feed(
+                crate::api(client, namespace),
+                config,
+                caches.network_policies.clone(),
+                trim,
+            ),
+        };
+        (caches, feeds)
+    }
+
+    /// Whether every child kind's first LIST has arrived.
+    pub fn ready(&self) -> bool {
+        self.service_accounts.ready()
+            && self.roles.ready()
+            && self.role_bindings.ready()
+            && self.secrets.ready()
+            && self.services.ready()
+            && self.pod_disruption_budgets.ready()
+            && self.pvcs.ready()
+            && self.pods.ready()
+            && self.network_policies.ready()
+    }
+
+    /// Every child of one cluster, as the caches hold them.
+    pub fn observe(&self, namespace: &str, cluster: &str) -> Observed {
+        Observed {
+            service_accounts: self.service_accounts.of_cluster(namespace, cluster),
+            roles: self.roles.of_cluster(namespace, cluster),
+            role_bindings: self.role_bindings.of_cluster(namespace, cluster),
+            secrets: self.secrets.of_cluster(namespace, cluster),
+            services: self.services.of_cluster(namespace, cluster),
+            pod_disruption_budgets: self.pod_disruption_budgets.of_cluster(namespace, cluster),
+            pvcs: self.pvcs.of_cluster(namespace, cluster),
+            pods: self.pods.of_cluster(namespace, cluster),
+            network_policies: self.network_policies.of_cluster(namespace, cluster),
+        }
+    }
+
+    /// The resourceVersion and uid of a child, by its kind.
+    fn version_of(&self, kind: &str, namespace: &str, name: &str) -> Option<(String, String)> {
+        match kind {
+            "ServiceAccount" => self.service_accounts.version_of(namespace, name),
+            "Role" => self.roles.version_of(namespace, name),
+            "RoleBinding" => self.role_bindings.version_of(namespace, name),
+            "Secret" => self.secrets.version_of(namespace, name),
+            "Service" => self.services.version_of(namespace, name),
+            "PodDisruptionBudget" => self.pod_disruption_budgets.version_of(namespace, name),
+            "PersistentVolumeClaim" => self.pvcs.version_of(namespace, name),
+            "Pod" => self.pods.version_of(namespace, name),
+            "NetworkPolicy" => self.network_policies.version_of(namespace, name),
+            _ => None,
+        }
+    }
+
+    /// Whether the caches show `written`: the object at that resourceVersion or later,
+    /// or, for a deletion, no longer that object.
+    fn shows(&self, namespace: &str, written: &Written) -> bool {
+        let seen = self.version_of(written.kind, namespace, &written.name);
+        match (&written.version, seen) {
+            (Some(version), Some((seen, _))) => at_least(&seen, version),
+            (Some(_), None) => false,
+            (None, None) => true,
+            (None, Some((_, uid))) => written.uid.as_deref().is_some_and(|gone| gone != uid),
+        }
+    }
+}
+
+/// Whether resourceVersion `seen` is `wanted` or later. Kubernetes calls resource
+/// versions opaque; the API server's are etcd revisions, numbers that only grow, which is
+/// what this relies on. Anything else compares for equality only.
+fn at_least(seen: &str, wanted: &str) -> bool {
+    match (seen.parse::<u64>(), wanted.parse::<u64>()) {
+        (Ok(seen), Ok(wanted)) => seen >= wanted,
+        _ => seen == wanted,
+    }
+}
+
+/// One write of a reconcile to a child, remembered until the caches show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Written {
+    pub kind: &'static str,
+    pub name: String,
+    /// The resourceVersion the write returned; `None` for a deletion.
+    pub version: Option<String>,
+    /// For a deletion, the uid of the object deleted (a new one of the same name is not it).
+    pub uid: Option<String>,
+}
+
+/// How long a write is waited for in the caches before it is forgotten: a watch that has
+/// not caught up by then is broken, and the cache's next re-list repairs it.
+pub const EXPECTATION_TTL: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+enum Expected {
+    /// A pass is writing, or failed while writing: what it wrote is not known.
+    Unknown,
+    /// These writes, made at this moment.
+    Writes(Instant, Vec<Written>),
+}
+
+/// Read-your-writes over the caches: what each cluster's last pass wrote, until the caches
+/// show it. A cluster with writes the caches do not show yet is read from the API server.
+#[derive(Debug, Default)]
+pub struct Expectations {
+    by_cluster: Mutex<HashMap<Key, Expected>>,
+}
+
+impl Expectations {
+    /// A pass of this cluster starts writing: until [`Expectations::wrote`], its next pass
+    /// reads from the API server.
+    pub fn writing(&self, namespace: &str, cluster: &str) {
+        if let Ok(mut map) = self.by_cluster.lock() {
+            map.insert(
+                (namespace.to_string(), cluster.to_string()),
+                Expected::Unknown,
+            );
+        }
+    }
+
+    /// The pass finished writing: these are its writes.
+    pub fn wrote(&self, namespace: &str, cluster: &str, written: Vec<Written>) {
+        if let Ok(mut map) = self.by_cluster.lock() {
+            let key = (namespace.to_string(), cluster.to_string());
+            if written.is_empty() {
+                map.remove(&key);
+            } else {
+                map.insert(key, Expected::Writes(Instant::now(), written));
+            }
+        }
+    }
+
+    /// Whether the caches show every write this cluster's passes made; forgets the writes
+    /// once they do (or once they are older than [`EXPECTATION_TTL`]).
+    pub fn met(&self, caches: &Caches, namespace: &str, cluster: &str) -> bool {
+        let Ok(mut map) = self.by_cluster.lock() else {
+            return false;
+        };
+        let key = (namespace.to_string(), cluster.to_string());
+        let met = match map.get(&key) {
+            None => return true,
+            Some(Expected::Unknown) => false,
+            Some(Expected::Writes(at, written)) => {
+                at.elapsed() > EXPECTATION_TTL || written.iter().all(|w| caches.shows(namespace, w))
+            }
+        };
+        if met {
+            map.remove(&key);
+        }
+        met
+    }
+
+    /// Forgets a deleted cluster.
+    pub fn forget(&self, namespace: &str, cluster: &str) {
+        if let Ok(mut map) = self.by_cluster.lock() {
+            map.remove(&(namespace.to_string(), cluster.to_string()));
+        }
+    }
+}
+
+impl Feeds {
+    /// Makes every child kind's watch a trigger of `controller` (each change of a child
+    /// reconciles its cluster), filling the caches as it goes.
+    pub fn attach(
+        self,
+        controller: kube::runtime::Controller<pgop_api::PostgresCluster>,
+    ) -> kube::runtime::Controller<pgop_api::PostgresCluster> {
+        controller
+            .owns_stream(self.pods)
+            .owns_stream(self.pvcs)
+            .owns_stream(self.services)
+            .owns_stream(self.secrets)
+            .owns_stream(self.pod_disruption_budgets)
+            .owns_stream(self.network_policies)
+            .owns_stream(self.service_accounts)
+            .owns_stream(self.roles)
+            .owns_stream(self.role_bindings)
+    }
+
+    /// Drives every watch without a controller (tests, tools): the caches fill and follow.
+    pub async fn run(self) {
+        let Feeds {
+            service_accounts,
+            roles,
+            role_bindings,
+            secrets,
+            services,
+            pod_disruption_budgets,
+            pvcs,
+            pods,
+            network_policies,
+        } = self;
+        fn unit<K: Send + 'static>(feed: Feed<K>) -> Pin<Box<dyn Stream<Item = ()> + Send>> {
+            feed.map(|_| ()).boxed()
+        }
+        futures::stream::select_all([
+            unit(service_accounts),
+            unit(roles),
+            unit(role_bindings),
+            unit(secrets),
+            unit(services),
+            unit(pod_disruption_budgets),
+            unit(pvcs),
+            unit(pods),
+            unit(network_policies),
+        ])
+        .for_each(|()| async {})
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, cluster: Option<&str>, rv: &str, uid: &str) -> Pod {
+        let mut labels = serde_json::Map::new();
+        if let Some(c) = cluster {
+            labels.insert(labels::CLUSTER.into(), c.into());
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": labels,
+                         "resourceVersion": rv, "uid": uid},
+        }))
+        .expect("pod")
+    }
+
+    fn names(pods: &[Pod]) -> Vec<String> {
+        pods.iter().map(|p| p.name_any()).collect()
+    }
+
+    #[test]
+    fn objects_are_filed_by_cluster_label_and_follow_relabelling_and_deletion() {
+        let index = Index::<Pod>::default();
+        index.apply(&watcher::Event::Init);
+        index.apply(&watcher::Event::InitApply(pod("a-1", Some("a"), "1", "u1")));
+        assert!(!index.ready(), "not ready before the LIST is complete");
+        index.apply(&watcher::Event::InitDone);
+        assert!(index.ready());
+        index.apply(&watcher::Event::Apply(pod("a-2", Some("a"), "2", "u2")));
+        index.apply(&watcher::Event::Apply(pod("b-1", Some("b"), "3", "u3")));
+        index.apply(&watcher::Event::Apply(pod("loose", None, "4", "u4")));
+        assert_eq!(names(&index.of_cluster("ns", "a")), ["a-1", "a-2"]);
+        assert_eq!(names(&index.of_cluster("ns", "b")), ["b-1"]);
+        assert_eq!(names(&index.of_cluster("other", "a")), Vec::<String>::new());
+        // Relabelled to another cluster: it moves.
+        index.apply(&watcher::Event::Apply(pod("a-2", Some("b"), "5", "u2")));
+        assert_eq!(names(&index.of_cluster("ns", "a")), ["a-1"]);
+        assert_eq!(names(&index.of_cluster("ns", "b")), ["a-2", "b-1"]);
+        index.apply(&watcher::Event::Delete(pod("a-1", Some("a"), "6", "u1")));
+        assert_eq!(names(&index.of_cluster("ns", "a")), Vec::<String>::new());
+        assert_eq!(index.len(), 2);
+    }
+
+    #[test]
+    fn a_relist_is_swapped_in_whole() {
+        let index = Index::<Pod>::default();
+        index.apply(&watcher::Event::Init);
+        index.apply(&watcher::Event::InitApply(pod("a-1", Some("a"), "1", "u1")));
+        index.apply(&watcher::Event::InitApply(pod("a-2", Some("a"), "1", "u2")));
+        index.apply(&watcher::Event::InitDone);
+        // The watch broke; the re-list finds a-2 gone and a-3 new.
+        index.apply(&watcher::Event::Init);
+        index.apply(&watcher::Event::InitApply(pod("a-1", Some("a"), "7", "u1")));
+        assert_eq!(
+            names(&index.of_cluster("ns", "a")),
+            ["a-1", "a-2"],
+            "the old state serves until the re-list is complete"
+        );
+        index.apply(&watcher::Event::InitApply(pod("a-3", Some("a"), "8", "u3")));
+        index.apply(&watcher::Event::InitDone);
+        assert_eq!(names(&index.of_cluster("ns", "a")), ["a-1", "a-3"]);
+        assert!(index.ready());
+    }
+
+    fn ready_caches() -> Caches {
+        let caches = Caches::default();
+        caches.pods.apply(&watcher::Event::Init);
+        caches.pods.apply(&watcher::Event::InitDone);
+        caches
+    }
+
+    #[test]
+    fn writes_are_expected_until_the_caches_show_them() {
+        let caches = ready_caches();
+        let expectations = Expectations::default();
+        assert!(expectations.met(&caches, "ns", "a"), "nothing written");
+        expectations.writing("ns", "a");
+        assert!(!expectations.met(&caches, "ns", "a"), "a pass in flight");
+        let created = Written {
+            kind: "Pod",
+            name: "a-1".into(),
+            version: Some("10".into()),
+            uid: None,
+        };
+        expectations.wrote("ns", "a", vec![created]);
+        assert!(
+            !expectations.met(&caches, "ns", "a"),
+            "not in the cache yet"
+        );
+        caches
+            .pods
+            .apply(&watcher::Event::Apply(pod("a-1", Some("a"), "9", "u1")));
+        assert!(!expectations.met(&caches, "ns", "a"), "an older version");
+        caches
+            .pods
+            .apply(&watcher::Event::Apply(pod("a-1", Some("a"), "12", "u1")));
+        assert!(expectations.met(&caches, "ns", "a"), "a later version");
+        assert!(expectations.met(&caches, "ns", "b"), "other clusters");
+
+        // A deletion is shown once the object is gone, or replaced by a new one.
+        let deleted = Written {
+            kind: "Pod",
+            name: "a-1".into(),
+            version: None,
+            uid: Some("u1".into()),
+        };
+        expectations.wrote("ns", "a", vec![deleted.clone()]);
+        assert!(!expectations.met(&caches, "ns", "a"));
+        caches
+            .pods
+            .apply(&watcher::Event::Apply(pod("a-1", Some("a"), "14", "u9")));
+        assert!(
+            expectations.met(&caches, "ns", "a"),
+            "a new Pod of that name"
+        );
+        expectations.wrote("ns", "a", vec![deleted]);
+        caches
+            .pods
+            .apply(&watcher::Event::Delete(pod("a-1", Some("a"), "15", "u9")));
+        assert!(expectations.met(&caches, "ns", "a"), "gone");
+        // A pass that wrote nothing expects nothing.
+        expectations.writing("ns", "a");
+        expectations.wrote("ns", "a", Vec::new());
+        assert!(expectations.met(&caches, "ns", "a"));
+    }
+
+    #[test]
+    fn resource_versions_compare_as_numbers_when_they_are() {
+        assert!(at_least("10", "9"));
+        assert!(!at_least("9", "10"));
+        assert!(at_least("abc", "abc"));
+        assert!(!at_least("abd", "abc"));
+    }
+}
