@@ -15,11 +15,12 @@ pub mod metrics;
 pub mod selector;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use pgop_api::PostgresCluster;
 use pgop_api::backup::PostgresBackup;
 use std::future::Future;
@@ -235,6 +236,11 @@ impl Operator {
                 let _ = rx.wait_for(|s| *s).await;
             }
         };
+        // A node cordoned, uncordoned or deleted wakes the clusters with an instance on it
+        // (cluster::triggers): each scope's controller subscribes.
+        let (node_changes, _) = tokio::sync::broadcast::channel::<String>(1024);
+        let announce = node_changes.clone();
+        let mut changes = cluster::triggers::NodeChanges::default();
         let nodes = kube::runtime::reflector(
             node_writer,
             watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
@@ -242,10 +248,17 @@ impl Operator {
                 .modify(cluster::nodes::trim),
         )
         .take_until(stopped())
-        .for_each(|event| async move {
-            if let Err(e) = event {
-                tracing::warn!(error = %error_chain(&e), "watching Nodes");
+        .for_each(move |event| {
+            match event {
+                Ok(event) => {
+                    for node in changes.changed(&event) {
+                        // No receiver (no scope running yet) is no error.
+                        let _ = announce.send(node);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %error_chain(&e), "watching Nodes"),
             }
+            futures::future::ready(())
         });
         // With a selector the API server sends only the selected clusters: a cluster
         // relabelled out of it leaves the store (and this operator leaves it alone), one
@@ -281,10 +294,17 @@ impl Operator {
             .graceful_shutdown_on(stopped());
             let (mut caches, feeds) = cluster::cache::Caches::watch(&client, ns);
             caches.backups = Some(backups.store());
+            let on_nodes = caches.clone();
             let ctx = context(caches);
             // The clusters' own watch, kept without managedFields.
             let (cluster_reader, cluster_writer) =
                 kube::runtime::reflector::store::<PostgresCluster>();
+            // What else a pass reads wakes it (cluster::triggers): the user's Secrets a
+            // cluster names, its PostgresBackups, the nodes its instances are on.
+            let naming = cluster_reader.clone();
+            let recovering = cluster_reader.clone();
+            let node_wakes = cluster::triggers::subscribe(&node_changes)
+                .flat_map(move |node| futures::stream::iter(on_nodes.clusters_on_node(&node)));
             let cluster_stream = kube::runtime::reflector(
                 cluster_writer,
                 watcher(api::<PostgresCluster>(&client, ns), selected.clone())
@@ -297,6 +317,23 @@ impl Operator {
                 // A significant change of an instance (its role, reachability, readiness)
                 // wakes its cluster at once.
                 .reconcile_on(prober.wakes(ns.map(str::to_string)))
+                .watches_stream(
+                    cluster::triggers::user_secrets(api::<PartialObjectMeta<Secret>>(&client, ns)),
+                    move |secret| {
+                        cluster::triggers::clusters_naming_secret(
+                            &naming.state(),
+                            &secret.namespace().unwrap_or_default(),
+                            &secret.name_any(),
+                        )
+                    },
+                )
+                .watches_stream(
+                    cluster::triggers::backups(api::<PostgresBackup>(&client, ns)),
+                    move |backup| {
+                        cluster::triggers::clusters_of_backup(&recovering.state(), &backup)
+                    },
+                )
+                .reconcile_on(node_wakes)
                 .with_config(controller::Config::default().concurrency(options.concurrency))
                 .graceful_shutdown_on(stopped());
             cluster_stores.push(clusters.store());

@@ -175,6 +175,20 @@ impl<K: Resource + Clone> Index<K> {
             .unwrap_or_default()
     }
 
+    /// The (namespace, cluster) of every cluster with an object that `wanted`.
+    pub fn clusters_with(&self, wanted: impl Fn(&K) -> bool) -> Vec<(String, String)> {
+        let Ok(inner) = self.inner.read() else {
+            return Vec::new();
+        };
+        inner
+            .state
+            .by_cluster
+            .iter()
+            .filter(|(_, objects)| objects.values().any(|o| wanted(o)))
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// The resourceVersion and uid of object `name`, if the index holds it.
     fn version_of(&self, namespace: &str, name: &str) -> Option<(String, String)> {
         let inner = self.inner.read().ok()?;
@@ -347,6 +361,23 @@ impl Caches {
             && self.pvcs.ready()
             && self.pods.ready()
             && self.network_policies.ready()
+    }
+
+    /// The clusters with an instance Pod bound to node `node` (see
+    /// [`super::triggers`]).
+    pub fn clusters_on_node(
+        &self,
+        node: &str,
+    ) -> Vec<kube::runtime::reflector::ObjectRef<pgop_api::PostgresCluster>> {
+        self.pods
+            .clusters_with(|pod| {
+                pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+            })
+            .into_iter()
+            .map(|(namespace, cluster)| {
+                kube::runtime::reflector::ObjectRef::new(&cluster).within(&namespace)
+            })
+            .collect()
     }
 
     /// Every child of one cluster, as the caches hold them.
@@ -577,6 +608,11 @@ mod tests {
         index.apply(&watcher::Event::Delete(pod("a-1", Some("a"), "6", "u1")));
         assert_eq!(names(&index.of_cluster("ns", "a")), Vec::<String>::new());
         assert_eq!(index.len(), 2);
+        // Which clusters hold an object that matches.
+        let mut found = index.clusters_with(|p| p.metadata.uid.as_deref() == Some("u2"));
+        found.sort();
+        assert_eq!(found, [("ns".to_string(), "b".to_string())]);
+        assert!(index.clusters_with(|_| false).is_empty());
     }
 
     #[test]

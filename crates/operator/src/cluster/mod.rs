@@ -22,10 +22,13 @@
 //! 11. [`apply`] — server-side apply what differs, create what is missing, delete the
 //!     instances the plan removed and the Pod the rollout replaces.
 //!
-//! A cluster runs when it or a child changes (the watches), when one of its instances
-//! changes significantly (the [`prober`], which polls them apart from the reconciles: how
-//! a failed primary is noticed), and otherwise as [`next_pass`] says: every [`RESYNC`],
-//! sooner while a decision waits on the clock.
+//! A cluster runs when it or a child changes (the watches), when something else it reads
+//! changes (a Secret of the user's it names, one of its PostgresBackups, the node of one
+//! of its instances: [`triggers`]), when one of its instances changes significantly (the
+//! [`prober`], which polls them apart from the reconciles: how a failed primary is
+//! noticed), and otherwise as [`next_pass`] says: every [`RESYNC`] (5 minutes), sooner
+//! while a decision waits on the clock, a scheduled backup is due or WAL positions wait
+//! to be published.
 //!
 //! No finalizer: every child carries a controller ownerReference, so the garbage
 //! collector deletes them with the cluster, and nothing outside the API server (yet)
@@ -45,6 +48,7 @@ pub mod prober;
 pub mod roles;
 pub mod rollout;
 pub mod status;
+pub mod triggers;
 
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -67,8 +71,8 @@ use std::time::Duration;
 /// [`next_pass`]).
 pub const POLL: Duration = Duration::from_secs(1);
 /// How often a cluster is looked at when nothing wakes it: a safety net, since the
-/// watches and the prober wake it on every change that matters.
-pub const RESYNC: Duration = Duration::from_secs(30);
+/// watches ([`cache`], [`triggers`]) and the prober wake it on every change that matters.
+pub const RESYNC: Duration = Duration::from_secs(300);
 /// How often during a failover or switchover.
 pub const POLL_TRANSITION: Duration = Duration::from_millis(300);
 
@@ -251,7 +255,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 8. status first: a new targetPrimary is on record before any label moves
     let backups = backups_of(ctx, cluster, &namespace).await?;
-    let status = write_status(
+    let (status, positions_due) = write_status(
         ctx,
         cluster,
         &defaulted,
@@ -332,7 +336,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     Ok(Action::requeue(next_pass(
         roles.in_transition(),
         failover_clock || timed,
-        next_firing,
+        [next_firing, positions_due],
     )))
 }
 
@@ -342,18 +346,20 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 /// - every [`POLL`] while a decision waits on the clock (`timed`): the primary is
 ///   unavailable and a standby answers (the failover delay runs), a rollout step is under
 ///   way (its health gate), an instance Pod is unschedulable (its grace);
-/// - else after [`RESYNC`], or at the next scheduled backup if sooner.
+/// - else after [`RESYNC`], or sooner at the first of `deadlines`: the next scheduled
+///   backup, and when WAL positions held back from the status are due (at most
+///   [`status::POSITIONS_INTERVAL`] after the last ones published).
 ///
 /// A primary that is unavailable with no standby answering waits on no clock: nothing can
 /// take over until an instance answers, and the prober wakes the cluster then.
-fn next_pass(in_transition: bool, timed: bool, next_firing: Option<Duration>) -> Duration {
+fn next_pass(in_transition: bool, timed: bool, deadlines: [Option<Duration>; 2]) -> Duration {
     if in_transition {
         return POLL_TRANSITION;
     }
     if timed {
         return POLL;
     }
-    next_firing.map_or(RESYNC, |d| d.min(RESYNC))
+    deadlines.into_iter().flatten().fold(RESYNC, Duration::min)
 }
 
 /// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
@@ -662,13 +668,13 @@ async fn write_status(
     roles: &roles::Roles,
     rollout: &Rollout,
     backups: Option<&[pgop_api::backup::PostgresBackup]>,
-) -> Result<PostgresClusterStatus, Error> {
+) -> Result<(PostgresClusterStatus, Option<Duration>), Error> {
     let seen = status::Observations {
         pods: &observed.pods,
         probes,
         roles,
     };
-    let mut status = status::compute(cluster, plan, &seen, now());
+    let (mut status, positions_due) = status::compute(cluster, plan, &seen, now());
     status.restart_instance = rollout.restart_instance.clone();
     status.restart_requested = rollout.restart_requested.clone();
     status::set_rollout_blocked(
@@ -724,7 +730,7 @@ async fn write_status(
         let about = note.instance.as_deref();
         publish_about(ctx, cluster, kind, note.reason, &note.message, about).await;
     }
-    Ok(status)
+    Ok((status, positions_due))
 }
 
 /// Step 9: creates the scheduled backups due now (their names are derived from the
@@ -1188,19 +1194,21 @@ mod tests {
     fn a_cluster_is_looked_at_again_by_what_waits_on_the_clock() {
         use super::{POLL, POLL_TRANSITION, RESYNC, next_pass};
         use std::time::Duration;
-        assert_eq!(next_pass(true, true, None), POLL_TRANSITION);
+        assert_eq!(next_pass(true, true, [None, None]), POLL_TRANSITION);
         assert_eq!(
-            next_pass(true, false, Some(Duration::from_secs(5))),
+            next_pass(true, false, [Some(Duration::from_secs(5)), None]),
             POLL_TRANSITION
         );
         assert_eq!(
-            next_pass(false, true, Some(Duration::from_millis(10))),
+            next_pass(false, true, [None, Some(Duration::from_millis(10))]),
             POLL
         );
-        assert_eq!(next_pass(false, false, None), RESYNC);
-        let soon = Duration::from_secs(7);
-        assert_eq!(next_pass(false, false, Some(soon)), soon);
-        assert_eq!(next_pass(false, false, Some(RESYNC * 10)), RESYNC);
+        assert_eq!(next_pass(false, false, [None, None]), RESYNC);
+        let (soon, sooner) = (Duration::from_secs(7), Duration::from_secs(3));
+        assert_eq!(next_pass(false, false, [Some(soon), None]), soon);
+        assert_eq!(next_pass(false, false, [None, Some(soon)]), soon);
+        assert_eq!(next_pass(false, false, [Some(soon), Some(sooner)]), sooner);
+        assert_eq!(next_pass(false, false, [Some(RESYNC * 10), None]), RESYNC);
     }
 
     #[test]

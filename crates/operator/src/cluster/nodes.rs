@@ -66,13 +66,16 @@ impl NodeFacts {
         };
         match store.get(&ObjectRef::new(name)) {
             None => NodeState::Missing,
-            Some(node) => {
-                if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
-                    NodeState::Unschedulable
-                } else {
-                    NodeState::Schedulable
-                }
-            }
+            Some(node) => Self::state_of(&node),
+        }
+    }
+
+    /// The state of a Node that exists.
+    pub fn state_of(node: &Node) -> NodeState {
+        if node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+            NodeState::Unschedulable
+        } else {
+            NodeState::Schedulable
         }
     }
 

@@ -64,12 +64,16 @@ pub const POSITIONS_INTERVAL: std::time::Duration = std::time::Duration::from_se
 /// are published with `now`. A cluster under write load then writes its status at most
 /// once per interval for its positions. Roles, timelines, readiness and the set of
 /// instances are always current (and take fresh positions with them).
+///
+/// Returns when the cluster should next be looked at for its positions: when the ones it
+/// held back are due, or one `interval` after it published moved ones (they may go on
+/// moving); `None` when they did not move.
 pub fn publish_positions_at_most_every(
     status: &mut PostgresClusterStatus,
     old: &PostgresClusterStatus,
     now: &Time,
     interval: std::time::Duration,
-) {
+) -> Option<std::time::Duration> {
     let without_positions = |instances: &[InstanceStatus]| -> Vec<InstanceStatus> {
         instances
             .iter()
@@ -88,19 +92,22 @@ pub fn publish_positions_at_most_every(
     };
     if positions(&status.instances) == positions(&old.instances) {
         status.positions_observed_at = old.positions_observed_at.clone().or(Some(now.clone()));
-        return;
+        return None;
     }
-    let young = old.positions_observed_at.as_ref().is_some_and(|at| {
-        now.0
-            .duration_since(at.0)
-            .try_into()
-            .is_ok_and(|age: std::time::Duration| age < interval)
+    let left = old.positions_observed_at.as_ref().and_then(|at| {
+        let age: std::time::Duration = now.0.duration_since(at.0).try_into().ok()?;
+        interval.checked_sub(age).filter(|left| !left.is_zero())
     });
-    if young && without_positions(&status.instances) == without_positions(&old.instances) {
-        status.instances = old.instances.clone();
-        status.positions_observed_at = old.positions_observed_at.clone();
-    } else {
-        status.positions_observed_at = Some(now.clone());
+    match left {
+        Some(left) if without_positions(&status.instances) == without_positions(&old.instances) => {
+            status.instances = old.instances.clone();
+            status.positions_observed_at = old.positions_observed_at.clone();
+            Some(left)
+        }
+        _ => {
+            status.positions_observed_at = Some(now.clone());
+            Some(interval)
+        }
     }
 }
 
@@ -140,13 +147,14 @@ pub struct Observations<'a> {
 ///
 /// The WAL positions of the instances are published at most every [`POSITIONS_INTERVAL`]
 /// unless something else about the instances changed: see
-/// [`publish_positions_at_most_every`].
+/// [`publish_positions_at_most_every`], whose answer (when held-back positions are due)
+/// comes with the status.
 pub fn compute(
     cluster: &PostgresCluster,
     plan: &Plan,
     seen: &Observations,
     now: Time,
-) -> PostgresClusterStatus {
+) -> (PostgresClusterStatus, Option<std::time::Duration>) {
     let Observations {
         pods,
         probes,
@@ -197,7 +205,8 @@ pub fn compute(
             }
         })
         .collect();
-    publish_positions_at_most_every(&mut status, &old, &now, POSITIONS_INTERVAL);
+    let positions_due =
+        publish_positions_at_most_every(&mut status, &old, &now, POSITIONS_INTERVAL);
     let desired = plan.serials.len() as i32;
     let existing = status
         .instances
@@ -396,7 +405,7 @@ pub fn compute(
         },
         now,
     );
-    status
+    (status, positions_due)
 }
 
 /// Sets `RolloutBlocked`: True with the reason and message of `blocked`, else False.
@@ -567,21 +576,29 @@ mod tests {
             )
         };
 
-        // Only the positions moved, 10 s after the last publication: the old ones stay.
+        // Only the positions moved, 10 s after the last publication: the old ones stay,
+        // and are due 20 s later.
         let mut status = moved();
-        publish_positions_at_most_every(&mut status, &old, &at(10), interval);
+        let due = publish_positions_at_most_every(&mut status, &old, &at(10), interval);
         assert_eq!(status, old, "nothing to write");
+        assert_eq!(due, Some(std::time::Duration::from_secs(20)));
 
         // 30 s after: published, with the time they were read.
         let mut status = moved();
-        publish_positions_at_most_every(&mut status, &old, &at(30), interval);
+        let due = publish_positions_at_most_every(&mut status, &old, &at(30), interval);
+        assert_eq!(
+            due,
+            Some(interval),
+            "a look again when they may have moved on"
+        );
         assert_eq!(status.instances, moved().instances);
         assert_eq!(status.positions_observed_at, Some(at(30)));
 
         // A role changed: everything is current at once, positions included.
         let mut status = moved();
         status.instances[1].role = None;
-        publish_positions_at_most_every(&mut status, &old, &at(5), interval);
+        let due = publish_positions_at_most_every(&mut status, &old, &at(5), interval);
+        assert_eq!(due, Some(interval));
         assert_eq!(
             status.instances[0].received_lsn.as_deref(),
             Some("0/4000000")
@@ -590,15 +607,16 @@ mod tests {
 
         // Unchanged positions keep their time; a status without one gets it.
         let mut status = old.clone();
-        publish_positions_at_most_every(&mut status, &old, &at(90), interval);
-        assert_eq!(status, old);
+        let due = publish_positions_at_most_every(&mut status, &old, &at(90), interval);
+        assert_eq!((status.clone(), due), (old.clone(), None));
         let mut status = with(old.instances.clone(), None);
-        publish_positions_at_most_every(
+        let due = publish_positions_at_most_every(
             &mut status,
             &with(old.instances.clone(), None),
             &at(7),
             interval,
         );
+        assert_eq!(due, None);
         assert_eq!(status.positions_observed_at, Some(at(7)));
     }
 
@@ -632,7 +650,7 @@ mod tests {
             probes: &probes,
             roles: &roles,
         };
-        compute(cluster, plan, &seen, now)
+        compute(cluster, plan, &seen, now).0
     }
 
     fn at(secs: i64) -> Time {
@@ -725,7 +743,7 @@ mod tests {
                 probes,
                 roles: &roles,
             };
-            compute(cluster, &p, &seen, at(t))
+            compute(cluster, &p, &seen, at(t)).0
         };
 
         let bad = answering(vec![InvalidParameter {
