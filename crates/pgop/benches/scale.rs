@@ -28,71 +28,9 @@ use std::time::{Duration, Instant};
 
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
-fn env_secs(name: &str, default: u64) -> Duration {
-    Duration::from_secs(
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default),
-    )
-}
-
-/// Clock ticks per second of /proc/<pid>/stat (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
-
-/// (resident, peak resident) in MiB, and CPU seconds (user + system) of `pid`.
-fn usage(pid: u32) -> Result<(f64, f64, f64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> f64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the command.
-    let cpu = (ticks(11) + ticks(12)) / TICKS;
-    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0, cpu))
-}
-
-/// `apiserver_request_total`, summed by verb, for resource requests (not /metrics).
-async fn requests_by_verb(client: &kube::Client) -> Result<BTreeMap<String, f64>> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
-    let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        if label("resource").is_empty() {
-            continue;
-        }
-        let value: f64 = value.trim().parse().unwrap_or(0.0);
-        *out.entry(label("verb")).or_insert(0.0) += value;
-    }
-    Ok(out)
-}
+#[path = "support/measure.rs"]
+mod measure;
+use measure::{Operator, env_secs, requests_by_verb, usage};
 
 fn cluster(name: &str) -> Result<PostgresCluster> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -111,16 +49,6 @@ struct Row {
     steady_cpu: String,
     requests: String,
     one_more: String,
-}
-
-/// Kills the operator when dropped.
-struct Operator(std::process::Child);
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Row> {

@@ -38,6 +38,13 @@ pub struct Env {
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub async fn start(prefix: &str) -> Result<Env> {
+    let mut env = start_without_operator(prefix).await?;
+    env.start_operator();
+    Ok(env)
+}
+
+/// [`start`] without the operator: for a caller that runs its own (as a process, say).
+pub async fn start_without_operator(prefix: &str) -> Result<Env> {
     let plane = ControlPlane::start(Options::default().with_controller_manager()).await?;
     let client = plane.client()?;
     pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
@@ -68,16 +75,14 @@ pub async fn start(prefix: &str) -> Result<Env> {
         },
         ..pgop_operator::Options::default()
     };
-    let mut env = Env {
+    Ok(Env {
         plane,
         client,
         ns,
         node,
         options,
         operator: None,
-    };
-    env.start_operator();
-    Ok(env)
+    })
 }
 
 impl Env {

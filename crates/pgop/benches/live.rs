@@ -1,0 +1,253 @@
+//! The live fleet benchmark: `cargo bench -p pgop --bench live [-- N ...]` (default 1 50)
+//! prints, for a fleet of N running clusters on the local node (real PostgreSQL, real
+//! instance managers), each with a writer committing every 100 ms through `-rw`:
+//! - the operator's resident memory and its CPU use (% of one core) over a steady window;
+//! - PostgresCluster status writes per minute per cluster over that window, from the API
+//!   server's `apiserver_request_total` (only the operator writes a cluster's status);
+//! - failover of one two-instance cluster of the fleet, its primary's postmaster killed
+//!   (kill -9): the time until the operator decides (`status.targetPrimary` names the
+//!   standby) and until a write is accepted through `-rw`, median and max over runs.
+//!
+//! The fleet is one two-instance cluster (the one failed over) and N - 1 single-instance
+//! clusters. The operator is the `pgop operator` binary in its own process, so its CPU and
+//! memory are its own; the local node, the writers and this program share the machine
+//! with it. Run it on an otherwise idle machine; the figures are wall-clock times here.
+//!
+//! Environment: `PGOP_LIVE_STEADY_SECS` (default 60), the steady window;
+//! `PGOP_LIVE_RUNS` (default 3), failovers per N.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[path = "support/measure.rs"]
+mod measure;
+
+use common::*;
+use measure::{Operator, env_number, env_secs, requests_where, usage};
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The cluster failed over.
+const WATCHED: &str = "watched";
+
+fn stats(v: &[Duration]) -> String {
+    let mut s = v.to_vec();
+    s.sort();
+    let median = s.get(s.len() / 2).copied().unwrap_or_default();
+    let max = s.last().copied().unwrap_or_default();
+    format!("{:.2} s ({:.2} s)", median.as_secs_f64(), max.as_secs_f64())
+}
+
+/// A writer that commits one row every 100 ms through `<cluster>-rw`, reconnecting to
+/// wherever it resolves after a failure; counts its commits.
+fn paced_writer(
+    env: &Env,
+    cluster: &str,
+    password: &str,
+    stop: Arc<AtomicBool>,
+    commits: Arc<AtomicU64>,
+) {
+    let hosts = env.node.hosts_file().to_path_buf();
+    let name = format!("{cluster}-rw.{}.svc", env.n());
+    let password = password.to_string();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        'connect: while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let Some(host) = pgop_testenv::node::resolve_host(&hosts, &name) else {
+                continue;
+            };
+            let Ok(c) = connect_within(&host, &password, Duration::from_millis(500)).await else {
+                continue;
+            };
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let sql = "insert into load(at) values (now())";
+                match tokio::time::timeout(Duration::from_secs(5), c.execute(sql, &[])).await {
+                    Ok(Ok(1)) => {
+                        commits.fetch_add(1, Ordering::Relaxed);
+                    }
+                    _ => continue 'connect,
+                }
+            }
+        }
+    });
+}
+
+/// PostgresCluster status writes so far, all verbs.
+async fn status_writes(client: &kube::Client) -> Result<f64> {
+    let by_verb = requests_where(client, |label| {
+        label("resource") == "postgresclusters"
+            && label("subresource") == "status"
+            && matches!(label("verb").as_str(), "PATCH" | "PUT" | "APPLY")
+    })
+    .await?;
+    Ok(by_verb.values().sum())
+}
+
+/// Kills the watched cluster's primary; (until the operator names another, until a write
+/// through `-rw` is accepted).
+async fn failover_once(env: &Env, password: &str) -> Result<(Duration, Duration)> {
+    let primary = env.current_primary(WATCHED).await?;
+    env.kill_postmaster(&primary, password).await?;
+    let killed = Instant::now();
+    let clusters = env.clusters();
+    let decided = loop {
+        let c = clusters.get(WATCHED).await?;
+        let target = c.status.and_then(|s| s.target_primary);
+        if target.is_some_and(|t| t != primary) {
+            break killed.elapsed();
+        }
+        if killed.elapsed() > TIMEOUT {
+            return Err(format!("no failover decided within {TIMEOUT:?}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    write_through_rw(
+        env,
+        WATCHED,
+        password,
+        "insert into load(at) values (now())",
+    )
+    .await?;
+    let written = killed.elapsed();
+    env.wait_ready(WATCHED, 2).await?;
+    Ok((decided, written))
+}
+
+struct Row {
+    n: usize,
+    rss: String,
+    cpu: String,
+    status_writes: String,
+    commits: String,
+    decided: String,
+    written: String,
+}
+
+async fn one(n: usize) -> Result<Row> {
+    let env = start_without_operator(&format!("live-{n}")).await?;
+    let (uid, gid) = pgop_testenv::node::local_user("postgres")
+        .ok_or("no postgres user: apt-get install postgresql-15")?;
+    let log_path = std::env::temp_dir().join(format!("pgop-live-operator-{n}.log"));
+    eprintln!("operator log: {}", log_path.display());
+    let log = std::fs::File::create(&log_path)?;
+    let operator = Operator(
+        std::process::Command::new(env!("CARGO_BIN_EXE_pgop"))
+            .args([
+                "operator",
+                "--namespace",
+                env.n(),
+                "--metrics-bind-address",
+                "0",
+            ])
+            .args([
+                "--instance-uid",
+                &uid.to_string(),
+                "--instance-gid",
+                &gid.to_string(),
+            ])
+            .env("KUBECONFIG", env.plane.kubeconfig())
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?,
+    );
+    let pid = operator.0.id();
+
+    let mut names = vec![WATCHED.to_string()];
+    names.extend((1..n).map(|i| format!("c{i}")));
+    for name in &names {
+        let replicas = if name == WATCHED { 2 } else { 1 };
+        env.create(
+            name,
+            json!({"replicas": replicas, "storage": {"size": "1Gi"}}),
+        )
+        .await?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let mut passwords = Vec::new();
+    for name in &names {
+        let replicas = if name == WATCHED { 2 } else { 1 };
+        env.wait_ready(name, replicas).await?;
+        let password = env.password(name).await?;
+        write_through_rw(
+            &env,
+            name,
+            &password,
+            "create table load(id bigserial primary key, at timestamptz)",
+        )
+        .await?;
+        paced_writer(&env, name, &password, stop.clone(), commits.clone());
+        passwords.push(password);
+    }
+    eprintln!("N = {n}: every cluster ready and written to");
+
+    // The steady window, under write load.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let steady = env_secs("PGOP_LIVE_STEADY_SECS", 60);
+    let writes_a = status_writes(&env.client).await?;
+    let commits_a = commits.load(Ordering::Relaxed);
+    let (_, _, cpu_a) = usage(pid)?;
+    tokio::time::sleep(steady).await;
+    let (rss, peak, cpu_b) = usage(pid)?;
+    let writes_b = status_writes(&env.client).await?;
+    let commits_b = commits.load(Ordering::Relaxed);
+    let minutes = steady.as_secs_f64() / 60.0;
+
+    // Failovers of the watched cluster, the fleet still writing.
+    let runs = env_number("PGOP_LIVE_RUNS", 3).max(1);
+    let password = passwords.first().ok_or("no cluster")?;
+    let (mut decided, mut written) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let (d, w) = failover_once(&env, password).await?;
+        decided.push(d);
+        written.push(w);
+    }
+    stop.store(true, Ordering::Relaxed);
+    drop(operator);
+    env.stop().await?;
+    Ok(Row {
+        n,
+        rss: format!("{rss:.0} MiB ({peak:.0})"),
+        cpu: format!("{:.1} %", 100.0 * (cpu_b - cpu_a) / steady.as_secs_f64()),
+        status_writes: format!("{:.2}", (writes_b - writes_a) / minutes / n as f64),
+        commits: format!(
+            "{:.0}",
+            (commits_b - commits_a) as f64 / steady.as_secs_f64()
+        ),
+        decided: stats(&decided),
+        written: stats(&written),
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result {
+    // `cargo bench` passes --bench; numbers are the fleet sizes.
+    let sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .filter(|&n| n > 0)
+        .collect();
+    let sizes = if sizes.is_empty() { vec![1, 50] } else { sizes };
+    let mut rows = Vec::new();
+    for n in sizes {
+        eprintln!("N = {n} ...");
+        rows.push(one(n).await?);
+    }
+    println!();
+    println!(
+        "| N live clusters | operator RSS (peak) | operator CPU, steady | status writes / min / cluster | commits / s, fleet | failover: kill -> decided, median (max) | kill -> write via -rw, median (max) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.n, r.rss, r.cpu, r.status_writes, r.commits, r.decided, r.written
+        );
+    }
+    Ok(())
+}
