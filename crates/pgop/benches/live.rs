@@ -22,7 +22,7 @@ mod common;
 mod measure;
 
 use common::*;
-use measure::{Operator, env_number, env_secs, requests_where, usage};
+use measure::{Operator, env_number, env_secs, pgop_command, requests_where, usage};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -135,7 +135,7 @@ async fn one(n: usize) -> Result<Row> {
     eprintln!("operator log: {}", log_path.display());
     let log = std::fs::File::create(&log_path)?;
     let operator = Operator(
-        std::process::Command::new(env!("CARGO_BIN_EXE_pgop"))
+        pgop_command()
             .args([
                 "operator",
                 "--namespace",

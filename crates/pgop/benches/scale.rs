@@ -30,7 +30,7 @@ type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result:
 
 #[path = "support/measure.rs"]
 mod measure;
-use measure::{Operator, env_secs, requests_by_verb, usage};
+use measure::{Operator, env_secs, pgop_command, requests_by_verb, usage};
 
 fn cluster(name: &str) -> Result<PostgresCluster> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -59,7 +59,7 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
     eprintln!("operator log: {}", log_path.display());
     let log = std::fs::File::create(&log_path)?;
     let operator = Operator(
-        std::process::Command::new(env!("CARGO_BIN_EXE_pgop"))
+        pgop_command()
             .args([
                 "operator",
                 "--namespace",

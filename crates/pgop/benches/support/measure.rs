@@ -86,6 +86,24 @@ pub async fn requests_where(
     Ok(out)
 }
 
+/// A command that runs `pgop` (this build's binary), under the wrapper in
+/// `PGOP_BENCH_WRAP` when it is set (split at whitespace; a profiler, say:
+/// `PGOP_BENCH_WRAP="heaptrack -o /tmp/operator"`). The memory and CPU figures are then
+/// the wrapper's own, unless it replaces itself with `pgop` (exec).
+pub fn pgop_command() -> std::process::Command {
+    let pgop = env!("CARGO_BIN_EXE_pgop");
+    let wrap = std::env::var("PGOP_BENCH_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    match words.next() {
+        Some(wrapper) => {
+            let mut command = std::process::Command::new(wrapper);
+            command.args(words).arg(pgop);
+            command
+        }
+        None => std::process::Command::new(pgop),
+    }
+}
+
 /// Kills the operator when dropped.
 pub struct Operator(pub std::process::Child);
 
