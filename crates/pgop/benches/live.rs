@@ -9,7 +9,7 @@
 //!   standby) and until a write is accepted through `-rw`, median and max over runs.
 //!
 //! The fleet is one two-instance cluster (the one failed over) and N - 1 single-instance
-//! clusters. The operator is the `pgop operator` binary in its own process, so its CPU and
+//! clusters, created five at a time. The operator is the `pgop operator` binary in its own process, so its CPU and
 //! memory are its own; the local node, the writers and this program share the machine
 //! with it. Run it on an otherwise idle machine; the figures are wall-clock times here.
 //!
@@ -22,7 +22,7 @@ mod common;
 mod measure;
 
 use common::*;
-use measure::{Operator, env_number, env_secs, pgop_command, requests_where, usage};
+use measure::{Operator, env_number, env_secs, pgop_command, requests_where, sizes, usage};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 
 /// The cluster failed over.
 const WATCHED: &str = "watched";
+
+/// How many clusters are created at once.
+const WAVE: usize = 5;
 
 fn stats(v: &[Duration]) -> String {
     let mut s = v.to_vec();
@@ -90,8 +93,19 @@ async fn status_writes(client: &kube::Client) -> Result<f64> {
 /// Kills the watched cluster's primary; (until the operator names another, until a write
 /// through `-rw` is accepted).
 async fn failover_once(env: &Env, password: &str) -> Result<(Duration, Duration)> {
-    let primary = env.current_primary(WATCHED).await?;
-    env.kill_postmaster(&primary, password).await?;
+    // The primary named in the status may not take connections yet (it may have restarted
+    // under the load): try until it does.
+    let started = Instant::now();
+    let primary = loop {
+        let primary = env.current_primary(WATCHED).await?;
+        match env.kill_postmaster(&primary, password).await {
+            Ok(_) => break primary,
+            Err(e) if started.elapsed() > TIMEOUT => {
+                return Err(format!("could not kill {primary}'s postmaster: {e}").into());
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
     let killed = Instant::now();
     let clusters = env.clusters();
     let decided = loop {
@@ -159,30 +173,34 @@ async fn one(n: usize) -> Result<Row> {
 
     let mut names = vec![WATCHED.to_string()];
     names.extend((1..n).map(|i| format!("c{i}")));
-    for name in &names {
-        let replicas = if name == WATCHED { 2 } else { 1 };
-        env.create(
-            name,
-            json!({"replicas": replicas, "storage": {"size": "1Gi"}}),
-        )
-        .await?;
-    }
     let stop = Arc::new(AtomicBool::new(false));
     let commits = Arc::new(AtomicU64::new(0));
     let mut passwords = Vec::new();
-    for name in &names {
-        let replicas = if name == WATCHED { 2 } else { 1 };
-        env.wait_ready(name, replicas).await?;
-        let password = env.password(name).await?;
-        write_through_rw(
-            &env,
-            name,
-            &password,
-            "create table load(id bigserial primary key, at timestamptz)",
-        )
-        .await?;
-        paced_writer(&env, name, &password, stop.clone(), commits.clone());
-        passwords.push(password);
+    // In waves: fifty initdbs at once on two cores would measure the machine, not the
+    // operator, and the steady state is what is measured here.
+    for wave in names.chunks(WAVE) {
+        for name in wave {
+            let replicas = if name == WATCHED { 2 } else { 1 };
+            env.create(
+                name,
+                json!({"replicas": replicas, "storage": {"size": "1Gi"}}),
+            )
+            .await?;
+        }
+        for name in wave {
+            let replicas = if name == WATCHED { 2 } else { 1 };
+            env.wait_ready(name, replicas).await?;
+            let password = env.password(name).await?;
+            write_through_rw(
+                &env,
+                name,
+                &password,
+                "create table load(id bigserial primary key, at timestamptz)",
+            )
+            .await?;
+            paced_writer(&env, name, &password, stop.clone(), commits.clone());
+            passwords.push(password);
+        }
     }
     eprintln!("N = {n}: every cluster ready and written to");
 
@@ -226,15 +244,8 @@ async fn one(n: usize) -> Result<Row> {
 
 #[tokio::main]
 async fn main() -> Result {
-    // `cargo bench` passes --bench; numbers are the fleet sizes.
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .filter(|&n| n > 0)
-        .collect();
-    let sizes = if sizes.is_empty() { vec![1, 50] } else { sizes };
     let mut rows = Vec::new();
-    for n in sizes {
+    for n in sizes(&[1, 50]) {
         eprintln!("N = {n} ...");
         rows.push(one(n).await?);
     }

@@ -30,7 +30,7 @@ type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result:
 
 #[path = "support/measure.rs"]
 mod measure;
-use measure::{Operator, env_secs, pgop_command, requests_by_verb, usage};
+use measure::{Operator, env_secs, pgop_command, requests_by_verb, sizes, usage};
 
 fn cluster(name: &str) -> Result<PostgresCluster> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -175,16 +175,7 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
 
 #[tokio::main]
 async fn main() -> Result {
-    // `cargo bench` passes --bench; numbers are the fleet sizes.
-    let sizes: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let sizes = if sizes.is_empty() {
-        vec![10, 100]
-    } else {
-        sizes
-    };
+    let sizes = sizes(&[10, 100]);
     let plane = ControlPlane::start(Options::default()).await?;
     let client = plane.client()?;
     pgop_testenv::crds::install(&client, pgop_api::crds()).await?;

@@ -15,6 +15,21 @@ pub fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The fleet sizes given on the command line (`cargo bench` adds `--bench`, which is not a
+/// number), or `default`.
+pub fn sizes(default: &[usize]) -> Vec<usize> {
+    let given: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .filter(|&n| n > 0)
+        .collect();
+    if given.is_empty() {
+        default.to_vec()
+    } else {
+        given
+    }
+}
+
 /// [`env_number`] seconds.
 pub fn env_secs(name: &str, default: u64) -> Duration {
     Duration::from_secs(env_number(name, default))
