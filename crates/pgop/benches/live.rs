@@ -22,7 +22,9 @@ mod common;
 mod measure;
 
 use common::*;
-use measure::{Operator, env_number, env_secs, pgop_command, requests_where, sizes, usage};
+use measure::{
+    Operator, env_number, env_secs, pgop_command, print_table, requests_where, sizes, usage,
+};
 use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -249,16 +251,32 @@ async fn main() -> Result {
         eprintln!("N = {n} ...");
         rows.push(one(n).await?);
     }
-    println!();
-    println!(
-        "| N live clusters | operator RSS (peak) | operator CPU, steady | status writes / min / cluster | commits / s, fleet | failover: kill -> decided, median (max) | kill -> write via -rw, median (max) |"
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| {
+            let n = r.n.to_string();
+            vec![
+                n,
+                r.rss,
+                r.cpu,
+                r.status_writes,
+                r.commits,
+                r.decided,
+                r.written,
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "N live clusters",
+            "operator RSS (peak)",
+            "operator CPU, steady",
+            "status writes / min / cluster",
+            "commits / s, fleet",
+            "failover: kill -> decided, median (max)",
+            "kill -> write via -rw, median (max)",
+        ],
+        &rows,
     );
-    println!("|---|---|---|---|---|---|---|");
-    for r in rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            r.n, r.rss, r.cpu, r.status_writes, r.commits, r.decided, r.written
-        );
-    }
     Ok(())
 }

@@ -30,7 +30,7 @@ type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result:
 
 #[path = "support/measure.rs"]
 mod measure;
-use measure::{Operator, env_secs, pgop_command, requests_by_verb, sizes, usage};
+use measure::{Operator, env_secs, pgop_command, print_table, requests_by_verb, sizes, usage};
 
 fn cluster(name: &str) -> Result<PostgresCluster> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -186,16 +186,32 @@ async fn main() -> Result {
         eprintln!("N = {n}: {} | {} | {}", row.children, row.rss, row.requests);
         rows.push(row);
     }
-    println!();
-    println!(
-        "| N clusters × 3 | until every cluster has its children | operator RSS settled (peak) | CPU while creating | CPU steady | steady API requests / s / cluster (by verb) | one more cluster's children |"
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| {
+            let n = r.n.to_string();
+            vec![
+                n,
+                r.children,
+                r.rss,
+                r.ramp_cpu,
+                r.steady_cpu,
+                r.requests,
+                r.one_more,
+            ]
+        })
+        .collect();
+    print_table(
+        &[
+            "N clusters × 3",
+            "until every cluster has its children",
+            "operator RSS settled (peak)",
+            "CPU while creating",
+            "CPU steady",
+            "steady API requests / s / cluster (by verb)",
+            "one more cluster's children",
+        ],
+        &rows,
     );
-    println!("|---|---|---|---|---|---|---|");
-    for r in rows {
-        println!(
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            r.n, r.children, r.rss, r.ramp_cpu, r.steady_cpu, r.requests, r.one_more
-        );
-    }
     Ok(())
 }

@@ -168,7 +168,10 @@ pub fn subscribe<T: Clone + Send + 'static>(
             match rx.recv().await {
                 Ok(item) => return Some((item, rx)),
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                    tracing::debug!(missed, "node changes: a receiver fell behind");
+                    tracing::debug!(
+                        missed,
+                        "a trigger receiver fell behind; the resync catches up"
+                    );
                 }
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
             }

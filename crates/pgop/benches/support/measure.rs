@@ -119,6 +119,16 @@ pub fn pgop_command() -> std::process::Command {
     }
 }
 
+/// Prints a Markdown table: `header`'s columns, then one line per row.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    println!();
+    println!("| {} |", header.join(" | "));
+    println!("|{}", "---|".repeat(header.len()));
+    for row in rows {
+        println!("| {} |", row.join(" | "));
+    }
+}
+
 /// Kills the operator when dropped.
 pub struct Operator(pub std::process::Child);
 
