@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod backup;
 pub mod cluster;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod selector;
 
@@ -405,7 +406,7 @@ impl Operator {
         let sweep_stopped = stopped();
         let sweep = async move {
             tokio::select! {
-                () = sweep => {}
+                () = async { tokio::join!(sweep, memory::trim_periodically()); } => {}
                 () = sweep_stopped => {}
             }
         };

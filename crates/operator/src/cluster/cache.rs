@@ -6,6 +6,10 @@
 //!   [`Index`] of the objects by namespace and cluster label. `managedFields` are
 //!   dropped on arrival: nothing reads them, and they are a large part of an object; so is
 //!   a Pod's spec but for `nodeName` ([`trim_pod`]).
+//! - An index keeps a cluster's objects of one kind as one compressed JSON array
+//!   ([`Group`]) and decodes it on each read: typed Kubernetes objects cost several times
+//!   that in memory, and a fleet's children are tens of thousands of objects read a
+//!   cluster at a time.
 //! - An index answers only once its first complete LIST has arrived ([`Index::ready`]);
 //!   until then, and whenever it may not yet show this operator's own last writes, the
 //!   reconcile lists from the API server as before ([`Expectations`]).
@@ -22,9 +26,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use pgop_api::backup::PostgresBackup;
 use pgop_api::labels;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -34,12 +40,78 @@ use super::dereference::Observed;
 /// `(namespace, name)` of an object, or `(namespace, cluster)` of a group of them.
 type Key = (String, String);
 
+/// The objects of one kind of one cluster, as kept: a JSON array of them ordered by name,
+/// deflated. A typed object holds every optional field inline, a tree node per map and an
+/// allocation per string; a cluster's objects of one kind share their labels, owner and
+/// much of their shape (its Secrets the same authority certificate, several times), so
+/// one compressed array of them is a small fraction of the typed objects (measured in
+/// docs/operator.md#scale). A read decodes the whole group, which is what a pass reads.
+struct Group(Box<[u8]>);
+
+impl Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Group({} bytes)", self.0.len())
+    }
+}
+
+impl Group {
+    fn pack<K: Serialize>(objects: &[K]) -> Option<Group> {
+        use std::io::Write;
+        let json = match serde_json::to_vec(objects) {
+            Ok(json) => json,
+            Err(e) => {
+                // Cannot happen for the API's types: the group is then not kept, and the
+                // pass that needs it creates what it lacks, or lists.
+                tracing::warn!(error = %e, "cannot keep objects in the cache");
+                return None;
+            }
+        };
+        let mut encoder = flate2::write::DeflateEncoder::new(
+            Vec::with_capacity(json.len() / 3),
+            // The fastest level: a group is written on every change of one of its
+            // objects, and the fastest is within a few percent of the best here.
+            flate2::Compression::fast(),
+        );
+        let packed = encoder.write_all(&json).and_then(|()| encoder.finish());
+        match packed {
+            Ok(packed) => Some(Group(packed.into_boxed_slice())),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot compress objects for the cache");
+                None
+            }
+        }
+    }
+
+    fn unpack<K: DeserializeOwned>(&self) -> Vec<K> {
+        use std::io::Read;
+        let mut json = Vec::with_capacity(self.0.len() * 4);
+        let read = flate2::read::DeflateDecoder::new(&self.0[..]).read_to_end(&mut json);
+        let decoded = read
+            .map_err(|e| e.to_string())
+            .and_then(|_| serde_json::from_slice(&json).map_err(|e| e.to_string()));
+        match decoded {
+            Ok(objects) => objects,
+            Err(e) => {
+                // Cannot happen (this module wrote it); the objects then look absent, and
+                // the pass that needs them repairs or lists.
+                tracing::warn!(error = %e, "cannot read objects back from the cache");
+                Vec::new()
+            }
+        }
+    }
+}
+
+fn name_of<K: Resource>(obj: &K) -> &str {
+    obj.meta().name.as_deref().unwrap_or_default()
+}
+
 #[derive(Debug)]
 struct State<K> {
-    /// Objects by (namespace, cluster label), then by name.
-    by_cluster: HashMap<Key, BTreeMap<String, Arc<K>>>,
+    /// Objects by (namespace, cluster label).
+    by_cluster: HashMap<Key, Group>,
     /// The cluster each object was filed under, by (namespace, name).
     cluster_of: HashMap<Key, String>,
+    kind: PhantomData<fn() -> K>,
 }
 
 impl<K> Default for State<K> {
@@ -47,53 +119,81 @@ impl<K> Default for State<K> {
         Self {
             by_cluster: HashMap::new(),
             cluster_of: HashMap::new(),
+            kind: PhantomData,
         }
     }
 }
 
-impl<K: Resource> State<K> {
-    fn insert(&mut self, obj: K) {
+impl<K: Resource + Clone + Serialize + DeserializeOwned> State<K> {
+    /// Keeps `objects` as the group of `key`, or none when empty.
+    fn keep(&mut self, key: Key, mut objects: Vec<K>) {
+        if objects.is_empty() {
+            self.by_cluster.remove(&key);
+            return;
+        }
+        objects.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+        match Group::pack(&objects) {
+            Some(group) => {
+                self.by_cluster.insert(key, group);
+            }
+            None => {
+                self.by_cluster.remove(&key);
+            }
+        }
+    }
+
+    fn objects(&self, key: &Key) -> Vec<K> {
+        self.by_cluster
+            .get(key)
+            .map(Group::unpack)
+            .unwrap_or_default()
+    }
+
+    fn insert(&mut self, obj: &K) {
         let namespace = obj.meta().namespace.clone().unwrap_or_default();
-        let name = obj.meta().name.clone().unwrap_or_default();
-        self.remove(&namespace, &name);
+        let name = name_of(obj).to_string();
         // An object without the cluster label belongs to no cluster: not filed.
-        let Some(cluster) = obj
+        let cluster = obj
             .meta()
             .labels
             .as_ref()
             .and_then(|l| l.get(labels::CLUSTER))
-            .cloned()
-        else {
+            .cloned();
+        let filed = self
+            .cluster_of
+            .get(&(namespace.clone(), name.clone()))
+            .cloned();
+        if filed.is_some() && filed != cluster {
+            self.remove(&namespace, &name);
+        }
+        let Some(cluster) = cluster else {
             return;
         };
-        self.cluster_of
-            .insert((namespace.clone(), name.clone()), cluster.clone());
-        self.by_cluster
-            .entry((namespace, cluster))
-            .or_default()
-            .insert(name, Arc::new(obj));
+        let key = (namespace.clone(), cluster.clone());
+        let mut objects: Vec<K> = self.objects(&key);
+        objects.retain(|o| name_of(o) != name);
+        objects.push(obj.clone());
+        self.keep(key, objects);
+        self.cluster_of.insert((namespace, name), cluster);
     }
 
     fn remove(&mut self, namespace: &str, name: &str) {
         let key = (namespace.to_string(), name.to_string());
         if let Some(cluster) = self.cluster_of.remove(&key) {
             let group = (namespace.to_string(), cluster);
-            if let Some(objects) = self.by_cluster.get_mut(&group) {
-                objects.remove(name);
-                if objects.is_empty() {
-                    self.by_cluster.remove(&group);
-                }
-            }
+            let mut objects = self.objects(&group);
+            objects.retain(|o| name_of(o) != name);
+            self.keep(group, objects);
         }
     }
 
-    fn get(&self, namespace: &str, name: &str) -> Option<&Arc<K>> {
+    fn get(&self, namespace: &str, name: &str) -> Option<K> {
         let cluster = self
             .cluster_of
             .get(&(namespace.to_string(), name.to_string()))?;
-        self.by_cluster
-            .get(&(namespace.to_string(), cluster.clone()))?
-            .get(name)
+        self.objects(&(namespace.to_string(), cluster.clone()))
+            .into_iter()
+            .find(|o| name_of(o) == name)
     }
 }
 
@@ -131,22 +231,22 @@ impl<K> Default for Index<K> {
     }
 }
 
-impl<K: Resource + Clone> Index<K> {
+impl<K: Resource + Clone + Serialize + DeserializeOwned> Index<K> {
     /// Applies one watch event.
     pub fn apply(&self, event: &watcher::Event<K>) {
         let Ok(mut inner) = self.inner.write() else {
             return;
         };
         match event {
-            watcher::Event::Apply(obj) => inner.state.insert(obj.clone()),
+            watcher::Event::Apply(obj) => inner.state.insert(obj),
             watcher::Event::Delete(obj) => {
                 let namespace = obj.meta().namespace.clone().unwrap_or_default();
                 inner.state.remove(&namespace, &obj.name_any());
             }
             watcher::Event::Init => inner.buffer = Some(State::default()),
             watcher::Event::InitApply(obj) => match inner.buffer.as_mut() {
-                Some(buffer) => buffer.insert(obj.clone()),
-                None => inner.state.insert(obj.clone()),
+                Some(buffer) => buffer.insert(obj),
+                None => inner.state.insert(obj),
             },
             watcher::Event::InitDone => {
                 if let Some(buffer) = inner.buffer.take() {
@@ -169,10 +269,7 @@ impl<K: Resource + Clone> Index<K> {
         };
         inner
             .state
-            .by_cluster
-            .get(&(namespace.to_string(), cluster.to_string()))
-            .map(|objects| objects.values().map(|o| K::clone(o)).collect())
-            .unwrap_or_default()
+            .objects(&(namespace.to_string(), cluster.to_string()))
     }
 
     /// The (namespace, cluster) of every cluster with an object that `wanted`.
@@ -184,7 +281,7 @@ impl<K: Resource + Clone> Index<K> {
             .state
             .by_cluster
             .iter()
-            .filter(|(_, objects)| objects.values().any(|o| wanted(o)))
+            .filter(|(_, group)| group.unpack::<K>().iter().any(&wanted))
             .map(|(key, _)| key.clone())
             .collect()
     }
@@ -237,7 +334,7 @@ pub fn trim_pod(pod: &mut Pod) {
 /// leaves it) and yields every object it touches.
 fn feed<K>(api: Api<K>, config: watcher::Config, index: Index<K>, trim: fn(&mut K)) -> Feed<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     watcher(api, config)
         .default_backoff()
@@ -634,6 +731,36 @@ mod tests {
         index.apply(&watcher::Event::InitDone);
         assert_eq!(names(&index.of_cluster("ns", "a")), ["a-1", "a-3"]);
         assert!(index.ready());
+    }
+
+    #[test]
+    fn a_group_gives_back_exactly_what_was_kept() {
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a-ca", "namespace": "ns", "labels": {labels::CLUSTER: "a"},
+                         "annotations": {"x": "quote \" newline \n"},
+                         "resourceVersion": "7", "uid": "u7"},
+            "type": "Opaque",
+            "data": {"ca.crt": "LS0tLS1CRUdJTg==", "ca.key": "AAEC/w=="},
+        }))
+        .expect("secret");
+        let mut pod = pod("a-1", Some("a"), "8", "u8");
+        pod.status = serde_json::from_value(serde_json::json!({
+            "phase": "Running", "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True",
+                            "lastTransitionTime": "2026-12-02T12:00:00Z"}],
+        }))
+        .expect("status");
+        let secrets = Index::<Secret>::default();
+        secrets.apply(&watcher::Event::Apply(secret.clone()));
+        assert_eq!(secrets.of_cluster("ns", "a"), [secret]);
+        let pods = Index::<Pod>::default();
+        pods.apply(&watcher::Event::Apply(pod.clone()));
+        assert_eq!(pods.of_cluster("ns", "a"), [pod]);
+        assert_eq!(
+            pods.version_of("ns", "a-1"),
+            Some(("8".to_string(), "u8".to_string()))
+        );
+        assert_eq!(pods.version_of("ns", "a-2"), None);
     }
 
     fn ready_caches() -> Caches {
