@@ -106,17 +106,21 @@ pub async fn requests_where(
 /// `PGOP_BENCH_WRAP="heaptrack -o /tmp/operator"`). The memory and CPU figures are then
 /// the wrapper's own, unless it replaces itself with `pgop` (exec).
 pub fn pgop_command() -> std::process::Command {
+    use std::os::unix::process::CommandExt;
     let pgop = env!("CARGO_BIN_EXE_pgop");
     let wrap = std::env::var("PGOP_BENCH_WRAP").unwrap_or_default();
     let mut words = wrap.split_whitespace();
-    match words.next() {
+    let mut command = match words.next() {
         Some(wrapper) => {
             let mut command = std::process::Command::new(wrapper);
             command.args(words).arg(pgop);
             command
         }
         None => std::process::Command::new(pgop),
-    }
+    };
+    // Its own process group, which `Operator` kills whole.
+    command.process_group(0);
+    command
 }
 
 /// Prints a Markdown table: `header`'s columns, then one line per row.
@@ -130,10 +134,17 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
 }
 
 /// Kills the operator when dropped.
+/// The operator's process, started by [`pgop_command`] as the leader of its own process
+/// group: dropping it kills the group, so an operator under a wrapper (a profiler) does
+/// not outlive the benchmark.
 pub struct Operator(pub std::process::Child);
 
 impl Drop for Operator {
     fn drop(&mut self) {
+        if let Ok(pid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: kill(2) on the process group this benchmark started.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
