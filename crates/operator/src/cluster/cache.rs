@@ -41,11 +41,10 @@ use super::dereference::Observed;
 type Key = (String, String);
 
 /// The objects of one kind of one cluster, as kept: a JSON array of them ordered by name,
-/// deflated with its index's [dictionary](State::dictionary). A typed object holds every
-/// optional field inline, a tree node per map and an allocation per string; a cluster's
-/// objects of one kind share their labels, owner and much of their shape (its Secrets the
-/// same authority certificate, several times), and every cluster's the same field names,
-/// so one compressed array of them is a small fraction of the typed objects (measured in
+/// deflated. A typed object holds every optional field inline, a tree node per map and an
+/// allocation per string; a cluster's objects of one kind share their labels, owner and
+/// much of their shape (its Secrets the same authority certificate, several times), so
+/// one compressed array of them is a small fraction of the typed objects (measured in
 /// docs/operator.md#scale). A read decodes the whole group, which is what a pass reads.
 struct Group(Box<[u8]>);
 
@@ -56,24 +55,40 @@ impl Debug for Group {
 }
 
 impl Group {
-    fn pack<K: Serialize>(objects: &[K], dictionary: &[u8]) -> Option<Group> {
-        let packed = serde_json::to_vec(objects)
-            .map_err(|e| e.to_string())
-            .and_then(|json| deflate(&json, dictionary));
-        match packed {
-            Ok(packed) => Some(Group(packed.into_boxed_slice())),
+    fn pack<K: Serialize>(objects: &[K]) -> Option<Group> {
+        use std::io::Write;
+        let json = match serde_json::to_vec(objects) {
+            Ok(json) => json,
             Err(e) => {
                 // Cannot happen for the API's types: the group is then not kept, and the
                 // pass that needs it creates what it lacks, or lists.
                 tracing::warn!(error = %e, "cannot keep objects in the cache");
+                return None;
+            }
+        };
+        let mut encoder = flate2::write::DeflateEncoder::new(
+            Vec::with_capacity(json.len() / 3),
+            // The fastest level: a group is written on every change of one of its
+            // objects, and the fastest is within a few percent of the best here.
+            flate2::Compression::fast(),
+        );
+        let packed = encoder.write_all(&json).and_then(|()| encoder.finish());
+        match packed {
+            Ok(packed) => Some(Group(packed.into_boxed_slice())),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot compress objects for the cache");
                 None
             }
         }
     }
 
-    fn unpack<K: DeserializeOwned>(&self, dictionary: &[u8]) -> Vec<K> {
-        let decoded = inflate(&self.0, dictionary)
-            .and_then(|json| serde_json::from_slice(&json).map_err(|e| e.to_string()));
+    fn unpack<K: DeserializeOwned>(&self) -> Vec<K> {
+        use std::io::Read;
+        let mut json = Vec::with_capacity(self.0.len() * 4);
+        let read = flate2::read::DeflateDecoder::new(&self.0[..]).read_to_end(&mut json);
+        let decoded = read
+            .map_err(|e| e.to_string())
+            .and_then(|_| serde_json::from_slice(&json).map_err(|e| e.to_string()));
         match decoded {
             Ok(objects) => objects,
             Err(e) => {
@@ -86,78 +101,6 @@ impl Group {
     }
 }
 
-/// `json` compressed: raw deflate at the fastest level (a group is written on every change
-/// of one of its objects, and the fastest is within a few percent of the best here),
-/// primed with `dictionary`.
-fn deflate(json: &[u8], dictionary: &[u8]) -> Result<Vec<u8>, String> {
-    let mut deflater = flate2::Compress::new(flate2::Compression::fast(), false);
-    if !dictionary.is_empty() {
-        deflater
-            .set_dictionary(dictionary)
-            .map_err(|e| e.to_string())?;
-    }
-    let mut out = Vec::with_capacity(json.len() / 4 + 64);
-    loop {
-        let read = usize::try_from(deflater.total_in()).map_err(|e| e.to_string())?;
-        let status = deflater
-            .compress_vec(
-                json.get(read..).unwrap_or_default(),
-                &mut out,
-                flate2::FlushCompress::Finish,
-            )
-            .map_err(|e| e.to_string())?;
-        if status == flate2::Status::StreamEnd {
-            return Ok(out);
-        }
-        out.reserve(out.capacity().max(64));
-    }
-}
-
-/// What [`deflate`] compressed with the same `dictionary`.
-fn inflate(packed: &[u8], dictionary: &[u8]) -> Result<Vec<u8>, String> {
-    let mut inflater = flate2::Decompress::new(false);
-    if !dictionary.is_empty() {
-        inflater
-            .set_dictionary(dictionary)
-            .map_err(|e| e.to_string())?;
-    }
-    let mut out = Vec::with_capacity(packed.len() * 5);
-    loop {
-        let read = usize::try_from(inflater.total_in()).map_err(|e| e.to_string())?;
-        let written = out.len();
-        let status = inflater
-            .decompress_vec(
-                packed.get(read..).unwrap_or_default(),
-                &mut out,
-                flate2::FlushDecompress::Finish,
-            )
-            .map_err(|e| e.to_string())?;
-        if status == flate2::Status::StreamEnd {
-            return Ok(out);
-        }
-        if out.len() < out.capacity() && out.len() == written {
-            // Room left and nothing more came out: the input ended early.
-            return Err("a cached group ends early".to_string());
-        }
-        out.reserve(out.capacity().max(64));
-    }
-}
-
-/// A dictionary for the groups of one index: the JSON of its first object, without the
-/// values of a Secret (`data`, `stringData`), so that no credential outlives its object in
-/// it. Field names, labels, owner references and the shape of the status are what the
-/// groups have in common.
-fn dictionary_from<K: Serialize>(obj: &K) -> Box<[u8]> {
-    let mut value = serde_json::to_value(obj).unwrap_or_default();
-    if let Some(fields) = value.as_object_mut() {
-        fields.remove("data");
-        fields.remove("stringData");
-    }
-    serde_json::to_vec(&value)
-        .unwrap_or_default()
-        .into_boxed_slice()
-}
-
 fn name_of<K: Resource>(obj: &K) -> &str {
     obj.meta().name.as_deref().unwrap_or_default()
 }
@@ -168,8 +111,6 @@ struct State<K> {
     by_cluster: HashMap<Key, Group>,
     /// The cluster each object was filed under, by (namespace, name).
     cluster_of: HashMap<Key, String>,
-    /// Primes the compression of every group ([`dictionary_from`] the first object kept).
-    dictionary: Option<Box<[u8]>>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -178,7 +119,6 @@ impl<K> Default for State<K> {
         Self {
             by_cluster: HashMap::new(),
             cluster_of: HashMap::new(),
-            dictionary: None,
             kind: PhantomData,
         }
     }
@@ -192,8 +132,7 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> State<K> {
             return;
         }
         objects.sort_by(|a, b| name_of(a).cmp(name_of(b)));
-        let dictionary = self.dictionary.as_deref().unwrap_or_default();
-        match Group::pack(&objects, dictionary) {
+        match Group::pack(&objects) {
             Some(group) => {
                 self.by_cluster.insert(key, group);
             }
@@ -206,7 +145,7 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> State<K> {
     fn objects(&self, key: &Key) -> Vec<K> {
         self.by_cluster
             .get(key)
-            .map(|group| group.unpack(self.dictionary.as_deref().unwrap_or_default()))
+            .map(Group::unpack)
             .unwrap_or_default()
     }
 
@@ -230,9 +169,6 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> State<K> {
         let Some(cluster) = cluster else {
             return;
         };
-        if self.dictionary.is_none() {
-            self.dictionary = Some(dictionary_from(obj));
-        }
         let key = (namespace.clone(), cluster.clone());
         let mut objects: Vec<K> = self.objects(&key);
         objects.retain(|o| name_of(o) != name);
@@ -345,10 +281,7 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> Index<K> {
             .state
             .by_cluster
             .iter()
-            .filter(|(_, group)| {
-                let dictionary = inner.state.dictionary.as_deref().unwrap_or_default();
-                group.unpack::<K>(dictionary).iter().any(&wanted)
-            })
+            .filter(|(_, group)| group.unpack::<K>().iter().any(&wanted))
             .map(|(key, _)| key.clone())
             .collect()
     }
@@ -828,26 +761,6 @@ mod tests {
             Some(("8".to_string(), "u8".to_string()))
         );
         assert_eq!(pods.version_of("ns", "a-2"), None);
-    }
-
-    #[test]
-    fn a_dictionary_primes_the_compression_and_a_cut_group_is_an_error() {
-        let json =
-            br#"[{"metadata":{"name":"a-1","labels":{"app.kubernetes.io/managed-by":"pgop"}}}]"#;
-        let dictionary =
-            br#"{"metadata":{"name":"b-1","labels":{"app.kubernetes.io/managed-by":"pgop"}}}"#;
-        let primed = deflate(json, dictionary).expect("deflate");
-        let plain = deflate(json, b"").expect("deflate");
-        assert!(
-            primed.len() < plain.len(),
-            "{} vs {}",
-            primed.len(),
-            plain.len()
-        );
-        assert_eq!(inflate(&primed, dictionary).expect("inflate"), json);
-        assert_eq!(inflate(&plain, b"").expect("inflate"), json);
-        assert!(inflate(&primed[..primed.len() - 2], dictionary).is_err());
-        assert!(inflate(&primed, b"").is_err(), "without its dictionary");
     }
 
     fn ready_caches() -> Caches {
