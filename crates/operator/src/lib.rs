@@ -406,8 +406,16 @@ impl Operator {
         let sweep_stopped = stopped();
         let sweep = async move {
             tokio::select! {
-                () = async { tokio::join!(sweep, memory::trim_periodically()); } => {}
+                () = sweep => {}
                 () = sweep_stopped => {}
+            }
+        };
+        // Freed memory back to the system (memory.rs), on the same stop.
+        let trim_stopped = stopped();
+        let trim = async move {
+            tokio::select! {
+                () = memory::trim_periodically() => {}
+                () = trim_stopped => {}
             }
         };
         let server = listener.map(|(listener, addr)| {
@@ -464,7 +472,7 @@ impl Operator {
             }
             recorded.set_leader(true);
             let mut both = Box::pin(async {
-                tokio::join!(futures::future::join_all(running), nodes, sweep);
+                tokio::join!(futures::future::join_all(running), nodes, sweep, trim);
             });
             let (lost, leading) = match leading {
                 Some((lease, contender, keeper, lost)) => (
