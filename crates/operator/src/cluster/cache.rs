@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use super::dereference::Observed;
 
-/// `(namespace, name)` of an object, or `(namespace, cluster)` of a group of them.
+/// `(namespace, cluster)`.
 type Key = (String, String);
 
 /// The objects of one kind of one cluster, as kept: a JSON array of them ordered by name,
@@ -105,95 +105,144 @@ fn name_of<K: Resource>(obj: &K) -> &str {
     obj.meta().name.as_deref().unwrap_or_default()
 }
 
+/// One namespace's objects of one kind. Its keys are what most of an index's memory is
+/// besides the groups (a fleet's children are tens of thousands of objects), so they are
+/// kept small: a name once, and a cluster's name once, shared by its group and its
+/// objects' entries.
+#[derive(Debug, Default)]
+struct Namespace {
+    /// Objects by cluster label.
+    by_cluster: HashMap<Arc<str>, Group>,
+    /// The cluster each object was filed under, by name.
+    cluster_of: HashMap<Box<str>, Arc<str>>,
+}
+
+impl Namespace {
+    /// Keeps `objects` as the group of `cluster`, or none when empty.
+    fn keep<K: Resource + Serialize>(&mut self, cluster: Arc<str>, mut objects: Vec<K>) {
+        if objects.is_empty() {
+            self.by_cluster.remove(&cluster);
+            return;
+        }
+        objects.sort_by(|a, b| name_of(a).cmp(name_of(b)));
+        match Group::pack(&objects) {
+            Some(group) => {
+                self.by_cluster.insert(cluster, group);
+            }
+            None => {
+                self.by_cluster.remove(&cluster);
+            }
+        }
+    }
+
+    fn objects<K: DeserializeOwned>(&self, cluster: &str) -> Vec<K> {
+        self.by_cluster
+            .get(cluster)
+            .map(Group::unpack)
+            .unwrap_or_default()
+    }
+
+    /// `cluster` as this namespace already keeps it, so that its entries share one copy.
+    fn shared(&self, cluster: &str) -> Arc<str> {
+        match self.by_cluster.get_key_value(cluster) {
+            Some((kept, _)) => kept.clone(),
+            None => Arc::from(cluster),
+        }
+    }
+
+    fn remove<K: Resource + Serialize + DeserializeOwned>(&mut self, name: &str) {
+        if let Some(cluster) = self.cluster_of.remove(name) {
+            let mut objects: Vec<K> = self.objects(&cluster);
+            objects.retain(|o| name_of(o) != name);
+            self.keep(cluster, objects);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_cluster.is_empty() && self.cluster_of.is_empty()
+    }
+}
+
 #[derive(Debug)]
 struct State<K> {
-    /// Objects by (namespace, cluster label).
-    by_cluster: HashMap<Key, Group>,
-    /// The cluster each object was filed under, by (namespace, name).
-    cluster_of: HashMap<Key, String>,
+    namespaces: HashMap<Box<str>, Namespace>,
     kind: PhantomData<fn() -> K>,
 }
 
 impl<K> Default for State<K> {
     fn default() -> Self {
         Self {
-            by_cluster: HashMap::new(),
-            cluster_of: HashMap::new(),
+            namespaces: HashMap::new(),
             kind: PhantomData,
         }
     }
 }
 
 impl<K: Resource + Clone + Serialize + DeserializeOwned> State<K> {
-    /// Keeps `objects` as the group of `key`, or none when empty.
-    fn keep(&mut self, key: Key, mut objects: Vec<K>) {
-        if objects.is_empty() {
-            self.by_cluster.remove(&key);
-            return;
-        }
-        objects.sort_by(|a, b| name_of(a).cmp(name_of(b)));
-        match Group::pack(&objects) {
-            Some(group) => {
-                self.by_cluster.insert(key, group);
-            }
-            None => {
-                self.by_cluster.remove(&key);
-            }
-        }
-    }
-
-    fn objects(&self, key: &Key) -> Vec<K> {
-        self.by_cluster
-            .get(key)
-            .map(Group::unpack)
+    fn objects(&self, namespace: &str, cluster: &str) -> Vec<K> {
+        self.namespaces
+            .get(namespace)
+            .map(|ns| ns.objects(cluster))
             .unwrap_or_default()
     }
 
     fn insert(&mut self, obj: &K) {
-        let namespace = obj.meta().namespace.clone().unwrap_or_default();
-        let name = name_of(obj).to_string();
+        let namespace = obj.meta().namespace.as_deref().unwrap_or_default();
+        let name = name_of(obj);
         // An object without the cluster label belongs to no cluster: not filed.
         let cluster = obj
             .meta()
             .labels
             .as_ref()
             .and_then(|l| l.get(labels::CLUSTER))
-            .cloned();
+            .map(String::as_str);
         let filed = self
-            .cluster_of
-            .get(&(namespace.clone(), name.clone()))
+            .namespaces
+            .get(namespace)
+            .and_then(|ns| ns.cluster_of.get(name))
             .cloned();
-        if filed.is_some() && filed != cluster {
-            self.remove(&namespace, &name);
+        if filed.is_some() && filed.as_deref() != cluster {
+            self.remove(namespace, name);
         }
         let Some(cluster) = cluster else {
             return;
         };
-        let key = (namespace.clone(), cluster.clone());
-        let mut objects: Vec<K> = self.objects(&key);
+        if !self.namespaces.contains_key(namespace) {
+            self.namespaces
+                .insert(namespace.into(), Namespace::default());
+        }
+        let Some(ns) = self.namespaces.get_mut(namespace) else {
+            return;
+        };
+        let cluster = ns.shared(cluster);
+        let mut objects: Vec<K> = ns.objects(&cluster);
         objects.retain(|o| name_of(o) != name);
         objects.push(obj.clone());
-        self.keep(key, objects);
-        self.cluster_of.insert((namespace, name), cluster);
+        ns.keep(cluster.clone(), objects);
+        if filed.as_deref() != Some(&*cluster) {
+            ns.cluster_of.insert(name.into(), cluster);
+        }
     }
 
     fn remove(&mut self, namespace: &str, name: &str) {
-        let key = (namespace.to_string(), name.to_string());
-        if let Some(cluster) = self.cluster_of.remove(&key) {
-            let group = (namespace.to_string(), cluster);
-            let mut objects = self.objects(&group);
-            objects.retain(|o| name_of(o) != name);
-            self.keep(group, objects);
+        if let Some(ns) = self.namespaces.get_mut(namespace) {
+            ns.remove::<K>(name);
+            if ns.is_empty() {
+                self.namespaces.remove(namespace);
+            }
         }
     }
 
     fn get(&self, namespace: &str, name: &str) -> Option<K> {
-        let cluster = self
-            .cluster_of
-            .get(&(namespace.to_string(), name.to_string()))?;
-        self.objects(&(namespace.to_string(), cluster.clone()))
+        let ns = self.namespaces.get(namespace)?;
+        let cluster = ns.cluster_of.get(name)?;
+        ns.objects::<K>(cluster)
             .into_iter()
             .find(|o| name_of(o) == name)
+    }
+
+    fn len(&self) -> usize {
+        self.namespaces.values().map(|ns| ns.cluster_of.len()).sum()
     }
 }
 
@@ -267,9 +316,7 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> Index<K> {
         let Ok(inner) = self.inner.read() else {
             return Vec::new();
         };
-        inner
-            .state
-            .objects(&(namespace.to_string(), cluster.to_string()))
+        inner.state.objects(namespace, cluster)
     }
 
     /// The (namespace, cluster) of every cluster with an object that `wanted`.
@@ -277,13 +324,15 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> Index<K> {
         let Ok(inner) = self.inner.read() else {
             return Vec::new();
         };
-        inner
-            .state
-            .by_cluster
-            .iter()
-            .filter(|(_, group)| group.unpack::<K>().iter().any(&wanted))
-            .map(|(key, _)| key.clone())
-            .collect()
+        let mut found = Vec::new();
+        for (namespace, ns) in &inner.state.namespaces {
+            for (cluster, group) in &ns.by_cluster {
+                if group.unpack::<K>().iter().any(&wanted) {
+                    found.push((namespace.to_string(), cluster.to_string()));
+                }
+            }
+        }
+        found
     }
 
     /// The resourceVersion and uid of object `name`, if the index holds it.
@@ -298,10 +347,7 @@ impl<K: Resource + Clone + Serialize + DeserializeOwned> Index<K> {
 
     /// How many objects the index holds.
     pub fn len(&self) -> usize {
-        self.inner
-            .read()
-            .map(|i| i.state.cluster_of.len())
-            .unwrap_or(0)
+        self.inner.read().map(|i| i.state.len()).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -710,6 +756,33 @@ mod tests {
         found.sort();
         assert_eq!(found, [("ns".to_string(), "b".to_string())]);
         assert!(index.clusters_with(|_| false).is_empty());
+    }
+
+    #[test]
+    fn a_cluster_name_is_kept_once_and_an_emptied_namespace_goes() {
+        let mut state = State::<Pod>::default();
+        state.insert(&pod("a-1", Some("a"), "1", "u1"));
+        state.insert(&pod("a-2", Some("a"), "2", "u2"));
+        state.insert(&pod("a-2", Some("a"), "3", "u2"));
+        let ns = state.namespaces.get("ns").expect("namespace kept");
+        let (kept, _) = ns.by_cluster.get_key_value("a").expect("group kept");
+        for name in ["a-1", "a-2"] {
+            assert!(
+                Arc::ptr_eq(kept, &ns.cluster_of[name]),
+                "{name} shares its group's copy of the cluster's name"
+            );
+        }
+        // The same name in another namespace is another object.
+        let mut elsewhere = pod("a-1", Some("a"), "4", "u4");
+        elsewhere.metadata.namespace = Some("other".into());
+        state.insert(&elsewhere);
+        assert_eq!(state.len(), 3);
+        state.remove("ns", "a-1");
+        state.remove("ns", "a-2");
+        assert!(!state.namespaces.contains_key("ns"), "emptied, so gone");
+        let kept = state.get("other", "a-1").and_then(|p| p.metadata.uid);
+        assert_eq!(kept.as_deref(), Some("u4"));
+        assert_eq!(state.len(), 1);
     }
 
     #[test]
