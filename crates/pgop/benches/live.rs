@@ -44,6 +44,39 @@ fn stats(v: &[Duration]) -> String {
     format!("{:.2} s ({:.2} s)", median.as_secs_f64(), max.as_secs_f64())
 }
 
+/// Copies the container logs of `cluster`'s Pods out of the node, which removes them when
+/// it stops, into `<tmp>/pgop-live-logs/<pod>/`, and says where.
+async fn keep_logs(env: &Env, cluster: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(env.client.clone(), env.n());
+    let selector = format!("database.example.com/cluster={cluster}");
+    let Ok(list) = pods
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+    else {
+        return;
+    };
+    for pod in list.items {
+        let (Some(name), Some(uid)) = (pod.metadata.name, pod.metadata.uid) else {
+            continue;
+        };
+        let to = std::env::temp_dir().join("pgop-live-logs").join(&name);
+        let Ok(entries) = std::fs::read_dir(env.node.pod_dir(&uid)) else {
+            continue;
+        };
+        let _ = std::fs::create_dir_all(&to);
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|e| e == "log")
+                && let Some(file) = path.file_name()
+            {
+                let _ = std::fs::copy(&path, to.join(file));
+            }
+        }
+        eprintln!("{name}'s logs: {}", to.display());
+    }
+}
+
 /// A writer that commits one row every 100 ms through `<cluster>-rw`, reconnecting to
 /// wherever it resolves after a failure; counts its commits.
 fn paced_writer(
@@ -191,7 +224,10 @@ async fn one(n: usize) -> Result<Row> {
         }
         for name in wave {
             let replicas = if name == WATCHED { 2 } else { 1 };
-            env.wait_ready(name, replicas).await?;
+            if let Err(e) = env.wait_ready(name, replicas).await {
+                keep_logs(&env, name).await;
+                return Err(e);
+            }
             let password = env.password(name).await?;
             write_through_rw(
                 &env,
@@ -211,9 +247,10 @@ async fn one(n: usize) -> Result<Row> {
     let steady = env_secs("PGOP_LIVE_STEADY_SECS", 60);
     let writes_a = status_writes(&env.client).await?;
     let commits_a = commits.load(Ordering::Relaxed);
-    let (_, _, cpu_a) = usage(pid)?;
+    let cpu_a = usage(pid)?.cpu;
     tokio::time::sleep(steady).await;
-    let (rss, peak, cpu_b) = usage(pid)?;
+    let settled = usage(pid)?;
+    let cpu_b = settled.cpu;
     let writes_b = status_writes(&env.client).await?;
     let commits_b = commits.load(Ordering::Relaxed);
     let minutes = steady.as_secs_f64() / 60.0;
@@ -232,7 +269,7 @@ async fn one(n: usize) -> Result<Row> {
     env.stop().await?;
     Ok(Row {
         n,
-        rss: format!("{rss:.0} MiB ({peak:.0})"),
+        rss: settled.memory(),
         cpu: format!("{:.1} %", 100.0 * (cpu_b - cpu_a) / steady.as_secs_f64()),
         status_writes: format!("{:.2}", (writes_b - writes_a) / minutes / n as f64),
         commits: format!(
@@ -269,7 +306,7 @@ async fn main() -> Result {
     print_table(
         &[
             "N live clusters",
-            "operator RSS (peak)",
+            "operator RSS (peak); anonymous + file-backed",
             "operator CPU, steady",
             "status writes / min / cluster",
             "commits / s, fleet",

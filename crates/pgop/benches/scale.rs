@@ -2,7 +2,8 @@
 //! prints, for N three-instance clusters created at once in one namespace:
 //! - the time until every cluster has its children (3 Pods each; no node, so the Pods stay
 //!   Pending and only the control loop is measured), or how many had them at the cap;
-//! - the operator's resident memory once settled, and its peak;
+//! - the operator's resident memory once settled, and its peak; and of the settled memory,
+//!   how much is anonymous (what it holds) and how much file-backed (its code's pages);
 //! - the operator's CPU seconds while the fleet was being created, and its CPU use (% of
 //!   one core) over the steady minute after;
 //! - API requests per second per cluster over that minute, by verb, from the API server's
@@ -76,7 +77,7 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
     let pid = operator.0.id();
     // Let it list and watch its (empty) namespace first.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, _, cpu_before) = usage(pid)?;
+    let cpu_before = usage(pid)?.cpu;
 
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &namespace);
     let started = Instant::now();
@@ -122,15 +123,16 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let (_, _, cpu_ramp) = usage(pid)?;
+    let cpu_ramp = usage(pid)?.cpu;
 
     // The steady minute: nobody but the operator talks to the API server.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let steady = env_secs("PGOP_SCALE_STEADY_SECS", 60);
     let before = requests_by_verb(client).await?;
-    let (_, _, cpu_a) = usage(pid)?;
+    let cpu_a = usage(pid)?.cpu;
     tokio::time::sleep(steady).await;
-    let (rss, peak, cpu_b) = usage(pid)?;
+    let settled = usage(pid)?;
+    let cpu_b = settled.cpu;
     let after = requests_by_verb(client).await?;
     let per_second_per_cluster = |count: f64| count / steady.as_secs_f64() / n as f64;
     let mut total = 0.0;
@@ -162,7 +164,7 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
         one_more,
         n,
         children,
-        rss: format!("{rss:.0} MiB ({peak:.0})"),
+        rss: settled.memory(),
         ramp_cpu: format!("{:.1} s", cpu_ramp - cpu_before),
         steady_cpu: format!("{:.1} %", 100.0 * (cpu_b - cpu_a) / steady.as_secs_f64()),
         requests: format!(
@@ -205,7 +207,7 @@ async fn main() -> Result {
         &[
             "N clusters × 3",
             "until every cluster has its children",
-            "operator RSS settled (peak)",
+            "operator RSS settled (peak); anonymous + file-backed",
             "CPU while creating",
             "CPU steady",
             "steady API requests / s / cluster (by verb)",

@@ -38,16 +38,44 @@ pub fn env_secs(name: &str, default: u64) -> Duration {
 /// Clock ticks per second of /proc/<pid>/stat (USER_HZ, 100 on Linux).
 pub const TICKS: f64 = 100.0;
 
-/// (resident, peak resident) in MiB, and CPU seconds (user + system) of `pid`.
-pub fn usage(pid: u32) -> Result<(f64, f64, f64)> {
+/// What `/proc/<pid>` says of a process's memory (MiB) and CPU.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    /// Resident memory (`VmRSS`).
+    pub rss: f64,
+    /// Peak resident memory (`VmHWM`).
+    pub peak: f64,
+    /// Of the resident memory, the anonymous part (`RssAnon`: heap, stacks, relocated
+    /// data): what the process itself holds.
+    pub anon: f64,
+    /// Of the resident memory, the file-backed part (`RssFile`: mostly the pages of the
+    /// binary's code that have run, shared with the page cache).
+    pub file: f64,
+    /// CPU seconds, user and system.
+    pub cpu: f64,
+}
+
+impl Usage {
+    /// "52 MiB (53); 31 + 21": settled (peak); anonymous + file-backed.
+    pub fn memory(&self) -> String {
+        format!(
+            "{:.0} MiB ({:.0}); {:.0} + {:.0}",
+            self.rss, self.peak, self.anon, self.file
+        )
+    }
+}
+
+/// The memory and CPU of `pid`.
+pub fn usage(pid: u32) -> Result<Usage> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> f64 {
+    let mib = |key: &str| -> f64 {
         status
             .lines()
             .find_map(|l| l.strip_prefix(key))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
+            / 1024.0
     };
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command (which may hold spaces) start after the last ')'.
@@ -60,8 +88,13 @@ pub fn usage(pid: u32) -> Result<(f64, f64, f64)> {
             .unwrap_or(0.0)
     };
     // utime and stime are fields 14 and 15 of stat; 12 and 13 after the command.
-    let cpu = (ticks(11) + ticks(12)) / TICKS;
-    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0, cpu))
+    Ok(Usage {
+        rss: mib("VmRSS:"),
+        peak: mib("VmHWM:"),
+        anon: mib("RssAnon:"),
+        file: mib("RssFile:"),
+        cpu: (ticks(11) + ticks(12)) / TICKS,
+    })
 }
 
 /// `apiserver_request_total`, summed by verb, for resource requests (not /metrics).
