@@ -3,7 +3,8 @@
 //! instance managers), each with a writer committing every 100 ms through `-rw`:
 //! - the operator's resident memory and its CPU use (% of one core) over a steady window;
 //! - PostgresCluster status writes per minute per cluster over that window, from the API
-//!   server's `apiserver_request_total` (only the operator writes a cluster's status);
+//!   server's `apiserver_request_total` (only the operator writes a cluster's status), and
+//!   those of the busiest cluster, from a watch of the clusters' status;
 //! - failover of one two-instance cluster of the fleet, its primary's postmaster killed
 //!   (kill -9): the time until the operator decides (`status.targetPrimary` names the
 //!   standby) and until a write is accepted through `-rw`, median and max over runs.
@@ -22,10 +23,12 @@ mod common;
 mod measure;
 
 use common::*;
+use futures::StreamExt;
 use measure::{
     Operator, env_number, env_secs, pgop_command, print_table, requests_where, sizes, usage,
 };
 use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -123,6 +126,43 @@ async fn status_writes(client: &kube::Client) -> Result<f64> {
     })
     .await?;
     Ok(by_verb.values().sum())
+}
+
+/// Counts, per cluster of `namespace`, the changes of its status that a watch sees until
+/// `window` has passed (the first LIST is the baseline, not a change; so is a re-list).
+fn count_status_changes(
+    client: kube::Client,
+    namespace: String,
+    window: Duration,
+) -> tokio::task::JoinHandle<BTreeMap<String, u32>> {
+    use kube::ResourceExt;
+    use kube::runtime::watcher;
+    tokio::spawn(async move {
+        let api: kube::Api<pgop_api::PostgresCluster> = kube::Api::namespaced(client, &namespace);
+        let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
+        let deadline = tokio::time::sleep(window);
+        let mut deadline = std::pin::pin!(deadline);
+        let mut seen: HashMap<String, Option<serde_json::Value>> = HashMap::new();
+        let mut changes: BTreeMap<String, u32> = BTreeMap::new();
+        loop {
+            tokio::select! {
+                () = &mut deadline => break,
+                event = stream.next() => match event {
+                    Some(Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))) => {
+                        let status = serde_json::to_value(&c.status).ok();
+                        if let Some(before) = seen.insert(c.name_any(), status.clone())
+                            && before != status
+                        {
+                            *changes.entry(c.name_any()).or_default() += 1;
+                        }
+                    }
+                    Some(_) => {}
+                    None => break,
+                },
+            }
+        }
+        changes
+    })
 }
 
 /// Kills the watched cluster's primary; (until the operator names another, until a write
@@ -245,6 +285,7 @@ async fn one(n: usize) -> Result<Row> {
     // The steady window, under write load.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let steady = env_secs("PGOP_LIVE_STEADY_SECS", 60);
+    let changes = count_status_changes(env.client.clone(), env.n().to_string(), steady);
     let writes_a = status_writes(&env.client).await?;
     let commits_a = commits.load(Ordering::Relaxed);
     let cpu_a = usage(pid)?.cpu;
@@ -254,6 +295,12 @@ async fn one(n: usize) -> Result<Row> {
     let writes_b = status_writes(&env.client).await?;
     let commits_b = commits.load(Ordering::Relaxed);
     let minutes = steady.as_secs_f64() / 60.0;
+    let busiest = changes
+        .await?
+        .into_iter()
+        .max_by_key(|(_, count)| *count)
+        .map(|(name, count)| format!("{:.1} ({name})", f64::from(count) / minutes))
+        .unwrap_or_else(|| "0.0".to_string());
 
     // Failovers of the watched cluster, the fleet still writing.
     let runs = env_number("PGOP_LIVE_RUNS", 3).max(1);
@@ -271,7 +318,10 @@ async fn one(n: usize) -> Result<Row> {
         n,
         rss: settled.memory(),
         cpu: format!("{:.1} %", 100.0 * (cpu_b - cpu_a) / steady.as_secs_f64()),
-        status_writes: format!("{:.2}", (writes_b - writes_a) / minutes / n as f64),
+        status_writes: format!(
+            "{:.2}; busiest {busiest}",
+            (writes_b - writes_a) / minutes / n as f64
+        ),
         commits: format!(
             "{:.0}",
             (commits_b - commits_a) as f64 / steady.as_secs_f64()
@@ -308,7 +358,7 @@ async fn main() -> Result {
             "N live clusters",
             "operator RSS (peak); anonymous + file-backed",
             "operator CPU, steady",
-            "status writes / min / cluster",
+            "status writes / min / cluster: mean; the busiest cluster",
             "commits / s, fleet",
             "failover: kill -> decided, median (max)",
             "kill -> write via -rw, median (max)",
