@@ -18,13 +18,23 @@
 //!
 //! Environment: `PGOP_SCALE_CAP_SECS` (default 600), how long to wait for the children of
 //! one N; `PGOP_SCALE_STEADY_SECS` (default 60), the steady window.
+//!
+//! Comparison: with `PGOP_SCALE_CNPG` (the path of CloudNativePG's `manager`, built from
+//! its source) and `PGOP_SCALE_CNPG_CRDS` (the directory of its CRDs as YAML,
+//! `config/crd/bases` in its source), each N is also measured with CloudNativePG on the
+//! same control plane, first, with `instances: 3` clusters. Out of cluster, as in issue
+//! 15's measurement: its webhook server gets a self-signed certificate (`openssl`) and no
+//! webhook configuration is installed. With no kubelet it stops at each cluster's first
+//! instance's initdb Job, so its clusters count as complete once they have that Job.
 
 use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
-use pgop_api::PostgresCluster;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use pgop_testenv::{ControlPlane, Options, TestNamespace};
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
@@ -33,16 +43,170 @@ type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result:
 mod measure;
 use measure::{Operator, env_secs, pgop_command, print_table, requests_by_verb, sizes, usage};
 
-fn cluster(name: &str) -> Result<PostgresCluster> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "database.example.com/v1alpha1",
-        "kind": "PostgresCluster",
-        "metadata": {"name": name},
-        "spec": {"replicas": 3, "storage": {"size": "1Gi"}},
-    }))?)
+/// The operator measured: pgop, or CloudNativePG's manager beside it for comparison.
+enum Subject {
+    Pgop,
+    /// CloudNativePG's `manager` binary, built from its source (which nothing here
+    /// contains); its CRDs are installed from `PGOP_SCALE_CNPG_CRDS`.
+    CloudNativePg {
+        manager: PathBuf,
+    },
+}
+
+impl Subject {
+    fn name(&self) -> &'static str {
+        match self {
+            Subject::Pgop => "pgop",
+            Subject::CloudNativePg { .. } => "CloudNativePG",
+        }
+    }
+
+    /// The cluster kind.
+    fn clusters(&self) -> ApiResource {
+        match self {
+            Subject::Pgop => ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("database.example.com", "v1alpha1", "PostgresCluster"),
+                "postgresclusters",
+            ),
+            Subject::CloudNativePg { .. } => ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk("postgresql.cnpg.io", "v1", "Cluster"),
+                "clusters",
+            ),
+        }
+    }
+
+    /// A three-instance cluster of 1 GiB volumes.
+    fn cluster(&self, name: &str) -> Result<DynamicObject> {
+        let resource = self.clusters();
+        let spec = match self {
+            Subject::Pgop => serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}),
+            Subject::CloudNativePg { .. } => {
+                serde_json::json!({"instances": 3, "storage": {"size": "1Gi"}})
+            }
+        };
+        Ok(serde_json::from_value(serde_json::json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {"name": name},
+            "spec": spec,
+        }))?)
+    }
+
+    /// The last child it creates without a node, its label selector, the label that names
+    /// its cluster, and how many a cluster has when complete: pgop creates its three
+    /// Pods; CloudNativePG, with no kubelet to run a Pod, stops at its first instance's
+    /// initdb Job.
+    fn last_child(&self) -> (ApiResource, &'static str, &'static str, usize) {
+        match self {
+            Subject::Pgop => (
+                ApiResource::erase::<Pod>(&()),
+                "app.kubernetes.io/managed-by=pgop",
+                "database.example.com/cluster",
+                3,
+            ),
+            Subject::CloudNativePg { .. } => (
+                ApiResource::erase::<Job>(&()),
+                "cnpg.io/jobRole=initdb",
+                "cnpg.io/cluster",
+                1,
+            ),
+        }
+    }
+
+    /// Starts the operator on `namespace`, its output to `log`.
+    fn start(&self, plane: &ControlPlane, namespace: &str, log: &Path) -> Result<Operator> {
+        let log = std::fs::File::create(log)?;
+        let mut command = match self {
+            Subject::Pgop => {
+                let mut command = pgop_command();
+                command
+                    .args(["operator", "--namespace", namespace])
+                    .args(["--metrics-bind-address", "0"])
+                    .env("RUST_LOG", "info");
+                command
+            }
+            Subject::CloudNativePg { manager, .. } => {
+                use std::os::unix::process::CommandExt;
+                // Its webhook server needs a certificate to start; nothing calls it (no
+                // webhook configuration is installed), as in issue 15's measurement.
+                let certs = std::env::temp_dir().join(format!("pgop-scale-cnpg-{namespace}"));
+                self_signed(&certs)?;
+                let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                    .local_addr()?
+                    .port();
+                // It looks for its own binary, per architecture, at
+                // `operator/manager_<GOARCH>` from its working directory (the hash of that
+                // file goes into every cluster's status).
+                let arch = match std::env::consts::ARCH {
+                    "x86_64" => "amd64",
+                    "aarch64" => "arm64",
+                    other => other,
+                };
+                std::fs::create_dir_all(certs.join("operator"))?;
+                let own = certs.join("operator").join(format!("manager_{arch}"));
+                let _ = std::fs::remove_file(&own);
+                std::os::unix::fs::symlink(manager, &own)?;
+                let mut command = std::process::Command::new(manager);
+                command
+                    .current_dir(&certs)
+                    .args(["controller", "--metrics-bind-address=0"])
+                    .arg(format!("--webhook-port={port}"))
+                    .env("WATCH_NAMESPACE", namespace)
+                    .env("OPERATOR_NAMESPACE", namespace)
+                    .env("WEBHOOK_CERT_DIR", &certs)
+                    .process_group(0);
+                command
+            }
+        };
+        Ok(Operator(
+            command
+                .env("KUBECONFIG", plane.kubeconfig())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()?,
+        ))
+    }
+}
+
+/// A self-signed certificate and key in `dir` (`tls.crt` and `tls.key`, and the same as
+/// `apiserver.crt` and `apiserver.key`), by `openssl`.
+fn self_signed(dir: &Path) -> Result {
+    std::fs::create_dir_all(dir)?;
+    let status = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args(["-subj", "/CN=localhost", "-keyout"])
+        .arg(dir.join("tls.key"))
+        .arg("-out")
+        .arg(dir.join("tls.crt"))
+        .stderr(std::process::Stdio::null())
+        .status()
+        .map_err(|e| format!("openssl (apt-get install openssl): {e}"))?;
+    if !status.success() {
+        return Err(format!("openssl req failed: {status}").into());
+    }
+    // The names CloudNativePG's webhook server reads when it was given the directory.
+    std::fs::copy(dir.join("tls.crt"), dir.join("apiserver.crt"))?;
+    std::fs::copy(dir.join("tls.key"), dir.join("apiserver.key"))?;
+    Ok(())
+}
+
+/// CloudNativePG's CRDs, from the YAML files in `dir`.
+fn crds_in(dir: &Path) -> Result<Vec<CustomResourceDefinition>> {
+    let mut crds = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path)?;
+            crds.push(serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?);
+        }
+    }
+    Ok(crds)
 }
 
 struct Row {
+    subject: &'static str,
     n: usize,
     children: String,
     rss: String,
@@ -52,41 +216,35 @@ struct Row {
     one_more: String,
 }
 
-async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Row> {
+async fn one(
+    plane: &ControlPlane,
+    client: &kube::Client,
+    subject: &Subject,
+    n: usize,
+) -> Result<Row> {
     let ns = TestNamespace::create(plane.config(), &format!("scale-{n}")).await?;
     let namespace = ns.name().to_string();
     // Kept after the run (the control plane's directory is not): for a post-mortem.
-    let log_path = std::env::temp_dir().join(format!("pgop-scale-operator-{n}.log"));
+    let log_path = std::env::temp_dir().join(format!(
+        "{}-scale-operator-{n}.log",
+        subject.name().to_lowercase()
+    ));
     eprintln!("operator log: {}", log_path.display());
-    let log = std::fs::File::create(&log_path)?;
-    let operator = Operator(
-        pgop_command()
-            .args([
-                "operator",
-                "--namespace",
-                &namespace,
-                "--metrics-bind-address",
-                "0",
-            ])
-            .env("KUBECONFIG", plane.kubeconfig())
-            .env("RUST_LOG", "info")
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?,
-    );
+    let operator = subject.start(plane, &namespace, &log_path)?;
     let pid = operator.0.id();
     // Let it list and watch its (empty) namespace first.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu_before = usage(pid)?.cpu;
 
-    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), &namespace);
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &namespace, &subject.clusters());
     let started = Instant::now();
     let created: Vec<Result<()>> = futures::stream::iter(0..n)
         .map(|i| {
             let clusters = clusters.clone();
             async move {
                 clusters
-                    .create(&PostParams::default(), &cluster(&format!("c{i}"))?)
+                    .create(&PostParams::default(), &subject.cluster(&format!("c{i}"))?)
                     .await?;
                 Ok(())
             }
@@ -98,23 +256,24 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
         result?;
     }
 
-    // Every cluster has its 3 Pods, or the cap passed.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    // Every cluster has its last child, or the cap passed.
+    let (kind, selector, cluster_label, complete_at) = subject.last_child();
+    let last: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &kind);
     let cap = env_secs("PGOP_SCALE_CAP_SECS", 600);
-    let list = ListParams::default().labels("app.kubernetes.io/managed-by=pgop");
+    let list = ListParams::default().labels(selector);
     let children = loop {
         let mut per_cluster: BTreeMap<String, usize> = BTreeMap::new();
-        for pod in pods.list_metadata(&list).await?.items {
-            if let Some(c) = pod
+        for child in last.list_metadata(&list).await?.items {
+            if let Some(c) = child
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get("database.example.com/cluster"))
+                .and_then(|l| l.get(cluster_label))
             {
                 *per_cluster.entry(c.clone()).or_default() += 1;
             }
         }
-        let complete = per_cluster.values().filter(|&&c| c >= 3).count();
+        let complete = per_cluster.values().filter(|&&c| c >= complete_at).count();
         if complete == n {
             break format!("{:.1} s", started.elapsed().as_secs_f64());
         }
@@ -147,11 +306,11 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
     // One more cluster, created into the running fleet.
     let started = Instant::now();
     clusters
-        .create(&PostParams::default(), &cluster("late")?)
+        .create(&PostParams::default(), &subject.cluster("late")?)
         .await?;
-    let late = ListParams::default().labels("database.example.com/cluster=late");
+    let late = ListParams::default().labels(&format!("{selector},{cluster_label}=late"));
     let one_more = loop {
-        if pods.list_metadata(&late).await?.items.len() >= 3 {
+        if last.list_metadata(&late).await?.items.len() >= complete_at {
             break format!("{:.2} s", started.elapsed().as_secs_f64());
         }
         if started.elapsed() > cap {
@@ -161,6 +320,7 @@ async fn one(plane: &ControlPlane, client: &kube::Client, n: usize) -> Result<Ro
     };
     drop(operator);
     Ok(Row {
+        subject: subject.name(),
         one_more,
         n,
         children,
@@ -181,19 +341,33 @@ async fn main() -> Result {
     let plane = ControlPlane::start(Options::default()).await?;
     let client = plane.client()?;
     pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    let mut subjects = Vec::new();
+    if let Some(manager) = std::env::var_os("PGOP_SCALE_CNPG") {
+        let crds = std::env::var_os("PGOP_SCALE_CNPG_CRDS")
+            .ok_or("PGOP_SCALE_CNPG_CRDS: the directory of CloudNativePG's CRDs (YAML)")?;
+        pgop_testenv::crds::install(&client, crds_in(Path::new(&crds))?).await?;
+        subjects.push(Subject::CloudNativePg {
+            manager: manager.into(),
+        });
+    }
+    // pgop last: the objects of the runs before stay in the API server (no namespace
+    // controller deletes them), which makes a later run, if anything, slower.
+    subjects.push(Subject::Pgop);
     let mut rows = Vec::new();
     for n in sizes {
-        eprintln!("N = {n} ...");
-        let row = one(&plane, &client, n).await?;
-        eprintln!("N = {n}: {} | {} | {}", row.children, row.rss, row.requests);
-        rows.push(row);
+        for subject in &subjects {
+            eprintln!("{} N = {n} ...", subject.name());
+            let row = one(&plane, &client, subject, n).await?;
+            eprintln!("N = {n}: {} | {} | {}", row.children, row.rss, row.requests);
+            rows.push(row);
+        }
     }
     let rows: Vec<Vec<String>> = rows
         .into_iter()
         .map(|r| {
-            let n = r.n.to_string();
             vec![
-                n,
+                r.subject.to_string(),
+                r.n.to_string(),
                 r.children,
                 r.rss,
                 r.ramp_cpu,
@@ -205,6 +379,7 @@ async fn main() -> Result {
         .collect();
     print_table(
         &[
+            "operator",
             "N clusters × 3",
             "until every cluster has its children",
             "operator RSS settled (peak); anonymous + file-backed",
