@@ -21,9 +21,10 @@
 //!
 //! Comparison: with `PGOP_SCALE_CNPG` (the path of CloudNativePG's `manager`, built from
 //! its source) and `PGOP_SCALE_CNPG_CRDS` (the directory of its CRDs as YAML,
-//! `config/crd/bases` in its source), each N is also measured with CloudNativePG on the
-//! same control plane, first, with `instances: 3` clusters. Out of cluster, as in issue
-//! 15's measurement: its webhook server gets a self-signed certificate (`openssl`) and no
+//! `config/crd/bases` in its source), each N is also measured with CloudNativePG first, on
+//! a control plane of its own started the same way, with `instances: 3` clusters (each
+//! operator gets its own plane: two fleets of 1,000 clusters' Services do not fit one
+//! Service range). Out of cluster, as in issue 15's measurement: its webhook server gets a self-signed certificate (`openssl`) and no
 //! webhook configuration is installed. With no kubelet it stops at each cluster's first
 //! instance's initdb Job, so its clusters count as complete once they have that Job.
 
@@ -338,24 +339,31 @@ async fn one(
 #[tokio::main]
 async fn main() -> Result {
     let sizes = sizes(&[10, 100]);
-    let plane = ControlPlane::start(Options::default()).await?;
-    let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
     let mut subjects = Vec::new();
+    let mut cnpg_crds = Vec::new();
     if let Some(manager) = std::env::var_os("PGOP_SCALE_CNPG") {
         let crds = std::env::var_os("PGOP_SCALE_CNPG_CRDS")
             .ok_or("PGOP_SCALE_CNPG_CRDS: the directory of CloudNativePG's CRDs (YAML)")?;
-        pgop_testenv::crds::install(&client, crds_in(Path::new(&crds))?).await?;
+        cnpg_crds = crds_in(Path::new(&crds))?;
         subjects.push(Subject::CloudNativePg {
             manager: manager.into(),
         });
     }
-    // pgop last: the objects of the runs before stay in the API server (no namespace
-    // controller deletes them), which makes a later run, if anything, slower.
     subjects.push(Subject::Pgop);
     let mut rows = Vec::new();
-    for n in sizes {
-        for subject in &subjects {
+    for subject in &subjects {
+        // A control plane of its own: the objects of a run stay in the API server (no
+        // namespace controller deletes them), and two operators' 1,000 clusters of three
+        // Services each would not fit one Service range.
+        let plane = ControlPlane::start(Options::default()).await?;
+        let client = plane.client()?;
+        match subject {
+            Subject::Pgop => pgop_testenv::crds::install(&client, pgop_api::crds()).await?,
+            Subject::CloudNativePg { .. } => {
+                pgop_testenv::crds::install(&client, cnpg_crds.clone()).await?
+            }
+        }
+        for &n in &sizes {
             eprintln!("{} N = {n} ...", subject.name());
             let row = one(&plane, &client, subject, n).await?;
             eprintln!("N = {n}: {} | {} | {}", row.children, row.rss, row.requests);
