@@ -24,9 +24,10 @@
 //! `config/crd/bases` in its source), each N is also measured with CloudNativePG first, on
 //! a control plane of its own started the same way, with `instances: 3` clusters (each
 //! operator gets its own plane: two fleets of 1,000 clusters' Services do not fit one
-//! Service range). Out of cluster, as in issue 15's measurement: its webhook server gets a self-signed certificate (`openssl`) and no
-//! webhook configuration is installed. With no kubelet it stops at each cluster's first
-//! instance's initdb Job, so its clusters count as complete once they have that Job.
+//! Service range). Out of cluster, as in issue 15's measurement: its webhook server gets
+//! a self-signed certificate (`openssl`) and no webhook configuration is installed. With
+//! no kubelet it stops at each cluster's first instance's initdb Job, so its clusters
+//! count as complete once they have that Job.
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -65,10 +66,7 @@ impl Subject {
     /// The cluster kind.
     fn clusters(&self) -> ApiResource {
         match self {
-            Subject::Pgop => ApiResource::from_gvk_with_plural(
-                &GroupVersionKind::gvk("database.example.com", "v1alpha1", "PostgresCluster"),
-                "postgresclusters",
-            ),
+            Subject::Pgop => ApiResource::erase::<pgop_api::PostgresCluster>(&()),
             Subject::CloudNativePg { .. } => ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("postgresql.cnpg.io", "v1", "Cluster"),
                 "clusters",
@@ -126,7 +124,7 @@ impl Subject {
                     .env("RUST_LOG", "info");
                 command
             }
-            Subject::CloudNativePg { manager, .. } => {
+            Subject::CloudNativePg { manager } => {
                 use std::os::unix::process::CommandExt;
                 // Its webhook server needs a certificate to start; nothing calls it (no
                 // webhook configuration is installed), as in issue 15's measurement.
