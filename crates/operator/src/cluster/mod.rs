@@ -62,6 +62,7 @@ use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{
     ANNOTATION_RESTART, ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
 };
+use pgop_api::instance_status::PgRole;
 use pgop_api::{PostgresCluster, PostgresClusterStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -379,10 +380,38 @@ async fn probes(
         .as_ref()
         .is_some_and(|s| s.target_primary != s.current_primary);
     if changing {
+        return prober.probe_now(&r).await;
+    }
+    let snapshot = prober.snapshot(&r).await;
+    if primary_lost(cluster, &snapshot) {
         prober.probe_now(&r).await
     } else {
-        prober.snapshot(&r).await
+        snapshot
     }
+}
+
+/// Whether a cluster that served has lost its primary in `probes`: a failover may be
+/// chosen in this pass, and it must compare the standbys' WAL as it is now, after the
+/// primary stopped. The prober's snapshot can be up to a polling interval old: a standby
+/// that looked behind then may have received the last commits since, and promoting
+/// another one would throw them away (and leave that standby on a timeline it cannot
+/// follow).
+fn primary_lost(cluster: &PostgresCluster, probes: &BTreeMap<String, probe::Probe>) -> bool {
+    let Some(status) = &cluster.status else {
+        return false;
+    };
+    let served = matches!(
+        status.phase,
+        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    );
+    let Some(primary) = status.current_primary.as_deref() else {
+        return false;
+    };
+    served
+        && !probes
+            .get(primary)
+            .and_then(probe::Probe::status)
+            .is_some_and(|s| s.role == PgRole::Primary)
 }
 
 /// Step 4: the instances to keep, create and remove, by serial.
@@ -1190,6 +1219,53 @@ async fn publish_about(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failover_is_chosen_on_fresh_probes_once_the_primary_is_lost() {
+        use super::probe::Probe;
+        use pgop_api::PostgresCluster;
+        use std::collections::BTreeMap;
+        let cluster = |phase: &str, current: &str| -> PostgresCluster {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "database.example.com/v1alpha1",
+                "kind": "PostgresCluster",
+                "metadata": {"name": "db", "namespace": "ns"},
+                "spec": {"replicas": 2, "storage": {"size": "1Gi"}},
+                "status": {"phase": phase, "currentPrimary": current, "targetPrimary": current}
+            }))
+            .expect("cluster fixture")
+        };
+        let answer = |role: &str| {
+            Probe::Status(Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "instance": "x", "role": role, "running": role != "stopped"
+                }))
+                .expect("status fixture"),
+            ))
+        };
+        let probes = |primary: Probe| {
+            BTreeMap::from([
+                ("db-1".to_string(), primary),
+                ("db-2".to_string(), answer("replica")),
+            ])
+        };
+        let ready = cluster("Ready", "db-1");
+        assert!(!super::primary_lost(&ready, &probes(answer("primary"))));
+        assert!(super::primary_lost(&ready, &probes(answer("stopped"))));
+        assert!(super::primary_lost(
+            &ready,
+            &probes(Probe::Unreachable("refused".into()))
+        ));
+        assert!(super::primary_lost(
+            &cluster("Degraded", "db-1"),
+            &BTreeMap::from([("db-2".to_string(), answer("replica"))])
+        ));
+        // A cluster still bootstrapping has no primary to lose yet.
+        assert!(!super::primary_lost(
+            &cluster("Creating", "db-1"),
+            &probes(answer("stopped"))
+        ));
+    }
+
     #[test]
     fn a_cluster_is_looked_at_again_by_what_waits_on_the_clock() {
         use super::{POLL, POLL_TRANSITION, RESYNC, next_pass};
