@@ -3,6 +3,7 @@
 
 pub mod binaries;
 pub mod sql;
+pub mod timeline;
 
 pub use binaries::{Binaries, RunAs};
 pub use sql::{Endpoint, Upstream, UpstreamTls};

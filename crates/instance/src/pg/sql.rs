@@ -24,6 +24,8 @@ pub enum Error {
     },
     #[error("failed to reach the primary at {host}:{port}: it is in recovery")]
     PrimaryInRecovery { host: String, port: u16 },
+    #[error("the timeline history of the primary at {host}: {why}")]
+    History { host: String, why: String },
     #[error("failed to read the TLS file {path}")]
     ReadTls {
         path: PathBuf,

@@ -23,6 +23,7 @@ use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
 use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
 use crate::pg::{Binaries, RunAs, Upstream};
+use crate::status::PgRole;
 use crate::sync::SyncSpec;
 use crate::{error_chain, http};
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -69,6 +70,13 @@ const RESTORE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// A Secret no pass read for this long is no longer watched (e.g. the spec names another
 /// store Secret now).
 const SECRET_IDLE: Duration = Duration::from_secs(600);
+/// How long a standby that does not stream must keep looking diverged from the primary's
+/// timeline before it is rewound: its own timeline is read from its last restartpoint
+/// while no WAL receiver runs, which can lag behind the one it replays for a moment.
+const DIVERGENCE_CONFIRM: Duration = Duration::from_secs(3);
+/// How often a standby that should stream from the primary but does not looks again
+/// whether it diverged (nothing else wakes the manager while it retries).
+const STREAM_RECHECK: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -415,7 +423,7 @@ pub async fn run(
     let tls_server = tokio::spawn(tls_server);
 
     let mut resync = tokio::time::interval(settings.resync);
-    let mut bootstrap_failed: Option<Instant> = None;
+    let mut memory = Memory::default();
     let mut states = instance.state_changes();
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     // Failed passes in a row: the retry backs off (see `retry_after`).
@@ -462,7 +470,7 @@ pub async fn run(
                 &material,
                 &mut hold,
                 &cluster,
-                &mut bootstrap_failed,
+                &mut memory,
             )
             .await;
             inputs.secrets.forget_idle(SECRET_IDLE);
@@ -505,6 +513,41 @@ pub async fn run(
     stopped
 }
 
+/// Whether this standby (as `pg` reports it) replayed past the fork of the primary's
+/// timeline from its own ([`crate::pg::timeline::diverged`]). Anything unknown (the primary
+/// does not answer or is not a primary yet, a position is missing) reads as not diverged:
+/// the data is only rewound on evidence.
+async fn diverged_from(upstream: &Upstream, pg: &pgop_api::instance_status::PgStatus) -> bool {
+    let position = pg.timeline.and_then(|t| u32::try_from(t).ok()).zip(
+        pg.replayed_lsn
+            .as_deref()
+            .and_then(pgop_api::instance_status::parse_lsn),
+    );
+    let Some((timeline, replayed)) = position else {
+        return false;
+    };
+    match upstream.timeline().await {
+        Ok(Some(primary)) => crate::pg::timeline::diverged(
+            &primary,
+            crate::pg::timeline::StandbyPosition { timeline, replayed },
+        ),
+        Ok(None) => false,
+        Err(err) => {
+            tracing::debug!(error = %error_chain(&err), "failed to read the primary's timeline history");
+            false
+        }
+    }
+}
+
+/// What the loop remembers from one pass to the next.
+#[derive(Debug, Default)]
+struct Memory {
+    /// When the last restore of a bootstrap failed (it is retried after a back-off).
+    bootstrap_failed: Option<Instant>,
+    /// Since when this standby has looked diverged from the primary's timeline.
+    diverged_since: Option<Instant>,
+}
+
 /// One pass: observe, plan (pure, in [`plan`]), act, then slots, synchronous standbys and
 /// configuration.
 async fn reconcile(
@@ -514,7 +557,7 @@ async fn reconcile(
     material: &crate::tls::Material,
     hold: &mut LeaseHold,
     cluster: &PostgresCluster,
-    bootstrap_failed: &mut Option<Instant>,
+    memory: &mut Memory,
 ) -> Result<Next, Error> {
     if let Some(owner) = owner_reference(cluster) {
         hold.lease.set_owner(owner);
@@ -600,17 +643,42 @@ async fn reconcile(
         Some(primary) if primary != me => Some(upstream(inputs, instance, primary).await?),
         _ => None,
     };
+    let pg = instance.status().await;
+    let follows_primary = upstream_of_primary.as_ref().is_some_and(|u| {
+        instance.mode()
+            == Mode::Standby {
+                upstream: u.clone(),
+            }
+    });
+    // A standby that should stream from the confirmed primary and does not: it may have
+    // replayed WAL the primary never had, and then it can only rejoin by pg_rewind.
+    let stalled = pg.role == PgRole::Replica
+        && follows_primary
+        && !pg.streaming
+        && named.is_some()
+        && status.current_primary == named;
+    let diverged = match upstream_of_primary.as_ref() {
+        Some(upstream) if stalled => diverged_from(upstream, &pg).await,
+        _ => false,
+    };
+    let diverged = match (diverged, memory.diverged_since) {
+        (false, _) => {
+            memory.diverged_since = None;
+            false
+        }
+        (true, None) => {
+            memory.diverged_since = Some(Instant::now());
+            false
+        }
+        (true, Some(since)) => since.elapsed() >= DIVERGENCE_CONFIRM,
+    };
     let observed = Observed {
         data: instance.data_state(),
         running: instance.pid().is_some(),
         standby_signal: instance.has_standby_signal(),
-        role: instance.status().await.role,
-        follows_primary: upstream_of_primary.as_ref().is_some_and(|u| {
-            instance.mode()
-                == Mode::Standby {
-                    upstream: u.clone(),
-                }
-        }),
+        role: pg.role,
+        follows_primary,
+        diverged,
         held_off: instance
             .crashed_at()
             .is_some_and(|at| at.elapsed() < crash_hold_off(cluster)),
@@ -634,7 +702,7 @@ async fn reconcile(
             return Ok(Next::After(WAIT_FOR_RECOVERY_SOURCE));
         };
         if let Some(left) =
-            bootstrap_failed.and_then(|at| RESTORE_BACKOFF.checked_sub(at.elapsed()))
+            (memory.bootstrap_failed).and_then(|at| RESTORE_BACKOFF.checked_sub(at.elapsed()))
         {
             return Ok(Next::After(left));
         }
@@ -662,6 +730,8 @@ async fn reconcile(
     };
     let next = if observed.held_off {
         Next::Soon
+    } else if stalled {
+        Next::After(STREAM_RECHECK)
     } else {
         Next::Idle
     };
@@ -689,13 +759,13 @@ async fn reconcile(
                     Ok(restored) => {
                         tracing::info!(backup = %restored.backup.backup_id, timeline = restored.timeline, lsn = %restored.lsn, "restored; running as the primary on a new timeline");
                         instance.set_bootstrap_error(None);
-                        *bootstrap_failed = None;
+                        memory.bootstrap_failed = None;
                     }
                     Err(err) => {
                         let chain = error_chain(&err);
                         tracing::error!(error = %chain, retry_in = ?RESTORE_BACKOFF, "the restore failed; the data directory is empty again");
                         instance.set_bootstrap_error(Some(chain));
-                        *bootstrap_failed = Some(Instant::now());
+                        memory.bootstrap_failed = Some(Instant::now());
                         return Ok(Next::After(RESTORE_BACKOFF));
                     }
                 }
@@ -730,6 +800,13 @@ async fn reconcile(
                 .bootstrap_standby(&upstream)
                 .await
                 .map_err(manage)?;
+        }
+        Action::Rejoin { primary } if observed.diverged => {
+            tracing::warn!(%primary, timeline = ?pg.timeline, replayed = ?pg.replayed_lsn, "this standby replayed WAL past the point where the primary's timeline forked off its own, so it cannot follow: rewinding onto the primary's timeline");
+            memory.diverged_since = None;
+            let upstream = upstream_for(primary).await?;
+            let how = instance.demote(&upstream).await.map_err(manage)?;
+            tracing::info!(?how, "rejoined");
         }
         Action::Rejoin { primary } => {
             tracing::info!(%primary, "rejoining as a standby of the primary");

@@ -21,6 +21,9 @@ pub struct Observed {
     pub role: PgRole,
     /// A running standby already streams from the primary the status names.
     pub follows_primary: bool,
+    /// A running standby replayed WAL past the point where the primary's timeline forked
+    /// off its own: it can never follow without pg_rewind.
+    pub diverged: bool,
     /// The postmaster crashed while primary less than the hold-off ago (`failoverDelay` +
     /// 10 s): the operator may be failing over, so it is not restarted as a primary yet.
     pub held_off: bool,
@@ -152,6 +155,11 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
             },
             // A switchover under way: hand over cleanly first.
             PgRole::Primary => Action::StepDown,
+            PgRole::Replica if observed.diverged && current == Some(primary.as_str()) => {
+                Action::Rejoin {
+                    primary: primary.clone(),
+                }
+            }
             PgRole::Replica if !observed.follows_primary => Action::Follow {
                 primary: primary.clone(),
             },
@@ -189,6 +197,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
             standby_signal: signal,
             role,
             follows_primary: true,
+            diverged: false,
             held_off: false,
         }
     }
@@ -199,6 +208,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         standby_signal: false,
         role: PgRole::Stopped,
         follows_primary: false,
+        diverged: false,
         held_off: false,
     };
 
@@ -355,5 +365,23 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
                 primary: "demo-2".into()
             }
         );
+    }
+
+    #[test]
+    fn a_standby_that_diverged_from_the_confirmed_primary_rejoins_by_rewind() {
+        let done = status("{targetPrimary: demo-2, currentPrimary: demo-2}");
+        let mut o = observed(DataState::Ready, true, true, PgRole::Replica);
+        o.diverged = true;
+        assert_eq!(
+            plan("demo-3", &done, &o).action,
+            Action::Rejoin {
+                primary: "demo-2".into()
+            }
+        );
+        // Not while the new primary is still only the target: it may not have promoted.
+        let failing = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        assert_eq!(plan("demo-3", &failing, &o).action, Action::Keep);
+        // The primary itself never rewinds.
+        assert_eq!(plan("demo-2", &done, &o).action, Action::Promote);
     }
 }

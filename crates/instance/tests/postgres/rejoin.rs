@@ -54,3 +54,136 @@ async fn a_rejoin_towards_an_unreachable_primary_keeps_the_data() -> TestResult 
     assert_eq!(node.count("precious").await, Some(1));
     Ok(())
 }
+
+/// A standby that replayed more of the old timeline than the instance promoted (it was
+/// ahead when the primary died) can never follow the new primary: the manager reads the
+/// new primary's timeline history, sees that the standby is past the fork, and rewinds it.
+/// A standby that stopped before the fork is only behind and follows as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_past_the_fork_of_the_new_timeline_is_seen_diverged_and_rewound() -> TestResult {
+    use pgop_instance::pg::timeline::{StandbyPosition, diverged};
+    let nodes = [
+        Node::new("dv-1"),
+        Node::new("dv-2"),
+        Node::new("dv-3"),
+        Node::new("dv-4"),
+    ];
+    let [old, promoted, ahead, behind] = &nodes;
+    old.instance.bootstrap_primary().await?;
+    old.instance
+        .ensure_slots(&["dv-2".into(), "dv-3".into(), "dv-4".into()])
+        .await?;
+    for standby in [promoted, ahead, behind] {
+        standby.instance.bootstrap_standby(&old.upstream()).await?;
+    }
+    let app = old.app().await?;
+    app.batch_execute("CREATE TABLE t (id int primary key)")
+        .await?;
+    // Each standby stops receiving in turn: `behind` first, then `promoted`; `ahead` gets
+    // everything.
+    let mut nowhere = old.upstream();
+    nowhere.port = free_port();
+    let mut receiving = vec![promoted, ahead, behind];
+    for (stopped, rows) in [(behind, 100), (promoted, 200)] {
+        app.batch_execute(&format!(
+            "INSERT INTO t SELECT generate_series({}, {rows})",
+            rows - 99
+        ))
+        .await?;
+        for standby in &receiving {
+            eventually("the rows on the standbys still receiving", WAIT, || async {
+                (standby.count("t").await == Some(rows)).then_some(())
+            })
+            .await;
+        }
+        stopped.instance.follow(&nowhere).await?;
+        eventually("the standby no longer streams", WAIT, || async {
+            (!stopped.instance.status().await.streaming).then_some(())
+        })
+        .await;
+        receiving.retain(|n| !std::ptr::eq(*n, stopped));
+    }
+    app.batch_execute("INSERT INTO t SELECT generate_series(201, 300)")
+        .await?;
+    eventually(
+        "the last rows on the standby still streaming",
+        WAIT,
+        || async { (ahead.count("t").await == Some(300)).then_some(()) },
+    )
+    .await;
+    assert_eq!(promoted.count("t").await, Some(200));
+    assert_eq!(behind.count("t").await, Some(100));
+    drop(app);
+    old.instance.kill().await?;
+
+    promoted.instance.promote().await?;
+    promoted
+        .instance
+        .ensure_slots(&["dv-3".into(), "dv-4".into()])
+        .await?;
+    let timeline = promoted
+        .upstream()
+        .timeline()
+        .await?
+        .ok_or("the promoted instance reads as a primary")?;
+    assert_eq!(timeline.timeline, 2);
+    assert_eq!(timeline.history.len(), 1, "{timeline:?}");
+    let position = |s: &pgop_instance::PgStatus| -> Result<StandbyPosition, String> {
+        Ok(StandbyPosition {
+            timeline: s
+                .timeline
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or("no timeline")?,
+            replayed: s
+                .replayed_lsn
+                .as_deref()
+                .and_then(pgop_api::instance_status::parse_lsn)
+                .ok_or("no replay position")?,
+        })
+    };
+    let ahead_at = position(&ahead.instance.status().await)?;
+    let behind_at = position(&behind.instance.status().await)?;
+    assert!(diverged(&timeline, ahead_at), "{timeline:?} {ahead_at:?}");
+    assert!(
+        !diverged(&timeline, behind_at),
+        "{timeline:?} {behind_at:?}"
+    );
+
+    // Told to follow, the one behind streams on the new timeline; the one ahead cannot.
+    behind.instance.follow(&promoted.upstream()).await?;
+    ahead.instance.follow(&promoted.upstream()).await?;
+    promoted
+        .app()
+        .await?
+        .batch_execute("INSERT INTO t SELECT generate_series(1001, 1010)")
+        .await?;
+    eventually(
+        "the standby behind the fork streams on timeline 2",
+        WAIT,
+        || async {
+            let s = behind.instance.status().await;
+            (s.streaming && s.timeline == Some(2) && behind.count("t").await == Some(210))
+                .then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let s = ahead.instance.status().await;
+    assert!(!s.streaming, "a diverged standby cannot stream: {s:?}");
+    assert!(diverged(&timeline, position(&s)?));
+
+    // The rewind: the rows only it had are gone, the new timeline's are there.
+    let how = ahead.instance.demote(&promoted.upstream()).await?;
+    assert_eq!(how, Rejoin::Rewound);
+    eventually(
+        "the rewound standby streams on timeline 2",
+        WAIT,
+        || async {
+            let s = ahead.instance.status().await;
+            (s.streaming && s.timeline == Some(2) && ahead.count("t").await == Some(210))
+                .then_some(())
+        },
+    )
+    .await;
+    Ok(())
+}
