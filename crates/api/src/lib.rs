@@ -17,6 +17,7 @@ pub mod formats;
 pub mod instance_status;
 pub mod labels;
 pub mod network;
+pub mod quantity;
 pub mod validation;
 
 pub use backup::{PostgresBackup, PostgresBackupSpec, PostgresBackupStatus};

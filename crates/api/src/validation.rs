@@ -17,6 +17,7 @@ use crate::cluster::{
     SUPPORTED_POSTGRES_VERSIONS, is_owned_parameter, is_reserved_name, is_unsupported_parameter,
 };
 use crate::formats;
+use crate::quantity;
 use kube::ResourceExt;
 
 /// One invalid field: its path (`spec.replicas`) and what is wrong with it.
@@ -120,7 +121,50 @@ pub fn validate_update(
             || cel::MSG_STORAGE_CLASS_IMMUTABLE.to_string(),
         );
     }
+    for e in transition_errors(old, new) {
+        errors.0.push(e);
+    }
     errors.into_result()
+}
+
+/// The changes from `old` to `new` that pgop cannot carry out, each naming its field:
+/// - `spec.storage.size` may only grow (a volume cannot shrink);
+/// - `spec.bootstrap` is read once, when the cluster is created;
+/// - `spec.postgresVersion` may not go down (data files are not downgraded).
+///
+/// The validating webhook refuses them; without it the operator catches what it can see
+/// (a volume larger than the spec) as phase Invalid.
+pub fn transition_errors(old: &PostgresClusterSpec, new: &PostgresClusterSpec) -> Vec<FieldError> {
+    let mut errors = Errors::default();
+    if let (Some(before), Some(after)) = (
+        quantity::millis(&old.storage.size),
+        quantity::millis(&new.storage.size),
+    ) {
+        errors.check(after >= before, "spec.storage.size", || {
+            msg_storage_shrink(&new.storage.size, &old.storage.size)
+        });
+    }
+    errors.check(old.bootstrap == new.bootstrap, "spec.bootstrap", || {
+        MSG_BOOTSTRAP_IMMUTABLE.to_string()
+    });
+    if let (Some(before), Some(after)) = (old.postgres_version, new.postgres_version) {
+        errors.check(after >= before, "spec.postgresVersion", || {
+            format!(
+                "may not be lowered from {before} to {after}: PostgreSQL's data files cannot be downgraded (restore a logical backup into a new cluster instead)"
+            )
+        });
+    }
+    errors.0
+}
+
+/// `spec.bootstrap` changed after creation.
+pub const MSG_BOOTSTRAP_IMMUTABLE: &str = "may not change after the cluster is created: it is read only once, to make the first instance's data (create a new cluster to bootstrap differently)";
+
+/// `spec.storage.size` below the size the volumes have.
+pub fn msg_storage_shrink(wanted: &str, current: &str) -> String {
+    format!(
+        "may only grow: {wanted} is smaller than {current}, and a volume cannot shrink (move the data to a new cluster with smaller volumes instead)"
+    )
 }
 
 /// Validates a cluster's name: it becomes part of the names of its Pods and Services.
@@ -775,6 +819,49 @@ bootstrap:
         assert_eq!(validate_update(&old, &old), Ok(()));
         // Setting it for the first time is allowed.
         assert_eq!(validate_update(&removed, &old), Ok(()));
+    }
+
+    #[test]
+    fn storage_only_grows_bootstrap_never_changes_and_the_version_never_goes_down() {
+        let old = spec("storage: {size: 1.5Gi}\npostgresVersion: 15");
+        let grown = spec("storage: {size: 2048Mi}\npostgresVersion: 15");
+        let same_in_other_words = spec("storage: {size: 1536Mi}\npostgresVersion: 15");
+        let shrunk = spec("storage: {size: 1G}\npostgresVersion: 15");
+        assert_eq!(validate_update(&old, &grown), Ok(()));
+        assert_eq!(validate_update(&old, &same_in_other_words), Ok(()));
+        let errors = validate_update(&old, &shrunk).expect_err("a shrink");
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "spec.storage.size");
+        assert!(
+            errors[0].message.contains("1G is smaller than 1.5Gi"),
+            "{errors:?}"
+        );
+
+        let restored = spec(
+            "storage: {size: 1.5Gi}\npostgresVersion: 15\nbootstrap: {recovery: {backup: b1}}",
+        );
+        assert_eq!(
+            fields(validate_update(&old, &restored)),
+            vec!["spec.bootstrap".to_string()]
+        );
+        assert_eq!(
+            fields(validate_update(&restored, &old)),
+            vec!["spec.bootstrap".to_string()]
+        );
+        assert_eq!(validate_update(&restored, &restored), Ok(()));
+
+        let mut lower = old.clone();
+        lower.postgres_version = Some(14);
+        let errors = transition_errors(&old, &lower);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "spec.postgresVersion");
+        assert!(errors[0].message.contains("from 15 to 14"), "{errors:?}");
+        let mut higher = old.clone();
+        higher.postgres_version = Some(18);
+        assert!(transition_errors(&old, &higher).is_empty());
+        let mut unset = old.clone();
+        unset.postgres_version = None;
+        assert!(transition_errors(&old, &unset).is_empty());
     }
 
     #[test]

@@ -202,6 +202,17 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     )
     .await?;
 
+    // A spec below what the volumes already hold (the validating webhook refuses the
+    // change; without it, it is caught here): volumes cannot shrink.
+    if let Some(error) = storage_shrink(&defaulted.spec, &observed.pvcs) {
+        let message = pgop_api::validation::summary(&[error]);
+        let status = status::invalid(cluster, &message, now());
+        if patch_status(ctx, cluster, &namespace, status).await? {
+            publish(ctx, cluster, EventType::Warning, "InvalidSpec", &message).await;
+        }
+        return Ok(Action::await_change());
+    }
+
     // 4. plan
     let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed).await?;
     let named = &planned.named;
@@ -361,6 +372,34 @@ fn next_pass(in_transition: bool, timed: bool, deadlines: [Option<Duration>; 2])
         return POLL;
     }
     deadlines.into_iter().flatten().fold(RESYNC, Duration::min)
+}
+
+/// `spec.storage.size` below the size a volume of the cluster asks for already (the
+/// largest such volume is named).
+fn storage_shrink(
+    spec: &pgop_api::PostgresClusterSpec,
+    pvcs: &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
+) -> Option<pgop_api::validation::FieldError> {
+    let wanted = pgop_api::quantity::millis(&spec.storage.size)?;
+    let (size, _) = pvcs
+        .iter()
+        .filter_map(|pvc| {
+            let size = pvc
+                .spec
+                .as_ref()?
+                .resources
+                .as_ref()?
+                .requests
+                .as_ref()?
+                .get("storage")?;
+            Some((size.0.as_str(), pgop_api::quantity::millis(&size.0)?))
+        })
+        .filter(|(_, millis)| *millis > wanted)
+        .max_by_key(|(_, millis)| *millis)?;
+    Some(pgop_api::validation::FieldError {
+        field: "spec.storage.size".to_string(),
+        message: pgop_api::validation::msg_storage_shrink(&spec.storage.size, size),
+    })
 }
 
 /// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
@@ -1264,6 +1303,28 @@ mod tests {
             &cluster("Creating", "db-1"),
             &probes(answer("stopped"))
         ));
+    }
+
+    #[test]
+    fn a_spec_below_the_volumes_is_invalid_naming_the_field() {
+        let spec: pgop_api::PostgresClusterSpec =
+            serde_json::from_value(serde_json::json!({"storage": {"size": "1Gi"}})).expect("spec");
+        let pvc = |size: &str| -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-1"},
+                "spec": {"resources": {"requests": {"storage": size}}}
+            }))
+            .expect("pvc")
+        };
+        assert_eq!(
+            super::storage_shrink(&spec, &[pvc("1Gi"), pvc("1024Mi")]),
+            None
+        );
+        assert_eq!(super::storage_shrink(&spec, &[pvc("512Mi")]), None);
+        let e = super::storage_shrink(&spec, &[pvc("1Gi"), pvc("2Gi"), pvc("1536Mi")])
+            .expect("a shrink");
+        assert_eq!(e.field, "spec.storage.size");
+        assert!(e.message.contains("1Gi is smaller than 2Gi"), "{e}");
     }
 
     #[test]

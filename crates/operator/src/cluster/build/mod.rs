@@ -7,7 +7,7 @@ mod pdb;
 pub use pdb::Budgets;
 mod pod;
 mod pvc;
-pub mod quantity;
+pub use pgop_api::quantity;
 mod rbac;
 mod secret;
 mod service;
