@@ -14,6 +14,7 @@ pub mod leader;
 pub mod memory;
 pub mod metrics;
 pub mod selector;
+pub mod webhook;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret};

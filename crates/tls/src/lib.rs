@@ -36,6 +36,9 @@ pub const MANAGER_SERVER_NAME: &str = "pgop-instance-manager";
 const CA_COMMON_NAME: &str = "pgop instance-manager CA";
 /// The common name of the PostgreSQL authority's certificate.
 const POSTGRES_CA_COMMON_NAME: &str = "pgop PostgreSQL CA";
+/// The common name of the admission webhooks' authority (`pgop operator`'s own, kept in a
+/// Secret of its namespace; see `pgop_operator::webhook`).
+const WEBHOOK_CA_COMMON_NAME: &str = "pgop webhook CA";
 /// The common name of the operator's client certificates.
 pub const OPERATOR_COMMON_NAME: &str = "pgop-operator";
 
@@ -181,6 +184,16 @@ impl Authority {
         })
     }
 
+    /// A new authority for the admission webhooks' serving certificate.
+    pub fn generate_webhook(now: jiff::Timestamp) -> Result<Self, Error> {
+        Self::generate_named(now, WEBHOOK_CA_COMMON_NAME)
+    }
+
+    /// The webhooks' authority stored as `ca.crt` and `ca.key`.
+    pub fn from_pem_webhook(cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
+        Self::from_pem_named(cert_pem, key_pem, WEBHOOK_CA_COMMON_NAME)
+    }
+
     /// The managers' authority stored as `ca.crt` and `ca.key`.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, Error> {
         Self::from_pem_named(cert_pem, key_pem, CA_COMMON_NAME)
@@ -247,6 +260,26 @@ impl Authority {
         let common_name = names.first().cloned().unwrap_or_default();
         self.sign(
             what,
+            names.to_vec(),
+            &common_name,
+            ExtendedKeyUsagePurpose::ServerAuth,
+            now,
+            days,
+        )
+    }
+
+    /// The admission webhooks' serving certificate for these names (DNS names, or IP
+    /// addresses; the first is its common name). Only from the webhooks' authority
+    /// ([`Authority::generate_webhook`]).
+    pub fn issue_webhook_server(
+        &self,
+        names: &[String],
+        now: jiff::Timestamp,
+        days: i64,
+    ) -> Result<Issued, Error> {
+        let common_name = names.first().cloned().unwrap_or_default();
+        self.sign(
+            "webhook certificate",
             names.to_vec(),
             &common_name,
             ExtendedKeyUsagePurpose::ServerAuth,
@@ -369,6 +402,27 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
+/// The admission webhooks' server configuration: this certificate chain and key, no client
+/// certificate (the API server calls without one), TLS 1.2 and 1.3.
+pub fn webhook_server_config(cert_pem: &str, key_pem: &str) -> Result<Arc<ServerConfig>, Error> {
+    let config = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|source| Error::Config {
+            what: "protocol versions",
+            source,
+        })?
+        .with_no_client_auth()
+        .with_single_cert(
+            certs(cert_pem, "webhook certificate")?,
+            key(key_pem, "webhook key")?,
+        )
+        .map_err(|source| Error::Config {
+            what: "webhook certificate",
+            source,
+        })?;
+    Ok(Arc::new(config))
+}
+
 /// The operator's client configuration for one cluster: trusts only `ca_pem`, presents
 /// `cert_pem` (TLS 1.3 only). Connect with [`manager_server_name`].
 pub fn client_config(
@@ -401,6 +455,7 @@ pub fn manager_server_name() -> ServerName<'static> {
     ServerName::try_from(MANAGER_SERVER_NAME).expect("MANAGER_SERVER_NAME is a DNS name")
 }
 
+pub mod listener;
 pub mod postgres;
 
 #[cfg(test)]

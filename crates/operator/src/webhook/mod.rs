@@ -1,0 +1,222 @@
+//! The validating admission webhooks of PostgresCluster and PostgresBackup, served by every
+//! `pgop operator` replica over HTTPS (leader or not: a standby replica answers too).
+//!
+//! - `POST /validate/postgresclusters` and `POST /validate/postgresbackups` take an
+//!   `admission.k8s.io/v1` AdmissionReview and answer it ([`review`]): refused with every
+//!   invalid field named (in the message, and as `details.causes` with their `field`),
+//!   allowed otherwise, with warnings for checks that could not be made.
+//! - The serving certificate comes from [`cert`]: pgop's own authority in a Secret, with the
+//!   `caBundle` of the webhook configurations kept up to date, or files (cert-manager).
+//!   A renewed certificate is served from the next connection on.
+//!
+//! The configurations themselves (rules, `failurePolicy: Ignore`, `timeoutSeconds: 5`)
+//! come with the chart and `deploy/`: see docs/api.md#admission-webhooks. With the webhook
+//! down the API server admits the request, and the controller's own validation still
+//! stops an invalid spec (phase Invalid).
+
+pub mod cert;
+pub mod review;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::{DynamicObject, Status, response::StatusCause, response::StatusDetails};
+use pgop_tls::listener::TlsListener;
+use serde::de::DeserializeOwned;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The paths the configurations call.
+pub const VALIDATE_CLUSTERS: &str = "/validate/postgresclusters";
+pub const VALIDATE_BACKUPS: &str = "/validate/postgresbackups";
+
+/// The webhooks' port in a cluster (`pgop operator --webhook-bind-address`).
+pub const DEFAULT_PORT: u16 = 9443;
+
+/// How the webhooks are served.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where to listen (port 0: any free port, see [`Webhook::local_addr`]).
+    pub listen: SocketAddr,
+    pub certificate: cert::Source,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to listen for the webhooks on {0}")]
+    Listen(SocketAddr, #[source] std::io::Error),
+    #[error("the webhook server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Webhooks whose address is bound, not serving yet.
+pub struct Webhook {
+    client: kube::Client,
+    config: Config,
+    listener: TlsListener,
+    local: SocketAddr,
+    tx: tokio::sync::watch::Sender<Option<std::sync::Arc<rustls::ServerConfig>>>,
+}
+
+impl Webhook {
+    /// Binds the address: a port in use is an error here, naming it.
+    pub async fn bind(client: kube::Client, config: Config) -> Result<Self, Error> {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let listener = TlsListener::bind(config.listen, rx)
+            .await
+            .map_err(|e| Error::Listen(config.listen, e))?;
+        let local = axum::serve::Listener::local_addr(&listener)
+            .map_err(|e| Error::Listen(config.listen, e))?;
+        Ok(Self {
+            client,
+            config,
+            listener,
+            local,
+            tx,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Serves until `shutdown` resolves, keeping the certificate meanwhile. Connections
+    /// are closed at once until the first certificate is loaded.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let Self {
+            client,
+            config,
+            listener,
+            local,
+            tx,
+        } = self;
+        tracing::info!(address = %local, "serving the admission webhooks");
+        let keeper = tokio::spawn(cert::keep(client.clone(), config.certificate, tx));
+        let served = axum::serve(listener, router(client))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(Error::Serve);
+        keeper.abort();
+        served
+    }
+}
+
+fn router(client: kube::Client) -> Router {
+    Router::new()
+        .route(VALIDATE_CLUSTERS, post(validate_cluster))
+        .route(VALIDATE_BACKUPS, post(validate_backup))
+        .with_state(client)
+}
+
+/// How long one review may take, lookups included (the configurations give the API
+/// server's call 5 s).
+const REVIEW_TIMEOUT: Duration = Duration::from_secs(4);
+
+async fn validate_cluster(
+    State(client): State<kube::Client>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    answer(review, |namespace, old, new| async move {
+        review::cluster(&namespace, old.as_ref(), &new, &client).await
+    })
+    .await
+}
+
+async fn validate_backup(
+    State(client): State<kube::Client>,
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    answer(review, |namespace, old, new| async move {
+        review::backup(&namespace, old.as_ref(), &new, &client).await
+    })
+    .await
+}
+
+/// Decodes the request's objects as `K` and answers with `check`'s verdict.
+async fn answer<K, F, Fut>(
+    review: AdmissionReview<DynamicObject>,
+    check: F,
+) -> axum::Json<AdmissionReview<DynamicObject>>
+where
+    K: DeserializeOwned,
+    F: FnOnce(String, Option<K>, K) -> Fut,
+    Fut: std::future::Future<Output = review::Verdict>,
+{
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(e) => {
+            return axum::Json(AdmissionResponse::invalid(e).into_review());
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return axum::Json(response.into_review());
+    }
+    let decoded = decode::<K>(request.object.as_ref()).and_then(|new| {
+        let old = match request.operation {
+            Operation::Update => Some(decode::<K>(request.old_object.as_ref())?),
+            _ => None,
+        };
+        Ok((old, new))
+    });
+    let (old, new) = match decoded {
+        Ok(objects) => objects,
+        Err(e) => return axum::Json(response.deny(e).into_review()),
+    };
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let verdict = match tokio::time::timeout(REVIEW_TIMEOUT, check(namespace, old, new)).await {
+        Ok(verdict) => verdict,
+        Err(_) => review::Verdict {
+            errors: Vec::new(),
+            warnings: vec![format!(
+                "pgop's webhook did not finish its checks within {REVIEW_TIMEOUT:?}; the operator checks the spec again"
+            )],
+        },
+    };
+    axum::Json(respond(response, verdict).into_review())
+}
+
+fn decode<K: DeserializeOwned>(object: Option<&DynamicObject>) -> Result<K, String> {
+    let object = object.ok_or("the request carries no object")?;
+    serde_json::to_value(object)
+        .and_then(serde_json::from_value)
+        .map_err(|e| format!("the object does not decode: {e}"))
+}
+
+/// The response for `verdict`: refused with every field (message and causes), or allowed;
+/// warnings either way.
+fn respond(response: AdmissionResponse, verdict: review::Verdict) -> AdmissionResponse {
+    let mut response = if verdict.errors.is_empty() {
+        response
+    } else {
+        let message = verdict.message();
+        let mut denied = response.deny(&message);
+        denied.result = Status::failure(&message, "Invalid")
+            .with_code(422)
+            .with_details(StatusDetails {
+                causes: verdict
+                    .errors
+                    .iter()
+                    .map(|e| StatusCause {
+                        reason: "FieldValueInvalid".to_string(),
+                        message: e.message.clone(),
+                        field: e.field.clone(),
+                    })
+                    .collect(),
+                name: String::new(),
+                group: String::new(),
+                kind: String::new(),
+                uid: String::new(),
+                retry_after_seconds: 0,
+            });
+        denied
+    };
+    if !verdict.warnings.is_empty() {
+        response.warnings = Some(verdict.warnings);
+    }
+    response
+}

@@ -1,0 +1,299 @@
+//! The validating webhooks against a real API server (testenv): the API server calls
+//! pgop's webhook over HTTPS with the certificate pgop made and the `caBundle` pgop wrote
+//! into the configuration, and every rule refuses with its field named. The serving
+//! certificate is renewed at every check here (validity 1 day, renewed 2 days ahead), so
+//! every request flows while certificates rotate. With the webhook down
+//! (`failurePolicy: Ignore`) the API server admits a bad change, and the controller's own
+//! validation stops it.
+//!
+//! The configuration matches only this test's namespace: the control plane is shared.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use pgop_api::cluster::ClusterPhase;
+use pgop_api::{PostgresBackup, PostgresCluster};
+use pgop_operator::webhook::{self, Config, Webhook, cert};
+use std::time::Duration;
+
+fn configuration(name: &str, ns: &str, port: u16) -> Result<ValidatingWebhookConfiguration> {
+    let hook = |hook: &str, resource: &str, path: &str| {
+        serde_json::json!({
+            "name": format!("{hook}.database.example.com"),
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}")},
+            "rules": [{
+                "apiGroups": ["database.example.com"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": [resource],
+                "scope": "Namespaced"
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"]
+        })
+    };
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            hook("postgresclusters", "postgresclusters", webhook::VALIDATE_CLUSTERS),
+            hook("postgresbackups", "postgresbackups", webhook::VALIDATE_BACKUPS),
+        ]
+    }))?)
+}
+
+fn with_store(name: &str, secret: &str) -> Result<PostgresCluster> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.example.com/v1alpha1",
+        "kind": "PostgresCluster",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "storage": {"size": "1Gi"},
+            "backup": {"store": {"s3": {"bucket": "backups", "credentialsSecret": {"name": secret}}}}
+        }
+    }))?)
+}
+
+fn backup_of(name: &str, cluster: &str) -> Result<PostgresBackup> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "database.example.com/v1alpha1",
+        "kind": "PostgresBackup",
+        "metadata": {"name": name},
+        "spec": {"cluster": {"name": cluster}}
+    }))?)
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+/// The API server's refusal of a request pgop's webhook denied: its message.
+fn denied<T: std::fmt::Debug>(result: kube::Result<T>) -> Result<String> {
+    match result {
+        Err(kube::Error::Api(e)) if e.message.contains("denied the request") => Ok(e.message),
+        other => Err(format!("expected the webhook to refuse, got {other:?}").into()),
+    }
+}
+
+#[tokio::test]
+async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() -> Result {
+    let (_plane, client, ns) = setup("webhook").await?;
+    let n = ns.name();
+    let vwc_name = format!("pgop-test-{n}");
+    let webhook = Webhook::bind(
+        client.clone(),
+        Config {
+            listen: "127.0.0.1:0".parse()?,
+            certificate: cert::Source::Managed(cert::Managed {
+                namespace: n.to_string(),
+                secret: "pgop-webhook-tls".into(),
+                names: vec!["127.0.0.1".into()],
+                configurations: vec![vwc_name.clone()],
+                validity_days: 1,
+                renew_before_days: 2,
+                check_every: Duration::from_millis(500),
+            }),
+        },
+    )
+    .await?;
+    let port = webhook.local_addr().port();
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    configurations
+        .create(&PostParams::default(), &configuration(&vwc_name, n, port)?)
+        .await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(webhook.run(async move {
+        let _ = stopped.await;
+    }));
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), n);
+    let backups: Api<PostgresBackup> = Api::namespaced(client.clone(), n);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), n);
+
+    // Until pgop wrote the caBundle the API server cannot call it, and (Ignore) admits.
+    let missing = with_store("nosecret", "s3-credentials")?;
+    let message = pgop_testenv::wait::until("the webhook refusing", TIMEOUT, || async {
+        denied(clusters.create(&dry_run(), &missing).await).map_err(|e| e.to_string())
+    })
+    .await?;
+    assert!(
+        message.contains(
+            "spec.backup.store.s3.credentialsSecret.name: Secret \"s3-credentials\" does not exist"
+        ),
+        "{message}"
+    );
+    let first_cert = secrets.get("pgop-webhook-tls").await?.data;
+
+    // A Secret without its keys; then with them, and the cluster is created.
+    let mut s3: Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "s3-credentials"},
+        "stringData": {"AWS_ACCESS_KEY_ID": "id"}
+    }))?;
+    secrets.create(&PostParams::default(), &s3).await?;
+    let message = denied(clusters.create(&dry_run(), &missing).await)?;
+    assert!(
+        message.contains("spec.backup.store.s3.credentialsSecret: Secret \"s3-credentials\"")
+            && message.contains("AWS_SECRET_ACCESS_KEY"),
+        "{message}"
+    );
+    s3.string_data = Some(
+        [
+            ("AWS_ACCESS_KEY_ID".to_string(), "id".to_string()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), "key".to_string()),
+        ]
+        .into(),
+    );
+    secrets
+        .replace("s3-credentials", &PostParams::default(), &s3)
+        .await?;
+    let created = clusters.create(&PostParams::default(), &missing).await?;
+
+    // Changes pgop cannot carry out, each refused by name; a label is fine.
+    let patch = |v: serde_json::Value| Patch::Merge(v);
+    let pp = PatchParams::default();
+    let message = denied(
+        clusters
+            .patch(
+                "nosecret",
+                &pp,
+                &patch(serde_json::json!({"spec": {"storage": {"size": "512Mi"}}})),
+            )
+            .await,
+    )?;
+    assert!(
+        message.contains("spec.storage.size: may only grow: 512Mi is smaller than 1Gi"),
+        "{message}"
+    );
+    let message = denied(
+        clusters
+            .patch(
+                "nosecret",
+                &pp,
+                &patch(
+                    serde_json::json!({"spec": {"bootstrap": {"recovery": {"backup": "nightly"}}}}),
+                ),
+            )
+            .await,
+    )?;
+    assert!(
+        message.contains("spec.bootstrap: may not change"),
+        "{message}"
+    );
+    clusters
+        .patch(
+            "nosecret",
+            &pp,
+            &patch(serde_json::json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await?;
+    clusters
+        .patch(
+            "nosecret",
+            &pp,
+            &patch(serde_json::json!({"spec": {"storage": {"size": "2Gi"}}})),
+        )
+        .await?;
+
+    // A restore from a backup that does not exist; backups of clusters that cannot take them.
+    let mut restore = cluster("restored", 1);
+    restore.spec.bootstrap = Some(serde_json::from_value(
+        serde_json::json!({"recovery": {"backup": "nightly"}}),
+    )?);
+    let message = denied(clusters.create(&dry_run(), &restore).await)?;
+    assert!(
+        message
+            .contains("spec.bootstrap.recovery.backup: PostgresBackup \"nightly\" does not exist"),
+        "{message}"
+    );
+    let message = denied(
+        backups
+            .create(&dry_run(), &backup_of("b1", "elsewhere")?)
+            .await,
+    )?;
+    assert!(
+        message.contains("spec.cluster.name: PostgresCluster \"elsewhere\" does not exist"),
+        "{message}"
+    );
+    clusters
+        .create(&PostParams::default(), &cluster("nostore", 1))
+        .await?;
+    let message = denied(
+        backups
+            .create(&dry_run(), &backup_of("b2", "nostore")?)
+            .await,
+    )?;
+    assert!(message.contains("has no spec.backup.store"), "{message}");
+    backups
+        .create(&dry_run(), &backup_of("b3", "nosecret")?)
+        .await?;
+
+    // Requests flow while the certificate is renewed every half second.
+    for i in 0..20 {
+        denied(clusters.create(&dry_run(), &restore).await)
+            .map_err(|e| format!("request {i} during rotation: {e}"))?;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert_ne!(
+        secrets.get("pgop-webhook-tls").await?.data,
+        first_cert,
+        "the certificate was renewed"
+    );
+
+    // The webhook down: the API server admits (failurePolicy Ignore), and the controller
+    // stops a spec below its volumes.
+    let _ = stop.send(());
+    serving.await??;
+    let op = Operator::start(&client, n);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), n);
+    pgop_testenv::wait::until("the volume", TIMEOUT, || async {
+        match pvcs.get_opt("nosecret-1").await {
+            Ok(Some(_)) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    clusters.create(&dry_run(), &restore).await?;
+    clusters
+        .patch(
+            "nosecret",
+            &pp,
+            &patch(serde_json::json!({"spec": {"storage": {"size": "1Gi"}}})),
+        )
+        .await?;
+    let invalid = pgop_testenv::wait::until("phase Invalid", TIMEOUT, || async {
+        let c = clusters.get("nosecret").await.map_err(|e| e.to_string())?;
+        match c.status.as_ref().and_then(|s| s.phase) {
+            Some(ClusterPhase::Invalid) => Ok(c),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    let message = invalid
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .find(|c| c.type_ == "SpecValid")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("spec.storage.size: may only grow: 1Gi is smaller than 2Gi"),
+        "{message}"
+    );
+    op.stop().await;
+    assert_eq!(created.name_any(), "nosecret");
+    configurations
+        .delete(&vwc_name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
