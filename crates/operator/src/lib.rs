@@ -101,6 +101,9 @@ pub struct Options {
     /// The operator's version, as `pgop --version` prints it: the `version` label of
     /// `pgop_operator_build_info`. This crate's version by default.
     pub version: String,
+    /// Serve the validating admission webhooks ([`webhook`]), leader or not; not when
+    /// `None`, the default.
+    pub webhook: Option<webhook::Config>,
 }
 
 impl Default for Options {
@@ -113,6 +116,7 @@ impl Default for Options {
             metrics_bind_address: None,
             leader_election: None,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            webhook: None,
         }
     }
 }
@@ -133,6 +137,8 @@ where
 pub enum Error {
     #[error("failed to listen for metrics on {0}")]
     MetricsListen(SocketAddr, #[source] std::io::Error),
+    #[error("failed to start the admission webhooks")]
+    Webhook(#[source] webhook::Error),
     /// The leader lost its Lease (see [`leader`]): its controllers were stopped at once.
     /// The process should exit (nonzero) and be restarted, to re-enter the election with
     /// empty caches.
@@ -163,6 +169,7 @@ pub struct Operator {
     client: Client,
     options: Options,
     listener: Option<(tokio::net::TcpListener, SocketAddr)>,
+    webhook: Option<webhook::Webhook>,
 }
 
 impl Operator {
@@ -180,11 +187,25 @@ impl Operator {
             }
             None => None,
         };
+        let webhook = match options.webhook.clone() {
+            Some(config) => Some(
+                webhook::Webhook::bind(client.clone(), config)
+                    .await
+                    .map_err(Error::Webhook)?,
+            ),
+            None => None,
+        };
         Ok(Self {
             client,
             options,
             listener,
+            webhook,
         })
+    }
+
+    /// Where the admission webhooks are served; `None` when disabled.
+    pub fn webhook_address(&self) -> Option<SocketAddr> {
+        self.webhook.as_ref().map(webhook::Webhook::local_addr)
     }
 
     /// Where `/metrics`, `/healthz` and `/readyz` are served; `None` when disabled.
@@ -209,6 +230,7 @@ impl Operator {
             client,
             options,
             listener,
+            webhook,
         } = self;
         // Nodes: names and cordons only (see cluster::nodes), cluster-wide. Without the
         // permission the watcher retries with backoff and the node features stay off.
@@ -444,10 +466,35 @@ impl Operator {
                 }
             }
         });
-        let server = async move {
-            if let Some(server) = server {
-                server.await;
+        // The webhooks answer from the start, whether this replica leads or not, and stop
+        // with the rest.
+        let webhooks_stopped = stopped();
+        let webhooks_overdue = stopped();
+        let webhooks = async move {
+            let Some(webhook) = webhook else {
+                return;
+            };
+            // A review in flight gets the grace period, not more.
+            let overdue = async {
+                webhooks_overdue.await;
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+            };
+            tokio::select! {
+                result = webhook.run(webhooks_stopped) => if let Err(e) = result {
+                    tracing::error!(error = %error_chain(&e), "the webhook server failed");
+                },
+                () = overdue => {}
             }
+        };
+        let server = async move {
+            tokio::join!(
+                async move {
+                    if let Some(server) = server {
+                        server.await;
+                    }
+                },
+                webhooks
+            );
         };
 
         // The controllers are built above but do nothing until polled: their stores serve

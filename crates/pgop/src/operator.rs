@@ -107,6 +107,41 @@ pub struct Args {
     /// Name of the leader Lease.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_LEASE_NAME)]
     leader_election_name: String,
+    /// Where to serve the validating admission webhooks over HTTPS (every replica serves
+    /// them, leader or not): IP:PORT, :PORT, or `0` (or empty) for none [default: none;
+    /// the chart: :9443].
+    #[arg(long, env = "PGOP_WEBHOOK_BIND_ADDRESS", value_name = "ADDR", value_parser = parse_bind_address)]
+    webhook_bind_address: Option<BindAddress>,
+    /// Serve the webhooks with `tls.crt` and `tls.key` from this directory (a
+    /// cert-manager Certificate's Secret, mounted; read again every minute), and leave the
+    /// configurations' caBundle to cert-manager [default: pgop's own certificate, kept in
+    /// --webhook-secret].
+    #[arg(long, value_name = "DIR")]
+    webhook_cert_dir: Option<std::path::PathBuf>,
+    /// The Secret (in POD_NAMESPACE, or --webhook-secret-namespace) where pgop keeps the
+    /// webhooks' authority and serving certificate, shared by every replica.
+    #[arg(long, value_name = "NAME", default_value = "pgop-webhook-tls")]
+    webhook_secret: String,
+    /// Namespace of --webhook-secret [default: POD_NAMESPACE].
+    #[arg(long, value_name = "NS", value_parser = parse_namespace)]
+    webhook_secret_namespace: Option<String>,
+    /// A name the webhooks' certificate is for (the Service's DNS names, such as
+    /// pgop-webhook.pgop-system.svc, or an IP address); repeat the flag or separate by
+    /// commas.
+    #[arg(long = "webhook-name", value_name = "NAME", value_delimiter = ',')]
+    webhook_names: Vec<String>,
+    /// A ValidatingWebhookConfiguration whose webhooks' caBundle pgop keeps (with its
+    /// own certificate); repeat the flag or separate by commas.
+    #[arg(
+        long = "webhook-configuration",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    webhook_configurations: Vec<String>,
+    /// Days a serving certificate pgop makes is valid; it is renewed with a third of
+    /// that left.
+    #[arg(long, value_name = "DAYS", default_value_t = 365, value_parser = clap::value_parser!(i64).range(3..=3650))]
+    webhook_cert_validity_days: i64,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -176,8 +211,81 @@ impl Args {
         }))
     }
 
+    /// The webhooks' configuration: off without --webhook-bind-address; the certificate
+    /// from --webhook-cert-dir, else pgop's own (which needs a namespace for its Secret and
+    /// at least one --webhook-name).
+    pub fn webhook(&self, env: &Env) -> Result<Option<pgop_operator::webhook::Config>, String> {
+        use pgop_operator::webhook::{Config, cert};
+        let Some(BindAddress::At(listen)) = self.webhook_bind_address else {
+            return Ok(None);
+        };
+        let certificate = match &self.webhook_cert_dir {
+            Some(dir) => cert::Source::Files {
+                dir: dir.clone(),
+                check_every: std::time::Duration::from_secs(60),
+            },
+            None => {
+                let namespace = self
+                    .webhook_secret_namespace
+                    .clone()
+                    .or_else(|| env.pod_namespace.clone())
+                    .ok_or(
+                        "the webhooks' certificate Secret needs a namespace: set \
+                         --webhook-secret-namespace (or POD_NAMESPACE), or give \
+                         --webhook-cert-dir",
+                    )?;
+                let names: Vec<String> = self
+                    .webhook_names
+                    .iter()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                if names.is_empty() {
+                    return Err(
+                        "--webhook-name is needed for pgop's own webhook certificate: \
+                                the Service's DNS name (e.g. pgop-webhook.pgop-system.svc) \
+                                or the address the API server calls"
+                            .to_string(),
+                    );
+                }
+                for name in &names {
+                    let ok = name.parse::<std::net::IpAddr>().is_ok()
+                        || (name.len() <= 253 && pgop_api::formats::is_dns_subdomain(name));
+                    if !ok {
+                        return Err(format!(
+                            "--webhook-name {name:?} is neither a DNS name (lowercase letters, digits, '-' and '.') nor an IP address"
+                        ));
+                    }
+                }
+                let secret = self.webhook_secret.trim();
+                if !(secret.len() <= 253 && pgop_api::formats::is_dns_subdomain(secret)) {
+                    return Err(format!("--webhook-secret {secret:?} is not a Secret name"));
+                }
+                cert::Source::Managed(cert::Managed {
+                    namespace,
+                    secret: secret.to_string(),
+                    names,
+                    configurations: self
+                        .webhook_configurations
+                        .iter()
+                        .map(|n| n.trim().to_string())
+                        .filter(|n| !n.is_empty())
+                        .collect(),
+                    validity_days: self.webhook_cert_validity_days,
+                    renew_before_days: self.webhook_cert_validity_days / 3,
+                    check_every: std::time::Duration::from_secs(60),
+                })
+            }
+        };
+        Ok(Some(Config {
+            listen,
+            certificate,
+        }))
+    }
+
     pub fn options(self, env: &Env) -> Result<Options, String> {
         let leader_election = self.leader_election(env)?;
+        let webhook = self.webhook(env)?;
         Ok(Options {
             namespaces: unique(self.namespace),
             cluster_selector: self.cluster_selector,
@@ -200,6 +308,7 @@ impl Args {
             },
             leader_election,
             version: crate::VERSION.to_string(),
+            webhook,
         })
     }
 }
@@ -290,6 +399,51 @@ mod tests {
             args(&["--leader-elect=0"]).leader_election(&in_pod()),
             Ok(None)
         );
+    }
+
+    #[test]
+    fn webhooks_are_off_by_default_and_their_flags_are_checked() {
+        use pgop_operator::webhook::cert::Source;
+        assert!(args(&[]).webhook(&in_pod()).expect("resolved").is_none());
+        let on = |extra: &[&str]| {
+            let mut flags = vec!["--webhook-bind-address=:9443"];
+            flags.extend_from_slice(extra);
+            args(&flags).webhook(&in_pod())
+        };
+        let config = on(&[
+            "--webhook-name=pgop-webhook.pgop-system.svc,pgop-webhook.pgop-system.svc.cluster.local",
+            "--webhook-configuration=pgop",
+        ])
+        .expect("valid")
+        .expect("on");
+        assert_eq!(config.listen.port(), 9443);
+        match config.certificate {
+            Source::Managed(m) => {
+                assert_eq!(m.namespace, "pgop-system");
+                assert_eq!(m.secret, "pgop-webhook-tls");
+                assert_eq!(m.names.len(), 2);
+                assert_eq!(m.configurations, ["pgop"]);
+                assert_eq!((m.validity_days, m.renew_before_days), (365, 121));
+            }
+            other => panic!("{other:?}"),
+        }
+        let missing = on(&[]).expect_err("no name");
+        assert!(missing.contains("--webhook-name"), "{missing}");
+        let hostile = on(&["--webhook-name=a\nb"]).expect_err("a newline");
+        assert!(hostile.contains("neither a DNS name"), "{hostile}");
+        assert!(on(&["--webhook-name=127.0.0.1"]).is_ok());
+        let unplaced = args(&["--webhook-bind-address=:9443", "--webhook-name=x"])
+            .webhook(&outside())
+            .expect_err("no namespace");
+        assert!(
+            unplaced.contains("--webhook-secret-namespace"),
+            "{unplaced}"
+        );
+        let files = args(&["--webhook-bind-address=:9443", "--webhook-cert-dir=/certs"])
+            .webhook(&outside())
+            .expect("valid")
+            .expect("on");
+        assert!(matches!(files.certificate, Source::Files { .. }));
     }
 
     #[test]
