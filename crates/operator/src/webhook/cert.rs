@@ -340,11 +340,13 @@ async fn managed_step(
             // The API server trusts a new authority before anyone serves what it signed.
             ca_bundles(client, config, &material.ca_bundle).await?;
             let written = match &secret {
+                // A merge patch carrying the resourceVersion read: refused (409) when
+                // another replica wrote in between, as an update would be.
                 Some(old) => {
                     let rv = old.metadata.resource_version.clone();
                     let new = material.to_secret(&config.namespace, &config.secret, rv);
                     secrets
-                        .replace(&config.secret, &PostParams::default(), &new)
+                        .patch(&config.secret, &PatchParams::default(), &Patch::Merge(&new))
                         .await
                 }
                 None => {
