@@ -11,7 +11,9 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -47,6 +49,32 @@ fn configuration(name: &str, ns: &str, port: u16) -> Result<ValidatingWebhookCon
             hook("postgresclusters", "postgresclusters", webhook::VALIDATE_CLUSTERS),
             hook("postgresbackups", "postgresbackups", webhook::VALIDATE_BACKUPS),
         ]
+    }))?)
+}
+
+/// The defaulting webhook's configuration, of the same name (another kind).
+fn mutating(name: &str, ns: &str, port: u16) -> Result<MutatingWebhookConfiguration> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "defaults.postgresclusters.database.example.com",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}{}", webhook::MUTATE_CLUSTERS)},
+            "rules": [{
+                "apiGroups": ["database.example.com"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["postgresclusters"],
+                "scope": "Namespaced"
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "reinvocationPolicy": "Never",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"]
+        }]
     }))?)
 }
 
@@ -113,6 +141,10 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
     configurations
         .create(&PostParams::default(), &configuration(&vwc_name, n, port)?)
         .await?;
+    let mutations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    mutations
+        .create(&PostParams::default(), &mutating(&vwc_name, n, port)?)
+        .await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(webhook.run(async move {
         let _ = stopped.await;
@@ -159,6 +191,45 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
         .await?;
     let created = clusters.create(&PostParams::default(), &missing).await?;
 
+    // Defaults the schema cannot express are written into the object, and two appliers
+    // of the same manifest see no drift.
+    let manifest = with_store("applied", "s3-credentials")?;
+    pgop_testenv::wait::until("the defaulting webhook", TIMEOUT, || async {
+        let c = clusters
+            .create(&dry_run(), &manifest)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.spec
+            .bootstrap
+            .is_some()
+            .then_some(())
+            .ok_or_else(|| "no default yet".to_string())
+    })
+    .await?;
+    let apply = |manager: &str| PatchParams::apply(manager);
+    let first = clusters
+        .patch("applied", &apply("alice"), &Patch::Apply(&manifest))
+        .await?;
+    assert_eq!(
+        serde_json::to_value(&first.spec.bootstrap)?,
+        serde_json::json!({"initdb": {"database": "app", "owner": "app"}})
+    );
+    assert_eq!(
+        first
+            .spec
+            .backup
+            .as_ref()
+            .and_then(|b| b.timezone.as_deref()),
+        Some("UTC")
+    );
+    for manager in ["bob", "alice", "bob"] {
+        let again = clusters
+            .patch("applied", &apply(manager), &Patch::Apply(&manifest))
+            .await?;
+        assert_eq!(again.spec, first.spec, "applied by {manager}: no drift");
+        assert_eq!(again.metadata.generation, first.metadata.generation);
+    }
+
     // Changes pgop cannot carry out, each refused by name; a label is fine.
     let patch = |v: serde_json::Value| Patch::Merge(v);
     let pp = PatchParams::default();
@@ -181,7 +252,7 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
                 "nosecret",
                 &pp,
                 &patch(
-                    serde_json::json!({"spec": {"bootstrap": {"recovery": {"backup": "nightly"}}}}),
+                    serde_json::json!({"spec": {"bootstrap": {"initdb": null, "recovery": {"backup": "nightly"}}}}),
                 ),
             )
             .await,
@@ -293,6 +364,9 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
     op.stop().await;
     assert_eq!(created.name_any(), "nosecret");
     configurations
+        .delete(&vwc_name, &DeleteParams::default())
+        .await?;
+    mutations
         .delete(&vwc_name, &DeleteParams::default())
         .await?;
     Ok(())

@@ -16,7 +16,9 @@
 //! certificate that cannot be loaded leaves the previous one in use.
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use pgop_tls::Authority;
@@ -43,7 +45,8 @@ pub struct Managed {
     /// The names the certificate is for: the Service's DNS names
     /// (`<service>.<namespace>.svc`), or the address of a `url` client configuration.
     pub names: Vec<String>,
-    /// The ValidatingWebhookConfigurations whose webhooks' `caBundle` pgop keeps.
+    /// The webhook configurations (validating and mutating ones of these names) whose
+    /// webhooks' `caBundle` pgop keeps.
     pub configurations: Vec<String>,
     /// How long a serving certificate is valid.
     pub validity_days: i64,
@@ -61,7 +64,7 @@ pub enum Error {
     WriteSecret(String, #[source] kube::Error),
     #[error("failed to generate the webhook certificate")]
     Generate(#[source] pgop_tls::Error),
-    #[error("failed to update the caBundle of ValidatingWebhookConfiguration {0}")]
+    #[error("failed to update the caBundle of {0}")]
     CaBundle(String, #[source] kube::Error),
     #[error("failed to read {0}")]
     ReadFile(PathBuf, #[source] std::io::Error),
@@ -372,43 +375,67 @@ async fn managed_step(
     serve(tx, serving, &material.cert, &material.key)
 }
 
-/// Sets `bundle` as the `caBundle` of every webhook of the configurations, where it
-/// differs. A configuration that does not exist (yet) is skipped.
+/// Sets `bundle` as the `caBundle` of every webhook of the configurations (validating and
+/// mutating ones of each name), where it differs. A configuration that does not exist
+/// (yet) is skipped.
 async fn ca_bundles(client: &kube::Client, config: &Managed, bundle: &str) -> Result<(), Error> {
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     for name in &config.configurations {
-        let Some(vwc) = api
-            .get_opt(name)
-            .await
-            .map_err(|e| Error::CaBundle(name.clone(), e))?
-        else {
-            tracing::debug!(configuration = %name, "no such ValidatingWebhookConfiguration (yet)");
-            continue;
-        };
-        let stale: Vec<serde_json::Value> = vwc
-            .webhooks
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|w| {
-                w.client_config.ca_bundle.as_ref().map(|b| b.0.as_slice())
-                    != Some(bundle.as_bytes())
-            })
-            .map(|w| {
-                serde_json::json!({
-                    "name": w.name,
-                    "clientConfig": {"caBundle": ByteString(bundle.as_bytes().to_vec())},
-                })
-            })
-            .collect();
-        if stale.is_empty() {
-            continue;
-        }
-        let patch = serde_json::json!({"webhooks": stale});
-        api.patch(name, &PatchParams::default(), &Patch::Strategic(patch))
-            .await
-            .map_err(|e| Error::CaBundle(name.clone(), e))?;
-        tracing::info!(configuration = %name, "updated the caBundle of the webhooks");
+        set_bundle(&validating, name, bundle, |c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| (w.name.clone(), w.client_config.ca_bundle.clone()))
+                .collect()
+        })
+        .await?;
+        set_bundle(&mutating, name, bundle, |c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| (w.name.clone(), w.client_config.ca_bundle.clone()))
+                .collect()
+        })
+        .await?;
     }
+    Ok(())
+}
+
+/// One configuration of kind `K`: its webhooks (name, caBundle) by `hooks`.
+async fn set_bundle<K>(
+    api: &Api<K>,
+    name: &str,
+    bundle: &str,
+    hooks: fn(&K) -> Vec<(String, Option<ByteString>)>,
+) -> Result<(), Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    let failed = |e| Error::CaBundle(format!("{kind} {name}"), e);
+    let Some(configuration) = api.get_opt(name).await.map_err(failed)? else {
+        tracing::debug!(%kind, configuration = %name, "no such webhook configuration (yet)");
+        return Ok(());
+    };
+    let stale: Vec<serde_json::Value> = hooks(&configuration)
+        .into_iter()
+        .filter(|(_, ca)| ca.as_ref().map(|b| b.0.as_slice()) != Some(bundle.as_bytes()))
+        .map(|(hook, _)| {
+            serde_json::json!({
+                "name": hook,
+                "clientConfig": {"caBundle": ByteString(bundle.as_bytes().to_vec())},
+            })
+        })
+        .collect();
+    if stale.is_empty() {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"webhooks": stale});
+    api.patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .map_err(failed)?;
+    tracing::info!(%kind, configuration = %name, "updated the caBundle of the webhooks");
     Ok(())
 }
 

@@ -1,6 +1,8 @@
-//! The validating admission webhooks of PostgresCluster and PostgresBackup, served by every
+//! The admission webhooks of PostgresCluster and PostgresBackup, served by every
 //! `pgop operator` replica over HTTPS (leader or not: a standby replica answers too).
 //!
+//! - `POST /mutate/postgresclusters` writes the defaults the schema cannot express into
+//!   the stored object ([`review::defaults`]), on CREATE and UPDATE alike.
 //! - `POST /validate/postgresclusters` and `POST /validate/postgresbackups` take an
 //!   `admission.k8s.io/v1` AdmissionReview and answer it ([`review`]): refused with every
 //!   invalid field named (in the message, and as `details.causes` with their `field`),
@@ -28,6 +30,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 /// The paths the configurations call.
+pub const MUTATE_CLUSTERS: &str = "/mutate/postgresclusters";
 pub const VALIDATE_CLUSTERS: &str = "/validate/postgresclusters";
 pub const VALIDATE_BACKUPS: &str = "/validate/postgresbackups";
 
@@ -107,6 +110,7 @@ impl Webhook {
 
 fn router(client: kube::Client) -> Router {
     Router::new()
+        .route(MUTATE_CLUSTERS, post(default_cluster))
         .route(VALIDATE_CLUSTERS, post(validate_cluster))
         .route(VALIDATE_BACKUPS, post(validate_backup))
         .with_state(client)
@@ -115,6 +119,48 @@ fn router(client: kube::Client) -> Router {
 /// How long one review may take, lookups included (the configurations give the API
 /// server's call 5 s).
 const REVIEW_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// The defaulting webhook: the defaults the schema cannot express, as a JSON patch
+/// ([`review::defaults`]), on CREATE and UPDATE alike.
+async fn default_cluster(
+    axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
+) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(e) => return axum::Json(AdmissionResponse::invalid(e).into_review()),
+    };
+    let response = AdmissionResponse::from(&request);
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return axum::Json(response.into_review());
+    }
+    let cluster = match decode::<pgop_api::PostgresCluster>(request.object.as_ref()) {
+        Ok(cluster) => cluster,
+        // Not for this webhook to refuse: the validating one and the schema say why.
+        Err(e) => {
+            tracing::warn!(error = %e, "the defaulting webhook could not read a PostgresCluster");
+            return axum::Json(response.into_review());
+        }
+    };
+    let ops = review::defaults(&cluster.spec);
+    if ops.is_empty() {
+        return axum::Json(response.into_review());
+    }
+    let patched = serde_json::from_value::<json_patch::Patch>(serde_json::Value::Array(ops))
+        .map_err(|e| e.to_string())
+        .and_then(|patch| {
+            response
+                .clone()
+                .with_patch(patch)
+                .map_err(|e| e.to_string())
+        });
+    match patched {
+        Ok(response) => axum::Json(response.into_review()),
+        Err(e) => {
+            tracing::warn!(error = %e, "the defaulting webhook could not build its patch");
+            axum::Json(response.into_review())
+        }
+    }
+}
 
 async fn validate_cluster(
     State(client): State<kube::Client>,

@@ -171,6 +171,36 @@ pub async fn cluster(
     verdict
 }
 
+/// The JSON patch operations (RFC 6902) that write the defaults the schema cannot express
+/// ([`pgop_api::defaults`]) into a PostgresCluster, so that the stored object shows the
+/// spec in effect: `spec.bootstrap.initdb` when no bootstrap is set, and
+/// `spec.backup.timezone` when a backup section has none. Only fields that are absent are
+/// added, and the same ones on every CREATE and UPDATE: an apply that leaves them out
+/// gets them again, so two appliers of the same manifest never see a change (no drift).
+pub fn defaults(spec: &PostgresClusterSpec) -> Vec<serde_json::Value> {
+    let defaulted = pgop_api::with_defaults(spec.clone());
+    let mut ops = Vec::new();
+    let add = |path: &str, value: serde_json::Value| serde_json::json!({"op": "add", "path": path, "value": value});
+    match (&spec.bootstrap, &defaulted.bootstrap) {
+        (None, Some(bootstrap)) => ops.push(add(
+            "/spec/bootstrap",
+            serde_json::to_value(bootstrap).unwrap_or_default(),
+        )),
+        (Some(b), Some(d)) if b.initdb.is_none() && d.initdb.is_some() => ops.push(add(
+            "/spec/bootstrap/initdb",
+            serde_json::to_value(&d.initdb).unwrap_or_default(),
+        )),
+        _ => {}
+    }
+    if let (Some(backup), Some(d)) = (&spec.backup, &defaulted.backup)
+        && backup.timezone.is_none()
+        && let Some(timezone) = &d.timezone
+    {
+        ops.push(add("/spec/backup/timezone", timezone.as_str().into()));
+    }
+    ops
+}
+
 /// Reviews a PostgresBackup being created (`old` is `None`) or updated.
 pub async fn backup(
     namespace: &str,
@@ -470,6 +500,41 @@ mod tests {
         assert_eq!(
             v.warnings,
             ["spec.bootstrap.recovery.backup was not checked: the API server did not answer"]
+        );
+    }
+
+    #[test]
+    fn defaults_are_added_only_where_absent_and_then_there_is_nothing_to_add() {
+        let c = cluster_of(with_store("s3"));
+        let ops = defaults(&c.spec);
+        assert_eq!(
+            ops,
+            [
+                serde_json::json!({"op": "add", "path": "/spec/bootstrap", "value": {"initdb": {"database": "app", "owner": "app"}}}),
+                serde_json::json!({"op": "add", "path": "/spec/backup/timezone", "value": "UTC"}),
+            ]
+        );
+        // Applied, nothing is left to add.
+        let mut value = serde_json::to_value(&c).expect("json");
+        let patch: json_patch::Patch =
+            serde_json::from_value(serde_json::Value::Array(ops)).expect("a JSON patch");
+        json_patch::patch(&mut value, &patch).expect("applies");
+        let defaulted: PostgresCluster = serde_json::from_value(value).expect("a cluster");
+        assert!(defaults(&defaulted.spec).is_empty());
+        assert_eq!(defaulted.spec, pgop_api::with_defaults(c.spec.clone()));
+        // What the user set stays.
+        let restore = cluster_of(serde_json::json!({
+            "storage": {"size": "1Gi"},
+            "bootstrap": {"recovery": {"backup": "b"}},
+            "backup": {"timezone": "Europe/Berlin"}
+        }));
+        assert!(defaults(&restore.spec).is_empty());
+        let empty = cluster_of(serde_json::json!({"storage": {"size": "1Gi"}, "bootstrap": {}}));
+        assert_eq!(
+            defaults(&empty.spec),
+            [
+                serde_json::json!({"op": "add", "path": "/spec/bootstrap/initdb", "value": {"database": "app", "owner": "app"}})
+            ]
         );
     }
 
