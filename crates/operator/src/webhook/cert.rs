@@ -402,12 +402,15 @@ async fn ca_bundles(client: &kube::Client, config: &Managed, bundle: &str) -> Re
     Ok(())
 }
 
-/// One configuration of kind `K`: its webhooks (name, caBundle) by `hooks`.
+/// A webhook of a configuration: its name and its `caBundle`.
+type Hook = (String, Option<ByteString>);
+
+/// One configuration of kind `K`: its webhooks by `hooks`.
 async fn set_bundle<K>(
     api: &Api<K>,
     name: &str,
     bundle: &str,
-    hooks: fn(&K) -> Vec<(String, Option<ByteString>)>,
+    hooks: fn(&K) -> Vec<Hook>,
 ) -> Result<(), Error>
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
