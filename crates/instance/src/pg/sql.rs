@@ -182,14 +182,18 @@ impl Upstream {
 }
 
 impl Upstream {
-    /// Checks that the upstream answers and accepts writes (not in recovery), before
-    /// anything is thrown away to copy from it.
-    pub async fn probe_primary(&self) -> Result<(), Error> {
-        let reach = |source| Error::ReachPrimary {
+    /// The error of a failed request to the upstream.
+    pub(crate) fn unreachable(&self, source: tokio_postgres::Error) -> Error {
+        Error::ReachPrimary {
             host: self.host.clone(),
             port: self.port,
             source,
-        };
+        }
+    }
+
+    /// A connection to the upstream's `postgres` database as the replication role (over
+    /// TLS when the cluster runs it), for SQL.
+    pub(crate) async fn connect(&self) -> Result<Client, Error> {
         let mut config = tokio_postgres::Config::new();
         config
             .host(&self.host)
@@ -200,9 +204,16 @@ impl Upstream {
             .application_name("pgop-instance")
             .connect_timeout(Duration::from_secs(5));
         let tls = self.tls.as_ref().map(UpstreamTls::connector).transpose()?;
-        let client = pgop_tls::postgres::connect(&mut config, tls)
+        pgop_tls::postgres::connect(&mut config, tls)
             .await
-            .map_err(reach)?;
+            .map_err(|e| self.unreachable(e))
+    }
+
+    /// Checks that the upstream answers and accepts writes (not in recovery), before
+    /// anything is thrown away to copy from it.
+    pub async fn probe_primary(&self) -> Result<(), Error> {
+        let reach = |source| self.unreachable(source);
+        let client = self.connect().await?;
         let row = client
             .query_one("SELECT pg_is_in_recovery()", &[])
             .await

@@ -11,9 +11,8 @@
 //! ancestors ended: read through `pg_read_binary_file`, which the replication role may
 //! call (pg_rewind needs the same grant).
 
-use super::sql::{Error, Upstream, UpstreamTls};
+use super::sql::{Error, Upstream};
 use pgop_api::instance_status::parse_lsn;
-use std::time::Duration;
 
 /// The primary's current timeline and the history of how it got there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,24 +80,8 @@ impl Upstream {
     /// The primary's timeline and history; `None` when it is in recovery (not a primary
     /// yet, or no longer).
     pub async fn timeline(&self) -> Result<Option<PrimaryTimeline>, Error> {
-        let reach = |source| Error::ReachPrimary {
-            host: self.host.clone(),
-            port: self.port,
-            source,
-        };
-        let mut config = tokio_postgres::Config::new();
-        config
-            .host(&self.host)
-            .port(self.port)
-            .user(&self.user)
-            .password(&self.password)
-            .dbname("postgres")
-            .application_name("pgop-instance")
-            .connect_timeout(Duration::from_secs(5));
-        let tls = self.tls.as_ref().map(UpstreamTls::connector).transpose()?;
-        let client = pgop_tls::postgres::connect(&mut config, tls)
-            .await
-            .map_err(reach)?;
+        let reach = |source| self.unreachable(source);
+        let client = self.connect().await?;
         let row = client
             .query_one(
                 "SELECT CASE WHEN pg_is_in_recovery() THEN NULL
