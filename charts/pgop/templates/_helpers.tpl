@@ -39,6 +39,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (include "pgop.image" .) .Values.instances.image -}}
 {{- end -}}
 
+{{/* The webhooks' Service, whose DNS names the operator's serving certificate is for. */}}
+{{- define "pgop.webhookService" -}}
+{{- printf "%s-webhook" (include "pgop.fullname" .) -}}
+{{- end -}}
+
 {{- define "pgop.leaseName" -}}
 {{- default (include "pgop.fullname" .) .Values.leaderElection.leaseName -}}
 {{- end -}}

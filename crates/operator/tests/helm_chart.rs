@@ -3,19 +3,24 @@
 //! under several value sets say what they should and are accepted, server-side and with
 //! strict field validation, by a real kube-apiserver. The operator runs under the
 //! namespace-scoped RBAC it renders, for one and for two watched namespaces (the
-//! cluster-wide one is `rbac.rs`'s).
+//! cluster-wide one is `rbac.rs`'s); with the webhooks on, pgop's webhook certificate
+//! keeper runs under the RBAC it renders, cluster-wide and namespace-scoped.
 //!
 //! Helm is built by `hack/install-testenv.sh` into the testenv bin directory.
 
 mod common;
 
 use common::*;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{self, Scope};
 use kube::{Client, ResourceExt};
 use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
+use pgop_operator::webhook::{self, cert};
 use pgop_testenv::TestNamespace;
 use serde_yaml::Value;
 use std::path::{Path, PathBuf};
@@ -369,6 +374,9 @@ affinity:
         - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
 ";
 
+/// The webhooks on, cluster-wide.
+const WEBHOOKS: &str = "webhook: {enabled: true}\n";
+
 fn namespaced(watch: &str) -> String {
     format!("watchNamespace: {watch}\n")
 }
@@ -386,6 +394,12 @@ fn helm_lint_is_clean_with_every_value_set() -> Result {
             "watchNamespaces: [team-a, team-b]\n".to_string(),
         ),
         ("custom", CUSTOM_POD.to_string()),
+        ("webhooks", WEBHOOKS.to_string()),
+        (
+            "webhooks-namespaced",
+            "watchNamespaces: [team-a]\nwebhook: {enabled: true, failurePolicy: Fail, timeoutSeconds: 10}\n"
+                .to_string(),
+        ),
     ];
     for (label, values) in sets {
         let file = ValuesFile::new(&format!("lint-{label}"), &values)?;
@@ -428,6 +442,16 @@ fn values_the_operator_cannot_honour_are_refused() -> Result {
         ("clusterSelector: 'a=$(reboot)'\n", "clusterSelector"),
         ("clusterSelector: \"a=x\\nb=y\"\n", "clusterSelector"),
         ("clusterSelector: \"a='x'\"\n", "clusterSelector"),
+        // The webhooks: what the API server accepts, on a port of their own; the chart
+        // sets no caBundle (the operator keeps it).
+        ("webhook: {failurePolicy: Sometimes}\n", "failurePolicy"),
+        ("webhook: {timeoutSeconds: 31}\n", "timeoutSeconds"),
+        ("webhook: {port: 0}\n", "port"),
+        ("webhook: {caBundle: Cg==}\n", "caBundle"),
+        (
+            "webhook: {enabled: true, port: 8080}\n",
+            "webhook.port and metrics.port must differ",
+        ),
     ];
     for (values, expected) in refused {
         match template("refused", "pgop-system", values) {
@@ -1103,4 +1127,485 @@ async fn two_releases_side_by_side_share_no_object() -> Result {
     first.delete().await?;
     home.delete().await?;
     Ok(())
+}
+
+/// The document of this kind and name.
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| kind_of(d) == kind && d["metadata"]["name"].as_str() == Some(name))
+        .unwrap_or_else(|| panic!("no {kind} {name} in {:?}", objects(docs)))
+}
+
+/// The value of the operator's flag `name` (e.g. `--webhook-name=`) in a rendering.
+fn flag(docs: &[Value], name: &str) -> Result<String> {
+    args(docs)
+        .into_iter()
+        .find_map(|a| a.strip_prefix(name).map(str::to_string))
+        .ok_or_else(|| format!("no {name} in {:?}", args(docs)).into())
+}
+
+/// The chart's two webhooks, calling the Service `service` in `namespace`; `selector`: the
+/// namespaceSelector of each, if any.
+fn expected_webhooks(
+    service: &str,
+    namespace: &str,
+    policy: &str,
+    timeout: u32,
+    selector: Option<&str>,
+) -> Value {
+    let selector = selector
+        .map(|s| format!("namespaceSelector: {s}, "))
+        .unwrap_or_default();
+    let hook = |resource: &str, path: &str| {
+        format!(
+            "{{name: {resource}.database.example.com,
+              clientConfig: {{service: {{name: {service}, namespace: {namespace}, path: {path}, port: 443}}}},
+              rules: [{{apiGroups: [database.example.com], apiVersions: ['*'], operations: [CREATE, UPDATE],
+                        resources: [{resource}], scope: Namespaced}}],
+              {selector}failurePolicy: {policy}, timeoutSeconds: {timeout}, sideEffects: None,
+              admissionReviewVersions: [v1], matchPolicy: Equivalent}}"
+        )
+    };
+    yaml(&format!(
+        "[{}, {}]",
+        hook("postgresclusters", webhook::VALIDATE_CLUSTERS),
+        hook("postgresbackups", webhook::VALIDATE_BACKUPS)
+    ))
+}
+
+/// The defaulting webhook, calling the Service `service` in `namespace`.
+fn expected_defaulting(
+    service: &str,
+    namespace: &str,
+    policy: &str,
+    timeout: u32,
+    selector: Option<&str>,
+) -> Value {
+    let selector = selector
+        .map(|s| format!("namespaceSelector: {s}, "))
+        .unwrap_or_default();
+    yaml(&format!(
+        "[{{name: defaults.postgresclusters.database.example.com,
+            clientConfig: {{service: {{name: {service}, namespace: {namespace}, path: {}, port: 443}}}},
+            rules: [{{apiGroups: [database.example.com], apiVersions: ['*'], operations: [CREATE, UPDATE],
+                      resources: [postgresclusters], scope: Namespaced}}],
+            {selector}failurePolicy: {policy}, timeoutSeconds: {timeout}, sideEffects: None,
+            reinvocationPolicy: Never, admissionReviewVersions: [v1], matchPolicy: Equivalent}}]",
+        webhook::MUTATE_CLUSTERS
+    ))
+}
+
+/// The webhook configurations of `docs` narrowed to `namespace`, so that applying
+/// it to the shared control plane affects no other test (the cluster-wide one matches
+/// every namespace).
+fn narrowed(docs: &[Value], namespace: &str) -> Vec<Value> {
+    let mut docs = docs.to_vec();
+    for doc in docs
+        .iter_mut()
+        .filter(|d| kind_of(d).ends_with("WebhookConfiguration"))
+    {
+        for hook in doc["webhooks"].as_sequence_mut().into_iter().flatten() {
+            hook["namespaceSelector"] = yaml(&format!(
+                "{{matchLabels: {{kubernetes.io/metadata.name: {namespace}}}}}"
+            ));
+        }
+    }
+    docs
+}
+
+/// pgop's certificate keeper, as the ServiceAccount of the rendering `docs` and with its
+/// `--webhook-*` flags, under the RBAC applied from it: it creates the Secret
+/// of its `--webhook-secret` in the release namespace, renews it with a patch (at every check here:
+/// valid 1 day, renewed 2 days ahead), and writes its authority into the caBundle of both
+/// webhooks of the chart's configuration. The ServiceAccount may read no other
+/// configuration (`other`).
+async fn keeps_the_certificate(
+    plane: &pgop_testenv::ControlPlane,
+    admin: &Client,
+    docs: &[Value],
+    other: &str,
+) -> Result {
+    let deployment = one(docs, "Deployment");
+    let namespace = deployment["metadata"]["namespace"]
+        .as_str()
+        .ok_or("the Deployment's namespace")?;
+    let sa = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .ok_or("serviceAccountName")?;
+    let configuration = flag(docs, "--webhook-configuration=")?;
+    let mut config = plane.config().clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{sa}"));
+    let operator_client = Client::try_from(config)?;
+    let forbidden = Api::<ValidatingWebhookConfiguration>::all(operator_client.clone())
+        .get(other)
+        .await;
+    assert!(
+        matches!(&forbidden, Err(kube::Error::Api(e)) if e.code == 403),
+        "another configuration: {forbidden:?}"
+    );
+
+    let secret = flag(docs, "--webhook-secret=")?;
+    let secret = secret.as_str();
+    let managed = cert::Managed {
+        namespace: namespace.to_string(),
+        secret: secret.to_string(),
+        names: flag(docs, "--webhook-name=")?
+            .split(',')
+            .map(str::to_string)
+            .collect(),
+        configurations: vec![configuration.clone()],
+        validity_days: 1,
+        renew_before_days: 2,
+        check_every: std::time::Duration::from_millis(300),
+    };
+    let (tx, _rx) = tokio::sync::watch::channel(None);
+    let keeper = tokio::spawn(cert::keep(
+        operator_client,
+        cert::Source::Managed(managed),
+        tx,
+    ));
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    let created = pgop_testenv::wait::until("the certificate's Secret", TIMEOUT, || async {
+        secrets
+            .get_opt(secret)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| "not created: the keeper's calls fail (its RBAC?)".to_string())
+    })
+    .await?;
+    pgop_testenv::wait::until("the Secret renewed", TIMEOUT, || async {
+        let now = secrets.get(secret).await.map_err(|e| e.to_string())?;
+        if now.metadata.resource_version == created.metadata.resource_version {
+            Err("not patched since created: the keeper's calls fail (its RBAC?)".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await?;
+    pgop_testenv::wait::until("the caBundle of the three webhooks", TIMEOUT, || async {
+        let held = secrets.get(secret).await.map_err(|e| e.to_string())?;
+        let ca = held
+            .data
+            .as_ref()
+            .and_then(|d| d.get("ca.crt"))
+            .map(|b| b.0.clone());
+        let vwc = configurations
+            .get(&configuration)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mwc = mutating
+            .get(&configuration)
+            .await
+            .map_err(|e| e.to_string())?;
+        let bundles: Vec<Option<Vec<u8>>> = vwc
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.client_config.ca_bundle.map(|b| b.0))
+            .chain(
+                mwc.webhooks
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|w| w.client_config.ca_bundle.map(|b| b.0)),
+            )
+            .collect();
+        if ca.is_some() && bundles.len() == 3 && bundles.iter().all(|b| *b == ca) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} caBundles, ca.crt {}",
+                bundles.len(),
+                ca.is_some()
+            ))
+        }
+    })
+    .await?;
+    keeper.abort();
+    Ok(())
+}
+
+/// The admission webhooks, off by default (`webhook.enabled`): cluster-wide, and for a
+/// watched namespace other than the release's. The Deployment's flags and port, the
+/// Service, the ValidatingWebhookConfiguration (without a caBundle: the operator writes
+/// it) and the RBAC to keep that and the certificate's Secret. Both renderings apply to a
+/// real API server (the cluster-wide configuration narrowed to this test's namespace: the
+/// control plane is shared), and pgop's certificate keeper works under each one's RBAC.
+#[tokio::test]
+async fn webhooks_render_when_enabled_and_their_certificate_is_kept_under_the_chart_rbac() -> Result
+{
+    let (plane, admin, home) = setup("helm-wh").await?;
+    let ns_home = TestNamespace::create(plane.config(), "helm-wh-ns-home").await?;
+    let watched = TestNamespace::create(plane.config(), "helm-wh-watched").await?;
+    let (h, nh, w) = (home.name(), ns_home.name(), watched.name());
+    let full = format!("{h}-operator");
+    let service = format!("{full}-webhook");
+
+    // Off by default: nothing of the webhooks.
+    let defaults = template(h, h, DEFAULTS)?;
+    assert!(
+        !objects(&defaults)
+            .iter()
+            .any(|o| o.ends_with("-webhook") || o.contains("WebhookConfiguration")),
+        "{:?}",
+        objects(&defaults)
+    );
+    assert!(
+        !args(&defaults).iter().any(|a| a.starts_with("--webhook")),
+        "{:?}",
+        args(&defaults)
+    );
+    assert_eq!(
+        container(&defaults)["ports"],
+        yaml("[{name: metrics, containerPort: 8080, protocol: TCP}]")
+    );
+
+    // Cluster-wide.
+    let docs = template(h, h, WEBHOOKS)?;
+    let mut expected = objects(&defaults);
+    expected.extend([
+        format!("ClusterRole {full}-webhook"),
+        format!("ClusterRoleBinding {full}-webhook"),
+        format!("MutatingWebhookConfiguration {full}"),
+        format!("Service {h}/{service}"),
+        format!("ValidatingWebhookConfiguration {full}"),
+    ]);
+    expected.sort();
+    assert_eq!(objects(&docs), expected, "the webhooks add these only");
+    for kind in ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"] {
+        assert_eq!(
+            named(&docs, kind, &full),
+            named(&defaults, kind, &full),
+            "{kind} {full} is the same with the webhooks on"
+        );
+    }
+    assert_eq!(
+        args(&docs),
+        [
+            args(&defaults),
+            vec![
+                format!("--webhook-bind-address=:{}", webhook::DEFAULT_PORT),
+                format!("--webhook-name={service}.{h}.svc,{service}.{h}.svc.cluster.local"),
+                format!("--webhook-configuration={full}"),
+                format!("--webhook-secret={full}-webhook-tls"),
+            ],
+        ]
+        .concat()
+    );
+    assert_eq!(
+        container(&docs)["ports"],
+        yaml(
+            "[{name: metrics, containerPort: 8080, protocol: TCP}, {name: webhook, containerPort: 9443, protocol: TCP}]"
+        )
+    );
+    let deployment = one(&docs, "Deployment");
+    let svc = named(&docs, "Service", &service);
+    assert_eq!(
+        svc["spec"],
+        yaml(&format!(
+            "{{type: ClusterIP, selector: {}, ports: [{{name: webhook, port: 443, targetPort: webhook, protocol: TCP}}]}}",
+            serde_json::to_string(&deployment["spec"]["selector"]["matchLabels"])?
+        ))
+    );
+    let vwc = one(&docs, "ValidatingWebhookConfiguration");
+    assert_eq!(
+        vwc["apiVersion"].as_str(),
+        Some("admissionregistration.k8s.io/v1")
+    );
+    assert_eq!(vwc["metadata"]["labels"], deployment["metadata"]["labels"]);
+    assert_eq!(
+        vwc["webhooks"],
+        expected_webhooks(&service, h, "Ignore", 5, None),
+        "every namespace, and no caBundle"
+    );
+    let mwc = one(&docs, "MutatingWebhookConfiguration");
+    assert_eq!(mwc["metadata"]["labels"], deployment["metadata"]["labels"]);
+    assert_eq!(
+        mwc["webhooks"],
+        expected_defaulting(&service, h, "Ignore", 5, None),
+        "every namespace, and no caBundle"
+    );
+    assert_eq!(
+        named(&docs, "ClusterRole", &format!("{full}-webhook"))["rules"],
+        yaml(&format!(
+            "[{{apiGroups: [admissionregistration.k8s.io],
+                resources: [validatingwebhookconfigurations, mutatingwebhookconfigurations],
+                resourceNames: [{full}], verbs: [get, patch]}}]"
+        ))
+    );
+    let binding = named(&docs, "ClusterRoleBinding", &format!("{full}-webhook"));
+    assert_eq!(
+        binding["roleRef"],
+        yaml(&format!(
+            "{{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {full}-webhook}}"
+        ))
+    );
+    assert_eq!(
+        binding["subjects"],
+        yaml(&format!(
+            "[{{kind: ServiceAccount, name: {full}, namespace: {h}}}]"
+        ))
+    );
+    // The certificate's Secret: the main ClusterRole's secrets rule covers it.
+    let secrets_rule = named(&docs, "ClusterRole", &full)["rules"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .find(|r| r["resources"] == yaml("[secrets]"))
+        .ok_or("no secrets rule in the ClusterRole")?;
+    for verb in ["get", "create", "patch"] {
+        assert!(
+            secrets_rule["verbs"]
+                .as_sequence()
+                .is_some_and(|v| v.contains(&yaml(verb))),
+            "secrets {verb}: {secrets_rule:?}"
+        );
+    }
+
+    // The other values; and without rbac.create, no RBAC.
+    let custom = template(
+        h,
+        h,
+        "webhook: {enabled: true, port: 10443, failurePolicy: Fail, timeoutSeconds: 10}\n",
+    )?;
+    assert_eq!(flag(&custom, "--webhook-bind-address=")?, ":10443");
+    assert_eq!(
+        container(&custom)["ports"][1],
+        yaml("{name: webhook, containerPort: 10443, protocol: TCP}")
+    );
+    assert_eq!(
+        one(&custom, "ValidatingWebhookConfiguration")["webhooks"],
+        expected_webhooks(&service, h, "Fail", 10, None)
+    );
+    let no_rbac = template(h, h, "webhook: {enabled: true}\nrbac: {create: false}\n")?;
+    assert_eq!(
+        objects(&no_rbac),
+        [
+            format!("Deployment {h}/{full}"),
+            format!("MutatingWebhookConfiguration {full}"),
+            format!("Service {h}/{full}-metrics"),
+            format!("Service {h}/{service}"),
+            format!("ServiceAccount {h}/{full}"),
+            format!("ValidatingWebhookConfiguration {full}"),
+        ]
+    );
+
+    // One watched namespace, not the release's: the configuration matches it only, and a
+    // Role in the release namespace covers the certificate's Secret.
+    let ns_full = format!("{nh}-operator");
+    let ns_service = format!("{ns_full}-webhook");
+    let ns_docs = template(nh, nh, &format!("watchNamespaces: [{w}]\n{WEBHOOKS}"))?;
+    let ns_defaults = template(nh, nh, &format!("watchNamespaces: [{w}]\n"))?;
+    let mut expected = objects(&ns_defaults);
+    expected.extend([
+        format!("ClusterRole {ns_full}-webhook"),
+        format!("ClusterRoleBinding {ns_full}-webhook"),
+        format!("MutatingWebhookConfiguration {ns_full}"),
+        format!("Role {nh}/{ns_full}-webhook"),
+        format!("RoleBinding {nh}/{ns_full}-webhook"),
+        format!("Service {nh}/{ns_service}"),
+        format!("ValidatingWebhookConfiguration {ns_full}"),
+    ]);
+    expected.sort();
+    assert_eq!(objects(&ns_docs), expected);
+    assert_eq!(
+        flag(&ns_docs, "--webhook-name=")?,
+        format!("{ns_service}.{nh}.svc,{ns_service}.{nh}.svc.cluster.local")
+    );
+    assert_eq!(
+        one(&ns_docs, "ValidatingWebhookConfiguration")["webhooks"],
+        expected_webhooks(
+            &ns_service,
+            nh,
+            "Ignore",
+            5,
+            Some(&format!(
+                "{{matchExpressions: [{{key: kubernetes.io/metadata.name, operator: In, values: [{w}]}}]}}"
+            ))
+        )
+    );
+    assert_eq!(
+        one(&ns_docs, "MutatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"],
+        one(&ns_docs, "ValidatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"]
+    );
+    let role = docs_in(&ns_docs, "Role", nh, &format!("{ns_full}-webhook"));
+    assert_eq!(
+        role["rules"],
+        yaml(&format!(
+            "[{{apiGroups: [''], resources: [secrets], resourceNames: [{ns_full}-webhook-tls], verbs: [get, patch]}},
+              {{apiGroups: [''], resources: [secrets], verbs: [create]}}]"
+        ))
+    );
+    let role_binding = docs_in(&ns_docs, "RoleBinding", nh, &format!("{ns_full}-webhook"));
+    assert_eq!(
+        role_binding["roleRef"],
+        yaml(&format!(
+            "{{apiGroup: rbac.authorization.k8s.io, kind: Role, name: {ns_full}-webhook}}"
+        ))
+    );
+    assert_eq!(
+        role_binding["subjects"],
+        yaml(&format!(
+            "[{{kind: ServiceAccount, name: {ns_full}, namespace: {nh}}}]"
+        ))
+    );
+    // The release namespace among the watched ones: its Role covers the Secret.
+    let with_home = template(
+        nh,
+        nh,
+        &format!("watchNamespaces: [team-a, {nh}]\n{WEBHOOKS}"),
+    )?;
+    assert!(
+        !objects(&with_home)
+            .iter()
+            .any(|o| o.starts_with("Role") && o.ends_with("-webhook")),
+        "{:?}",
+        objects(&with_home)
+    );
+    assert_eq!(
+        one(&with_home, "ValidatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"],
+        yaml(&format!(
+            "{{matchExpressions: [{{key: kubernetes.io/metadata.name, operator: In, values: [team-a, {nh}]}}]}}"
+        ))
+    );
+
+    // Applied (nothing is created in the namespaces the configurations match), and the
+    // certificate kept as each release's ServiceAccount.
+    apply(&admin, &narrowed(&docs, h)).await?;
+    apply(&admin, &ns_docs).await?;
+    keeps_the_certificate(plane, &admin, &docs, &ns_full).await?;
+    keeps_the_certificate(plane, &admin, &ns_docs, &full).await?;
+    // Namespace-scoped: no other Secret of the release namespace.
+    let mut config = plane.config().clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{nh}:{ns_full}"));
+    let other_secret = Api::<Secret>::namespaced(Client::try_from(config)?, nh)
+        .get_opt("another-secret")
+        .await;
+    assert!(
+        matches!(&other_secret, Err(kube::Error::Api(e)) if e.code == 403),
+        "{other_secret:?}"
+    );
+
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    for name in [&full, &ns_full] {
+        configurations.delete(name, &Default::default()).await?;
+        mutating.delete(name, &Default::default()).await?;
+    }
+    watched.delete().await?;
+    ns_home.delete().await?;
+    home.delete().await?;
+    Ok(())
+}
+
+/// The namespaced document of this kind, namespace and name.
+fn docs_in<'a>(docs: &'a [Value], kind: &str, namespace: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| {
+            kind_of(d) == kind
+                && d["metadata"]["namespace"].as_str() == Some(namespace)
+                && d["metadata"]["name"].as_str() == Some(name)
+        })
+        .unwrap_or_else(|| panic!("no {kind} {namespace}/{name} in {:?}", objects(docs)))
 }
