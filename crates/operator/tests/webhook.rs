@@ -371,3 +371,88 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
         .await?;
     Ok(())
 }
+
+/// Two replicas starting at once, with no Secret yet: one authority wins, both serve the
+/// certificate it signed, and the caBundle is that authority's, whichever replica wrote
+/// the configuration last.
+#[tokio::test]
+async fn two_replicas_starting_at_once_agree_on_one_certificate() -> Result {
+    let (_plane, client, ns) = setup("webhook-two").await?;
+    let n = ns.name();
+    let name = format!("pgop-test-{n}");
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    // Never called: nothing is created in the namespace it matches.
+    configurations
+        .create(&PostParams::default(), &configuration(&name, n, 1)?)
+        .await?;
+    let managed = cert::Managed {
+        namespace: n.to_string(),
+        secret: "pgop-webhook-tls".into(),
+        names: vec!["127.0.0.1".into()],
+        configurations: vec![name.clone()],
+        validity_days: 90,
+        renew_before_days: 30,
+        check_every: Duration::from_secs(60),
+    };
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let keeper = tokio::spawn(cert::keep(
+            client.clone(),
+            cert::Source::Managed(managed.clone()),
+            tx,
+        ));
+        replicas.push((keeper, rx));
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), n);
+    pgop_testenv::wait::until("one authority everywhere", TIMEOUT, || async {
+        let secret = secrets
+            .get_opt("pgop-webhook-tls")
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("no Secret yet")?;
+        let data = secret.data.unwrap_or_default();
+        let ca = data.get("ca.crt").map(|b| b.0.clone());
+        let bundles: Vec<Option<Vec<u8>>> = configurations
+            .get(&name)
+            .await
+            .map_err(|e| e.to_string())?
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.client_config.ca_bundle.map(|b| b.0))
+            .collect();
+        let serving = replicas.iter().all(|(_, rx)| rx.borrow().is_some());
+        if ca.is_some() && bundles.iter().all(|b| *b == ca) && serving {
+            Ok(())
+        } else {
+            Err(format!(
+                "serving {serving}, bundles agree {}",
+                bundles.iter().all(|b| *b == ca)
+            ))
+        }
+    })
+    .await?;
+    // Both stay with it: nothing is written again.
+    let settled = secrets
+        .get("pgop-webhook-tls")
+        .await?
+        .metadata
+        .resource_version;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        secrets
+            .get("pgop-webhook-tls")
+            .await?
+            .metadata
+            .resource_version,
+        settled
+    );
+    for (keeper, _) in replicas {
+        keeper.abort();
+    }
+    configurations
+        .delete(&name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}

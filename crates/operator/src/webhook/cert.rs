@@ -283,7 +283,10 @@ pub async fn keep(
             }
         };
         let wait = match result {
-            Ok(()) => every,
+            Ok(Next::Check) => every,
+            // Another replica wrote the Secret first: read it (and put its authority back
+            // into the caBundle, should this one have written its own) at once.
+            Ok(Next::Reread) => every.min(RETRY),
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "the webhooks' certificate");
                 every.min(Duration::from_secs(5))
@@ -292,6 +295,17 @@ pub async fn keep(
         tokio::time::sleep(wait).await;
     }
 }
+
+/// When to look again after a step.
+enum Next {
+    /// After the check interval.
+    Check,
+    /// Soon: the Secret changed under this replica's write.
+    Reread,
+}
+
+/// How soon a replica that lost a write reads again.
+const RETRY: Duration = Duration::from_secs(1);
 
 /// Serves `cert` from now on, unless it already is.
 fn serve(
@@ -314,13 +328,13 @@ fn files_step(
     dir: &std::path::Path,
     tx: &watch::Sender<Option<Arc<ServerConfig>>>,
     serving: &mut Option<String>,
-) -> Result<(), Error> {
+) -> Result<Next, Error> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read_to_string(&path).map_err(|e| Error::ReadFile(path, e))
     };
     let (cert, key) = (read(TLS_CERT)?, read(TLS_KEY)?);
-    serve(tx, serving, &cert, &key)
+    serve(tx, serving, &cert, &key).map(|()| Next::Check)
 }
 
 async fn managed_step(
@@ -328,7 +342,7 @@ async fn managed_step(
     config: &Managed,
     tx: &watch::Sender<Option<Arc<ServerConfig>>>,
     serving: &mut Option<String>,
-) -> Result<(), Error> {
+) -> Result<Next, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &config.namespace);
     let name = format!("{}/{}", config.namespace, config.secret);
     let secret = secrets
@@ -365,14 +379,14 @@ async fn managed_step(
                 // Another replica wrote first: serve what it wrote, read next time.
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     tracing::info!(secret = %name, "another replica renewed the webhooks' certificate first");
-                    return Ok(());
+                    return Ok(Next::Reread);
                 }
                 Err(e) => return Err(Error::WriteSecret(name, e)),
             }
         }
     };
     ca_bundles(client, config, &material.ca_bundle).await?;
-    serve(tx, serving, &material.cert, &material.key)
+    serve(tx, serving, &material.cert, &material.key).map(|()| Next::Check)
 }
 
 /// Sets `bundle` as the `caBundle` of every webhook of the configurations (validating and
