@@ -469,6 +469,7 @@ impl Operator {
         // The webhooks answer from the start, whether this replica leads or not, and stop
         // with the rest.
         let webhooks_stopped = stopped();
+        let webhook_metrics = recorded.clone();
         let webhooks_overdue = stopped();
         let webhooks = async move {
             let Some(webhook) = webhook else {
@@ -479,6 +480,7 @@ impl Operator {
                 webhooks_overdue.await;
                 tokio::time::sleep(SHUTDOWN_GRACE).await;
             };
+            let webhook = webhook.with_metrics(webhook_metrics);
             tokio::select! {
                 result = webhook.run(webhooks_stopped) => if let Err(e) = result {
                     tracing::error!(error = %error_chain(&e), "the webhook server failed");

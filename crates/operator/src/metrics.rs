@@ -81,6 +81,12 @@ pub struct Metrics {
     leader: Gauge<i64, AtomicI64>,
     /// `pgop_operator_build_info{version}`: always 1, with the operator's version.
     build_info: IntGauge,
+    /// Admission reviews answered, by webhook and result.
+    webhook_reviews: IntCounter,
+    /// When the webhooks' serving certificate in use expires (Unix seconds); absent
+    /// until one is served, and when its source does not say (files).
+    webhook_certificate_expiry: Gauge<i64, AtomicI64>,
+    webhook_certificate_known: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Metrics {
@@ -99,6 +105,9 @@ impl Metrics {
             errors: IntCounter::default(),
             leader: Gauge::default(),
             build_info: IntGauge::default(),
+            webhook_reviews: IntCounter::default(),
+            webhook_certificate_expiry: Gauge::default(),
+            webhook_certificate_known: std::sync::atomic::AtomicBool::new(false),
         };
         metrics
             .build_info
@@ -129,6 +138,70 @@ fn result_labels(controller: Controller, result: &str) -> Labels {
         ("controller", controller.label().to_string()),
         ("result", result.to_string()),
     ]
+}
+
+/// A webhook, for the `webhook` label of `pgop_operator_webhook_reviews_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Webhook {
+    DefaultClusters,
+    ValidateClusters,
+    ValidateBackups,
+}
+
+impl Webhook {
+    pub fn label(self) -> &'static str {
+        match self {
+            Webhook::DefaultClusters => "default-postgresclusters",
+            Webhook::ValidateClusters => "validate-postgresclusters",
+            Webhook::ValidateBackups => "validate-postgresbackups",
+        }
+    }
+}
+
+/// What a review answered: the `result` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Review {
+    /// Allowed as it was.
+    Allowed,
+    /// Allowed with a patch (defaults written).
+    Patched,
+    /// Refused, naming the fields.
+    Refused,
+    /// Allowed with a check left out (a lookup failed or timed out).
+    Unchecked,
+    /// The request could not be read.
+    Invalid,
+}
+
+impl Review {
+    pub fn label(self) -> &'static str {
+        match self {
+            Review::Allowed => "allowed",
+            Review::Patched => "patched",
+            Review::Refused => "refused",
+            Review::Unchecked => "unchecked",
+            Review::Invalid => "invalid",
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one admission review.
+    pub fn record_review(&self, webhook: Webhook, review: Review) {
+        self.webhook_reviews
+            .get_or_create(&vec![
+                ("webhook", webhook.label().to_string()),
+                ("result", review.label().to_string()),
+            ])
+            .inc();
+    }
+
+    /// The serving certificate now in use expires at `not_after`.
+    pub fn set_webhook_certificate_expiry(&self, not_after: jiff::Timestamp) {
+        self.webhook_certificate_expiry.set(not_after.as_second());
+        self.webhook_certificate_known
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Metrics {
@@ -281,6 +354,21 @@ pub fn encode(
         "Always 1, labelled with the version of this operator (pgop --version)",
         metrics.build_info.clone(),
     );
+    b.registry.register(
+        "operator_webhook_reviews",
+        "Admission reviews answered by this replica's webhooks, by webhook and result (allowed, patched, refused, unchecked, invalid)",
+        metrics.webhook_reviews.clone(),
+    );
+    if metrics
+        .webhook_certificate_known
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        b.registry.register(
+            "operator_webhook_certificate_expiry_timestamp_seconds",
+            "When the webhooks' serving certificate in use expires, in seconds since the Unix epoch",
+            metrics.webhook_certificate_expiry.clone(),
+        );
+    }
     b.registry.register(
         "operator_reconcile_errors",
         "Failed reconciles, by controller and reason (the error variant, as in the operator's logs)",

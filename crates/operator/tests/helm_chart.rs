@@ -1263,6 +1263,7 @@ async fn keeps_the_certificate(
         operator_client,
         cert::Source::Managed(managed),
         tx,
+        None,
     ));
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(admin.clone());

@@ -136,6 +136,8 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
         },
     )
     .await?;
+    let metrics = std::sync::Arc::new(pgop_operator::metrics::Metrics::default());
+    let webhook = webhook.with_metrics(metrics.clone());
     let port = webhook.local_addr().port();
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     configurations
@@ -321,6 +323,38 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
         "the certificate was renewed"
     );
 
+    // Every review counted by webhook and result, and the certificate's expiry reported.
+    let scraped = pgop_operator::metrics::encode(&[], &[], &metrics, None)?;
+    let count = |series: &str| -> u64 {
+        scraped
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        count(
+            r#"pgop_operator_webhook_reviews_total{webhook="validate-postgresclusters",result="refused"} "#
+        ) >= 25,
+        "{scraped}"
+    );
+    assert!(
+        count(
+            r#"pgop_operator_webhook_reviews_total{webhook="validate-postgresbackups",result="refused"} "#
+        ) >= 2,
+        "{scraped}"
+    );
+    assert!(
+        count(
+            r#"pgop_operator_webhook_reviews_total{webhook="default-postgresclusters",result="patched"} "#
+        ) >= 1,
+        "{scraped}"
+    );
+    assert!(
+        scraped.contains("pgop_operator_webhook_certificate_expiry_timestamp_seconds "),
+        "{scraped}"
+    );
+
     // The webhook down: the API server admits (failurePolicy Ignore), and the controller
     // stops a spec below its volumes.
     let _ = stop.send(());
@@ -401,6 +435,7 @@ async fn two_replicas_starting_at_once_agree_on_one_certificate() -> Result {
             client.clone(),
             cert::Source::Managed(managed.clone()),
             tx,
+            None,
         ));
         replicas.push((keeper, rx));
     }

@@ -270,12 +270,13 @@ pub async fn keep(
     client: kube::Client,
     source: Source,
     tx: watch::Sender<Option<Arc<ServerConfig>>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 ) {
     let mut serving: Option<String> = None;
     loop {
         let (result, every) = match &source {
             Source::Managed(config) => (
-                managed_step(&client, config, &tx, &mut serving).await,
+                managed_step(&client, config, &tx, &mut serving, metrics.as_deref()).await,
                 config.check_every,
             ),
             Source::Files { dir, check_every } => {
@@ -342,6 +343,7 @@ async fn managed_step(
     config: &Managed,
     tx: &watch::Sender<Option<Arc<ServerConfig>>>,
     serving: &mut Option<String>,
+    metrics: Option<&crate::metrics::Metrics>,
 ) -> Result<Next, Error> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &config.namespace);
     let name = format!("{}/{}", config.namespace, config.secret);
@@ -386,7 +388,11 @@ async fn managed_step(
         }
     };
     ca_bundles(client, config, &material.ca_bundle).await?;
-    serve(tx, serving, &material.cert, &material.key).map(|()| Next::Check)
+    serve(tx, serving, &material.cert, &material.key)?;
+    if let Some(metrics) = metrics {
+        metrics.set_webhook_certificate_expiry(material.not_after);
+    }
+    Ok(Next::Check)
 }
 
 /// Sets `bundle` as the `caBundle` of every webhook of the configurations (validating and

@@ -19,6 +19,7 @@
 pub mod cert;
 pub mod review;
 
+use crate::metrics::{Metrics, Review, Webhook as MetricsWebhook};
 use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
@@ -27,6 +28,7 @@ use kube::core::{DynamicObject, Status, response::StatusCause, response::StatusD
 use pgop_tls::listener::TlsListener;
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The paths the configurations call.
@@ -56,10 +58,11 @@ pub enum Error {
 /// Webhooks whose address is bound, not serving yet.
 pub struct Webhook {
     client: kube::Client,
+    metrics: Option<Arc<Metrics>>,
     config: Config,
     listener: TlsListener,
     local: SocketAddr,
-    tx: tokio::sync::watch::Sender<Option<std::sync::Arc<rustls::ServerConfig>>>,
+    tx: tokio::sync::watch::Sender<Option<Arc<rustls::ServerConfig>>>,
 }
 
 impl Webhook {
@@ -73,11 +76,19 @@ impl Webhook {
             .map_err(|e| Error::Listen(config.listen, e))?;
         Ok(Self {
             client,
+            metrics: None,
             config,
             listener,
             local,
             tx,
         })
+    }
+
+    /// Counts the reviews and reports the certificate's expiry in `metrics` (the
+    /// operator's `/metrics`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -92,14 +103,20 @@ impl Webhook {
     ) -> Result<(), Error> {
         let Self {
             client,
+            metrics,
             config,
             listener,
             local,
             tx,
         } = self;
         tracing::info!(address = %local, "serving the admission webhooks");
-        let keeper = tokio::spawn(cert::keep(client.clone(), config.certificate, tx));
-        let served = axum::serve(listener, router(client))
+        let keeper = tokio::spawn(cert::keep(
+            client.clone(),
+            config.certificate,
+            tx,
+            metrics.clone(),
+        ));
+        let served = axum::serve(listener, router(Shared { client, metrics }))
             .with_graceful_shutdown(shutdown)
             .await
             .map_err(Error::Serve);
@@ -108,12 +125,27 @@ impl Webhook {
     }
 }
 
-fn router(client: kube::Client) -> Router {
+/// What the handlers share.
+#[derive(Clone)]
+struct Shared {
+    client: kube::Client,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Shared {
+    fn record(&self, webhook: MetricsWebhook, review: Review) {
+        if let Some(metrics) = &self.metrics {
+            metrics.record_review(webhook, review);
+        }
+    }
+}
+
+fn router(shared: Shared) -> Router {
     Router::new()
         .route(MUTATE_CLUSTERS, post(default_cluster))
         .route(VALIDATE_CLUSTERS, post(validate_cluster))
         .route(VALIDATE_BACKUPS, post(validate_backup))
-        .with_state(client)
+        .with_state(shared)
 }
 
 /// How long one review may take, lookups included (the configurations give the API
@@ -123,27 +155,41 @@ const REVIEW_TIMEOUT: Duration = Duration::from_secs(4);
 /// The defaulting webhook: the defaults the schema cannot express, as a JSON patch
 /// ([`review::defaults`]), on CREATE and UPDATE alike.
 async fn default_cluster(
+    State(shared): State<Shared>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
+    let (answer, result) = defaults(review);
+    shared.record(MetricsWebhook::DefaultClusters, result);
+    answer
+}
+
+fn defaults(
+    review: AdmissionReview<DynamicObject>,
+) -> (axum::Json<AdmissionReview<DynamicObject>>, Review) {
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
-        Err(e) => return axum::Json(AdmissionResponse::invalid(e).into_review()),
+        Err(e) => {
+            return (
+                axum::Json(AdmissionResponse::invalid(e).into_review()),
+                Review::Invalid,
+            );
+        }
     };
     let response = AdmissionResponse::from(&request);
     if !matches!(request.operation, Operation::Create | Operation::Update) {
-        return axum::Json(response.into_review());
+        return (axum::Json(response.into_review()), Review::Allowed);
     }
     let cluster = match decode::<pgop_api::PostgresCluster>(request.object.as_ref()) {
         Ok(cluster) => cluster,
         // Not for this webhook to refuse: the validating one and the schema say why.
         Err(e) => {
             tracing::warn!(error = %e, "the defaulting webhook could not read a PostgresCluster");
-            return axum::Json(response.into_review());
+            return (axum::Json(response.into_review()), Review::Invalid);
         }
     };
     let ops = review::defaults(&cluster.spec);
     if ops.is_empty() {
-        return axum::Json(response.into_review());
+        return (axum::Json(response.into_review()), Review::Allowed);
     }
     let patched = serde_json::from_value::<json_patch::Patch>(serde_json::Value::Array(ops))
         .map_err(|e| e.to_string())
@@ -154,39 +200,45 @@ async fn default_cluster(
                 .map_err(|e| e.to_string())
         });
     match patched {
-        Ok(response) => axum::Json(response.into_review()),
+        Ok(response) => (axum::Json(response.into_review()), Review::Patched),
         Err(e) => {
             tracing::warn!(error = %e, "the defaulting webhook could not build its patch");
-            axum::Json(response.into_review())
+            (axum::Json(response.into_review()), Review::Invalid)
         }
     }
 }
 
 async fn validate_cluster(
-    State(client): State<kube::Client>,
+    State(shared): State<Shared>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
-    answer(review, |namespace, old, new| async move {
-        review::cluster(&namespace, old.as_ref(), &new, &client).await
+    let client = &shared.client;
+    let (answer, result) = answer(review, |namespace, old, new| async move {
+        review::cluster(&namespace, old.as_ref(), &new, client).await
     })
-    .await
+    .await;
+    shared.record(MetricsWebhook::ValidateClusters, result);
+    answer
 }
 
 async fn validate_backup(
-    State(client): State<kube::Client>,
+    State(shared): State<Shared>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
-    answer(review, |namespace, old, new| async move {
-        review::backup(&namespace, old.as_ref(), &new, &client).await
+    let client = &shared.client;
+    let (answer, result) = answer(review, |namespace, old, new| async move {
+        review::backup(&namespace, old.as_ref(), &new, client).await
     })
-    .await
+    .await;
+    shared.record(MetricsWebhook::ValidateBackups, result);
+    answer
 }
 
 /// Decodes the request's objects as `K` and answers with `check`'s verdict.
 async fn answer<K, F, Fut>(
     review: AdmissionReview<DynamicObject>,
     check: F,
-) -> axum::Json<AdmissionReview<DynamicObject>>
+) -> (axum::Json<AdmissionReview<DynamicObject>>, Review)
 where
     K: DeserializeOwned,
     F: FnOnce(String, Option<K>, K) -> Fut,
@@ -195,12 +247,15 @@ where
     let request: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(request) => request,
         Err(e) => {
-            return axum::Json(AdmissionResponse::invalid(e).into_review());
+            return (
+                axum::Json(AdmissionResponse::invalid(e).into_review()),
+                Review::Invalid,
+            );
         }
     };
     let response = AdmissionResponse::from(&request);
     if !matches!(request.operation, Operation::Create | Operation::Update) {
-        return axum::Json(response.into_review());
+        return (axum::Json(response.into_review()), Review::Allowed);
     }
     let decoded = decode::<K>(request.object.as_ref()).and_then(|new| {
         let old = match request.operation {
@@ -211,7 +266,7 @@ where
     });
     let (old, new) = match decoded {
         Ok(objects) => objects,
-        Err(e) => return axum::Json(response.deny(e).into_review()),
+        Err(e) => return (axum::Json(response.deny(e).into_review()), Review::Invalid),
     };
     let namespace = request.namespace.clone().unwrap_or_default();
     let verdict = match tokio::time::timeout(REVIEW_TIMEOUT, check(namespace, old, new)).await {
@@ -223,7 +278,14 @@ where
             )],
         },
     };
-    axum::Json(respond(response, verdict).into_review())
+    let result = if !verdict.errors.is_empty() {
+        Review::Refused
+    } else if !verdict.warnings.is_empty() {
+        Review::Unchecked
+    } else {
+        Review::Allowed
+    };
+    (axum::Json(respond(response, verdict).into_review()), result)
 }
 
 fn decode<K: DeserializeOwned>(object: Option<&DynamicObject>) -> Result<K, String> {
