@@ -163,22 +163,11 @@ async fn default_cluster(
     answer
 }
 
-fn defaults(
-    review: AdmissionReview<DynamicObject>,
-) -> (axum::Json<AdmissionReview<DynamicObject>>, Review) {
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(request) => request,
-        Err(e) => {
-            return (
-                axum::Json(AdmissionResponse::invalid(e).into_review()),
-                Review::Invalid,
-            );
-        }
+fn defaults(review: AdmissionReview<DynamicObject>) -> Answered {
+    let (request, response) = match open(review) {
+        Ok(opened) => opened,
+        Err(answered) => return *answered,
     };
-    let response = AdmissionResponse::from(&request);
-    if !matches!(request.operation, Operation::Create | Operation::Update) {
-        return (axum::Json(response.into_review()), Review::Allowed);
-    }
     let cluster = match decode::<pgop_api::PostgresCluster>(request.object.as_ref()) {
         Ok(cluster) => cluster,
         // Not for this webhook to refuse: the validating one and the schema say why.
@@ -235,28 +224,16 @@ async fn validate_backup(
 }
 
 /// Decodes the request's objects as `K` and answers with `check`'s verdict.
-async fn answer<K, F, Fut>(
-    review: AdmissionReview<DynamicObject>,
-    check: F,
-) -> (axum::Json<AdmissionReview<DynamicObject>>, Review)
+async fn answer<K, F, Fut>(review: AdmissionReview<DynamicObject>, check: F) -> Answered
 where
     K: DeserializeOwned,
     F: FnOnce(String, Option<K>, K) -> Fut,
     Fut: std::future::Future<Output = review::Verdict>,
 {
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(request) => request,
-        Err(e) => {
-            return (
-                axum::Json(AdmissionResponse::invalid(e).into_review()),
-                Review::Invalid,
-            );
-        }
+    let (request, response) = match open(review) {
+        Ok(opened) => opened,
+        Err(answered) => return *answered,
     };
-    let response = AdmissionResponse::from(&request);
-    if !matches!(request.operation, Operation::Create | Operation::Update) {
-        return (axum::Json(response.into_review()), Review::Allowed);
-    }
     let decoded = decode::<K>(request.object.as_ref()).and_then(|new| {
         let old = match request.operation {
             Operation::Update => Some(decode::<K>(request.old_object.as_ref())?),
@@ -286,6 +263,33 @@ where
         Review::Allowed
     };
     (axum::Json(respond(response, verdict).into_review()), result)
+}
+
+/// An answer and what it was, for the metrics.
+type Answered = (axum::Json<AdmissionReview<DynamicObject>>, Review);
+
+/// The request of a review of a CREATE or UPDATE, and the response to fill in; anything
+/// else is answered here (an unreadable review as invalid, other operations allowed).
+fn open(
+    review: AdmissionReview<DynamicObject>,
+) -> Result<(AdmissionRequest<DynamicObject>, AdmissionResponse), Box<Answered>> {
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(e) => {
+            return Err(Box::new((
+                axum::Json(AdmissionResponse::invalid(e).into_review()),
+                Review::Invalid,
+            )));
+        }
+    };
+    let response = AdmissionResponse::from(&request);
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return Err(Box::new((
+            axum::Json(response.into_review()),
+            Review::Allowed,
+        )));
+    }
+    Ok((request, response))
 }
 
 fn decode<K: DeserializeOwned>(object: Option<&DynamicObject>) -> Result<K, String> {
