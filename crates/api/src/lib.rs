@@ -18,6 +18,7 @@ pub mod instance_status;
 pub mod labels;
 pub mod network;
 pub mod quantity;
+pub mod v1beta1;
 pub mod validation;
 
 pub use backup::{PostgresBackup, PostgresBackupSpec, PostgresBackupStatus};
