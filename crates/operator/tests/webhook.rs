@@ -491,3 +491,92 @@ async fn two_replicas_starting_at_once_agree_on_one_certificate() -> Result {
         .await?;
     Ok(())
 }
+
+/// The operator serves the webhooks from the start, whether it leads or not: here another
+/// replica holds the leader Lease, so the controllers wait, and the webhooks still refuse
+/// a bad spec, counted on this replica's /metrics.
+#[tokio::test]
+async fn a_replica_waiting_for_leadership_serves_the_webhooks() -> Result {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (_plane, client, ns) = setup("webhook-standby").await?;
+    let n = ns.name();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), n);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    leases
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "pgop-operator"},
+                "spec": {"holderIdentity": "another-replica", "leaseDurationSeconds": 3600,
+                         "acquireTime": now, "renewTime": now}
+            }))?,
+        )
+        .await?;
+    let name = format!("pgop-test-{n}");
+    let operator = pgop_operator::Operator::bind(
+        client.clone(),
+        pgop_operator::Options {
+            namespaces: vec![n.to_string()],
+            metrics_bind_address: Some("127.0.0.1:0".parse()?),
+            leader_election: Some(pgop_operator::LeaderElection::new(n, "this-replica")),
+            webhook: Some(Config {
+                listen: "127.0.0.1:0".parse()?,
+                certificate: cert::Source::Managed(cert::Managed {
+                    namespace: n.to_string(),
+                    secret: "pgop-webhook-tls".into(),
+                    names: vec!["127.0.0.1".into()],
+                    configurations: vec![name.clone()],
+                    validity_days: 90,
+                    renew_before_days: 30,
+                    check_every: Duration::from_secs(60),
+                }),
+            }),
+            ..pgop_operator::Options::default()
+        },
+    )
+    .await?;
+    let port = operator
+        .webhook_address()
+        .ok_or("no webhook address")?
+        .port();
+    let metrics = operator.metrics_address().ok_or("no metrics address")?;
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    configurations
+        .create(&PostParams::default(), &configuration(&name, n, port)?)
+        .await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(operator.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), n);
+    let missing = with_store("db", "s3-credentials")?;
+    let message = pgop_testenv::wait::until("the webhook refusing", TIMEOUT, || async {
+        denied(clusters.create(&dry_run(), &missing).await).map_err(|e| e.to_string())
+    })
+    .await?;
+    assert!(
+        message.contains("spec.backup.store.s3.credentialsSecret.name"),
+        "{message}"
+    );
+    let (code, body) =
+        pgop_operator::cluster::probe::request(&metrics.to_string(), "GET", "/metrics", None)
+            .await?;
+    assert_eq!(code, 200);
+    let scraped = String::from_utf8_lossy(&body);
+    assert!(scraped.contains("pgop_operator_leader 0"), "{scraped}");
+    assert!(
+        scraped.contains(
+            r#"pgop_operator_webhook_reviews_total{webhook="validate-postgresclusters",result="refused"}"#
+        ),
+        "{scraped}"
+    );
+    let _ = stop.send(());
+    running.await??;
+    configurations
+        .delete(&name, &DeleteParams::default())
+        .await?;
+    Ok(())
+}
