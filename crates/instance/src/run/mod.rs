@@ -539,6 +539,17 @@ async fn diverged_from(upstream: &Upstream, pg: &pgop_api::instance_status::PgSt
     }
 }
 
+/// Whether a divergence seen now (`seen`) has lasted [`DIVERGENCE_CONFIRM`]: `since` holds
+/// when it was first seen, and is cleared as soon as it is not.
+fn confirmed(seen: bool, since: &mut Option<Instant>, now: Instant) -> bool {
+    if !seen {
+        *since = None;
+        return false;
+    }
+    let first = *since.get_or_insert(now);
+    now.saturating_duration_since(first) >= DIVERGENCE_CONFIRM
+}
+
 /// What the loop remembers from one pass to the next.
 #[derive(Debug, Default)]
 struct Memory {
@@ -661,17 +672,7 @@ async fn reconcile(
         Some(upstream) if stalled => diverged_from(upstream, &pg).await,
         _ => false,
     };
-    let diverged = match (diverged, memory.diverged_since) {
-        (false, _) => {
-            memory.diverged_since = None;
-            false
-        }
-        (true, None) => {
-            memory.diverged_since = Some(Instant::now());
-            false
-        }
-        (true, Some(since)) => since.elapsed() >= DIVERGENCE_CONFIRM,
-    };
+    let diverged = confirmed(diverged, &mut memory.diverged_since, Instant::now());
     let observed = Observed {
         data: instance.data_state(),
         running: instance.pid().is_some(),
@@ -1120,6 +1121,24 @@ async fn watch_lease(client: kube::Client, namespace: String, lease: Arc<Primary
 #[cfg(test)]
 mod tests {
     use super::{PostgresClusterStatus, cluster_concerns, recovery_target, restart_requested};
+
+    #[test]
+    fn a_divergence_is_acted_on_only_once_it_lasted_and_forgotten_when_it_stops() {
+        use super::{DIVERGENCE_CONFIRM, confirmed};
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mut since = None;
+        assert!(!confirmed(true, &mut since, t0), "first seen");
+        assert_eq!(since, Some(t0));
+        assert!(!confirmed(true, &mut since, t0 + Duration::from_secs(1)));
+        assert!(confirmed(true, &mut since, t0 + DIVERGENCE_CONFIRM));
+        // Streaming again (or the primary's history says otherwise): forgotten.
+        assert!(!confirmed(false, &mut since, t0 + DIVERGENCE_CONFIRM));
+        assert_eq!(since, None);
+        let later = t0 + DIVERGENCE_CONFIRM * 2;
+        assert!(!confirmed(true, &mut since, later), "counted afresh");
+        assert!(confirmed(true, &mut since, later + DIVERGENCE_CONFIRM));
+    }
 
     #[test]
     fn a_failed_pass_is_retried_after_a_delay_that_doubles_up_to_a_cap() {
