@@ -827,6 +827,12 @@ pub struct InstanceStatus {
     /// predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manager_version: Option<String>,
+
+    /// The version of the PostgreSQL server the instance runs (`server_version`, e.g.
+    /// `15.14 (Debian 15.14-0+deb12u1)`), as its manager reports it while PostgreSQL
+    /// answers; unset otherwise, and from managers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version: Option<String>,
 }
 
 /// The role the instance runs in: `primary` or `replica` (the same values as the

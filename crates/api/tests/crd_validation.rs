@@ -685,6 +685,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 received_lsn: Some("0/3000060".into()),
                 replayed_lsn: None,
                 manager_version: Some("0.1.0".into()),
+                postgres_version: Some("15.14 (Debian 15.14-0+deb12u1)".into()),
             },
             InstanceStatus {
                 name: "main-2".into(),
@@ -695,6 +696,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 received_lsn: Some("0/3000060".into()),
                 replayed_lsn: Some("0/3000060".into()),
                 manager_version: None,
+                postgres_version: None,
             },
         ],
         recovery_source: None,

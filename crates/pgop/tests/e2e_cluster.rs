@@ -25,6 +25,21 @@ async fn e2e_a_cluster_replicates_scales_and_is_deleted_without_leftovers() -> R
     let api: Api<PostgresCluster> = Api::namespaced(env.client.clone(), &n);
     api.create(&PostParams::default(), &cluster).await?;
     let ready = env.wait_ready("shop", 3).await?;
+    // Each instance's PostgreSQL version, as its manager reports it (Debian's 15 here).
+    env.wait_cluster(
+        "shop",
+        "every instance's PostgreSQL version",
+        TIMEOUT,
+        |s| {
+            s.instances.len() == 3
+                && s.instances.iter().all(|i| {
+                    i.postgres_version
+                        .as_deref()
+                        .is_some_and(|v| v.starts_with("15."))
+                })
+        },
+    )
+    .await?;
     let primary = ready
         .status
         .and_then(|s| s.current_primary)

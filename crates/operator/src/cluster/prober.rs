@@ -165,6 +165,8 @@ pub struct Significant<'a> {
     pub archiving: Option<(bool, bool)>,
     /// `status.instances[].managerVersion`.
     pub manager_version: Option<&'a str>,
+    /// `status.instances[].postgresVersion`.
+    pub postgres_version: Option<&'a str>,
 }
 
 /// What of `status` wakes a reconcile when it changes; see [`Significant`] for every field
@@ -186,6 +188,7 @@ pub fn significant(status: &PgStatus) -> Significant<'_> {
         invalid_parameters: &status.invalid_parameters,
         archiving: status.archiving.as_ref().map(|a| (a.configured, a.failing)),
         manager_version: status.manager_version.as_deref(),
+        postgres_version: status.postgres_version.as_deref(),
     }
 }
 

@@ -200,6 +200,7 @@ pub fn compute(
                 // Only while it answers: a Pod replaced by one of another image runs
                 // another manager, which says its version once it answers.
                 manager_version: pg.and_then(|s| s.manager_version.clone()),
+                postgres_version: pg.and_then(|s| s.postgres_version.clone()),
                 name: instance,
                 serial: *serial,
             }
@@ -552,6 +553,7 @@ mod tests {
             received_lsn: Some(received.into()),
             replayed_lsn: Some(received.into()),
             manager_version: None,
+            postgres_version: None,
         };
         let with = |instances: Vec<InstanceStatus>, observed: Option<Time>| PostgresClusterStatus {
             instances,
