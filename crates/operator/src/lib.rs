@@ -191,7 +191,8 @@ impl Operator {
             Some(config) => Some(
                 webhook::Webhook::bind(client.clone(), config)
                     .await
-                    .map_err(Error::Webhook)?,
+                    .map_err(Error::Webhook)?
+                    .with_selector(options.cluster_selector.clone()),
             ),
             None => None,
         };

@@ -171,6 +171,8 @@ pub enum Review {
     Unchecked,
     /// The request could not be read.
     Invalid,
+    /// Not this operator's to review: a cluster its `--cluster-selector` does not select.
+    Skipped,
 }
 
 impl Review {
@@ -181,6 +183,7 @@ impl Review {
             Review::Refused => "refused",
             Review::Unchecked => "unchecked",
             Review::Invalid => "invalid",
+            Review::Skipped => "skipped",
         }
     }
 }
@@ -356,7 +359,7 @@ pub fn encode(
     );
     b.registry.register(
         "operator_webhook_reviews",
-        "Admission reviews answered by this replica's webhooks, by webhook and result (allowed, patched, refused, unchecked, invalid)",
+        "Admission reviews answered by this replica's webhooks, by webhook and result (allowed, patched, refused, unchecked, invalid, skipped)",
         metrics.webhook_reviews.clone(),
     );
     if metrics

@@ -494,7 +494,8 @@ async fn two_replicas_starting_at_once_agree_on_one_certificate() -> Result {
 
 /// The operator serves the webhooks from the start, whether it leads or not: here another
 /// replica holds the leader Lease, so the controllers wait, and the webhooks still refuse
-/// a bad spec, counted on this replica's /metrics.
+/// a bad spec, counted on this replica's /metrics. With `--cluster-selector`, a cluster it
+/// does not select is left to the release that manages it (allowed, counted as skipped).
 #[tokio::test]
 async fn a_replica_waiting_for_leadership_serves_the_webhooks() -> Result {
     use k8s_openapi::api::coordination::v1::Lease;
@@ -521,6 +522,7 @@ async fn a_replica_waiting_for_leadership_serves_the_webhooks() -> Result {
             namespaces: vec![n.to_string()],
             metrics_bind_address: Some("127.0.0.1:0".parse()?),
             leader_election: Some(pgop_operator::LeaderElection::new(n, "this-replica")),
+            cluster_selector: Some(pgop_operator::selector::parse("channel=canary")?),
             webhook: Some(Config {
                 listen: "127.0.0.1:0".parse()?,
                 certificate: cert::Source::Managed(cert::Managed {
@@ -552,7 +554,10 @@ async fn a_replica_waiting_for_leadership_serves_the_webhooks() -> Result {
     }));
 
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), n);
-    let missing = with_store("db", "s3-credentials")?;
+    let mut missing = with_store("db", "s3-credentials")?;
+    missing
+        .labels_mut()
+        .insert("channel".into(), "canary".into());
     let message = pgop_testenv::wait::until("the webhook refusing", TIMEOUT, || async {
         denied(clusters.create(&dry_run(), &missing).await).map_err(|e| e.to_string())
     })
@@ -561,18 +566,23 @@ async fn a_replica_waiting_for_leadership_serves_the_webhooks() -> Result {
         message.contains("spec.backup.store.s3.credentialsSecret.name"),
         "{message}"
     );
+    // A cluster its --cluster-selector does not select is another release's to review.
+    let others = with_store("theirs", "s3-credentials")?;
+    clusters.create(&dry_run(), &others).await?;
     let (code, body) =
         pgop_operator::cluster::probe::request(&metrics.to_string(), "GET", "/metrics", None)
             .await?;
     assert_eq!(code, 200);
     let scraped = String::from_utf8_lossy(&body);
     assert!(scraped.contains("pgop_operator_leader 0"), "{scraped}");
-    assert!(
-        scraped.contains(
-            r#"pgop_operator_webhook_reviews_total{webhook="validate-postgresclusters",result="refused"}"#
-        ),
-        "{scraped}"
-    );
+    for result in ["refused", "skipped"] {
+        assert!(
+            scraped.contains(&format!(
+                r#"pgop_operator_webhook_reviews_total{{webhook="validate-postgresclusters",result="{result}"}}"#
+            )),
+            "{scraped}"
+        );
+    }
     let _ = stop.send(());
     running.await??;
     configurations

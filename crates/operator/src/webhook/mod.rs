@@ -23,6 +23,7 @@ use crate::metrics::{Metrics, Review, Webhook as MetricsWebhook};
 use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
+use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::{DynamicObject, Status, response::StatusCause, response::StatusDetails};
 use pgop_tls::listener::TlsListener;
@@ -59,6 +60,7 @@ pub enum Error {
 pub struct Webhook {
     client: kube::Client,
     metrics: Option<Arc<Metrics>>,
+    selector: Option<kube::core::Selector>,
     config: Config,
     listener: TlsListener,
     local: SocketAddr,
@@ -77,6 +79,7 @@ impl Webhook {
         Ok(Self {
             client,
             metrics: None,
+            selector: None,
             config,
             listener,
             local,
@@ -88,6 +91,14 @@ impl Webhook {
     /// operator's `/metrics`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = Some(metrics);
+        self
+    }
+
+    /// Reviews only the clusters `selector` selects (`--cluster-selector`), and the
+    /// backups of those: the others are allowed as they are, left to the release of pgop
+    /// that manages them.
+    pub fn with_selector(mut self, selector: Option<kube::core::Selector>) -> Self {
+        self.selector = selector;
         self
     }
 
@@ -104,6 +115,7 @@ impl Webhook {
         let Self {
             client,
             metrics,
+            selector,
             config,
             listener,
             local,
@@ -116,7 +128,12 @@ impl Webhook {
             tx,
             metrics.clone(),
         ));
-        let served = axum::serve(listener, router(Shared { client, metrics }))
+        let shared = Shared {
+            client,
+            metrics,
+            selector: selector.map(Arc::new),
+        };
+        let served = axum::serve(listener, router(shared))
             .with_graceful_shutdown(shutdown)
             .await
             .map_err(Error::Serve);
@@ -130,6 +147,7 @@ impl Webhook {
 struct Shared {
     client: kube::Client,
     metrics: Option<Arc<Metrics>>,
+    selector: Option<Arc<kube::core::Selector>>,
 }
 
 impl Shared {
@@ -158,12 +176,15 @@ async fn default_cluster(
     State(shared): State<Shared>,
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
-    let (answer, result) = defaults(review);
+    let (answer, result) = defaults(review, shared.selector.as_deref());
     shared.record(MetricsWebhook::DefaultClusters, result);
     answer
 }
 
-fn defaults(review: AdmissionReview<DynamicObject>) -> Answered {
+fn defaults(
+    review: AdmissionReview<DynamicObject>,
+    selector: Option<&kube::core::Selector>,
+) -> Answered {
     let (request, response) = match open(review) {
         Ok(opened) => opened,
         Err(answered) => return *answered,
@@ -176,6 +197,9 @@ fn defaults(review: AdmissionReview<DynamicObject>) -> Answered {
             return (axum::Json(response.into_review()), Review::Invalid);
         }
     };
+    if !review::selected(selector, cluster.labels()) {
+        return (axum::Json(response.into_review()), Review::Skipped);
+    }
     let ops = review::defaults(&cluster.spec);
     if ops.is_empty() {
         return (axum::Json(response.into_review()), Review::Allowed);
@@ -202,9 +226,16 @@ async fn validate_cluster(
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
     let client = &shared.client;
-    let (answer, result) = answer(review, |namespace, old, new| async move {
-        review::cluster(&namespace, old.as_ref(), &new, client).await
-    })
+    let selector = shared.selector.as_deref();
+    let (answer, result) = answer(
+        review,
+        |namespace, old, new: pgop_api::PostgresCluster| async move {
+            if !review::selected(selector, new.labels()) {
+                return None;
+            }
+            Some(review::cluster(&namespace, old.as_ref(), &new, client).await)
+        },
+    )
     .await;
     shared.record(MetricsWebhook::ValidateClusters, result);
     answer
@@ -215,8 +246,9 @@ async fn validate_backup(
     axum::Json(review): axum::Json<AdmissionReview<DynamicObject>>,
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
     let client = &shared.client;
+    let selector = shared.selector.as_deref();
     let (answer, result) = answer(review, |namespace, old, new| async move {
-        review::backup(&namespace, old.as_ref(), &new, client).await
+        Some(review::backup(&namespace, old.as_ref(), &new, client, selector).await)
     })
     .await;
     shared.record(MetricsWebhook::ValidateBackups, result);
@@ -228,7 +260,8 @@ async fn answer<K, F, Fut>(review: AdmissionReview<DynamicObject>, check: F) -> 
 where
     K: DeserializeOwned,
     F: FnOnce(String, Option<K>, K) -> Fut,
-    Fut: std::future::Future<Output = review::Verdict>,
+    // `None`: not this operator's to review (another release's cluster).
+    Fut: std::future::Future<Output = Option<review::Verdict>>,
 {
     let (request, response) = match open(review) {
         Ok(opened) => opened,
@@ -247,7 +280,8 @@ where
     };
     let namespace = request.namespace.clone().unwrap_or_default();
     let verdict = match tokio::time::timeout(REVIEW_TIMEOUT, check(namespace, old, new)).await {
-        Ok(verdict) => verdict,
+        Ok(Some(verdict)) => verdict,
+        Ok(None) => return (axum::Json(response.into_review()), Review::Skipped),
         Err(_) => review::Verdict {
             errors: Vec::new(),
             warnings: vec![format!(

@@ -16,6 +16,7 @@
 //! uses the object.
 
 use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use pgop_api::cluster::{BackupStore, PostgresClusterSpec};
 use pgop_api::validation::{self, FieldError};
 use pgop_api::{PostgresBackup, PostgresCluster};
@@ -201,12 +202,26 @@ pub fn defaults(spec: &PostgresClusterSpec) -> Vec<serde_json::Value> {
     ops
 }
 
-/// Reviews a PostgresBackup being created (`old` is `None`) or updated.
+/// Whether a cluster with these labels is this operator's to review: every cluster
+/// without a `--cluster-selector`; with one, only those it selects (another release of
+/// pgop, with the complementary selector, reviews the others with its own rules).
+pub fn selected(
+    selector: Option<&kube::core::Selector>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    use kube::core::SelectorExt;
+    selector.is_none_or(|s| s.matches(labels))
+}
+
+/// Reviews a PostgresBackup being created (`old` is `None`) or updated. With a
+/// `selector`, a backup of a cluster that exists and is not selected is left to the
+/// release that manages it.
 pub async fn backup(
     namespace: &str,
     old: Option<&PostgresBackup>,
     new: &PostgresBackup,
     lookup: &impl Lookup,
+    selector: Option<&kube::core::Selector>,
 ) -> Verdict {
     let mut verdict = Verdict::default();
     let checked = match old {
@@ -222,6 +237,7 @@ pub async fn backup(
     let field = "spec.cluster.name";
     let name = &new.spec.cluster.name;
     match lookup.cluster(namespace, name).await {
+        Ok(Some(cluster)) if !selected(selector, cluster.labels()) => {}
         Ok(Some(cluster)) => {
             let has_store = cluster
                 .spec
@@ -325,7 +341,6 @@ fn unchecked(verdict: &mut Verdict, field: &str, error: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::ResourceExt;
     use std::collections::BTreeMap;
 
     /// Objects that exist, by name; a name in `unreadable` fails to read.
@@ -548,7 +563,7 @@ mod tests {
             "spec": {"cluster": {"name": "db"}}
         }))
         .expect("backup fixture");
-        let v = backup("ns", None, &b, &objects).await;
+        let v = backup("ns", None, &b, &objects, None).await;
         assert_eq!(fields(&v), ["spec.cluster.name"]);
         assert!(
             v.message()
@@ -558,7 +573,7 @@ mod tests {
             "db".into(),
             cluster_of(serde_json::json!({"storage": {"size": "1Gi"}})),
         );
-        let v = backup("ns", None, &b, &objects).await;
+        let v = backup("ns", None, &b, &objects, None).await;
         assert!(
             v.message().contains("has no spec.backup.store"),
             "{}",
@@ -567,10 +582,29 @@ mod tests {
         objects
             .clusters
             .insert("db".into(), cluster_of(with_store("s3")));
-        assert_eq!(backup("ns", None, &b, &objects).await, Verdict::default());
+        assert_eq!(
+            backup("ns", None, &b, &objects, None).await,
+            Verdict::default()
+        );
+        // Another release's cluster (not selected here): left to that release.
+        let selector = crate::selector::parse("channel=canary").expect("a selector");
+        let mut stable = cluster_of(serde_json::json!({"storage": {"size": "1Gi"}}));
+        stable
+            .labels_mut()
+            .insert("channel".into(), "stable".into());
+        objects.clusters.insert("db".into(), stable);
+        assert_eq!(
+            backup("ns", None, &b, &objects, Some(&selector)).await,
+            Verdict::default()
+        );
+        assert!(!selected(
+            Some(&selector),
+            &std::collections::BTreeMap::new()
+        ));
+        assert!(selected(None, &std::collections::BTreeMap::new()));
         let mut other = b.clone();
         other.spec.cluster.name = "elsewhere".into();
-        let v = backup("ns", Some(&b), &other, &objects).await;
+        let v = backup("ns", Some(&b), &other, &objects, None).await;
         assert_eq!(fields(&v), ["spec"]);
     }
 }
