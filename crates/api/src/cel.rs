@@ -20,6 +20,13 @@ use kube::core::{Message, Reason, Rule};
 pub const MSG_SYNCHRONOUS_BELOW_REPLICAS: &str = "must be less than spec.replicas: every synchronous standby is one of the replicas - 1 standbys";
 /// `spec.replication.dataDurability: required` without synchronous standbys.
 pub const MSG_REQUIRED_NEEDS_SYNCHRONOUS: &str = "required needs spec.replication.synchronous of 1 or more: without synchronous standbys every commit exists only on the primary";
+/// `v1beta1`: `spec.ha.synchronous.standbys` against `spec.instances`.
+pub const MSG_STANDBYS_BELOW_INSTANCES: &str = "must be less than spec.instances: every synchronous standby is one of the instances - 1 standbys";
+/// `v1beta1`: `spec.ha.synchronous.dataDurability: required` without synchronous standbys.
+pub const MSG_REQUIRED_NEEDS_STANDBYS: &str = "required needs spec.ha.synchronous.standbys of 1 or more: without synchronous standbys every commit exists only on the primary";
+/// `v1beta1`: a scheduled backup method without `spec.backup.store`.
+pub const MSG_SCHEDULED_METHODS_NEED_STORE: &str =
+    "is required when spec.backup.base.schedule or spec.backup.logical.schedule is set";
 /// `spec.storage.storageClassName` changed or removed.
 pub const MSG_STORAGE_CLASS_IMMUTABLE: &str =
     "is immutable once set: the instances' volumes were created with it";
@@ -189,6 +196,22 @@ pub fn required_durability_needs_synchronous() -> Rule {
         .reason(Reason::FieldValueInvalid)
 }
 
+/// `v1beta1` spec: fewer synchronous standbys than instances.
+pub fn standbys_below_instances() -> Rule {
+    Rule::new("self.ha.synchronous.standbys < self.instances")
+        .message(MSG_STANDBYS_BELOW_INSTANCES)
+        .field_path(".ha.synchronous.standbys")
+        .reason(Reason::FieldValueInvalid)
+}
+
+/// `v1beta1` spec.ha.synchronous: `dataDurability: required` needs standbys.
+pub fn required_durability_needs_standbys() -> Rule {
+    Rule::new("self.dataDurability != 'required' || self.standbys > 0")
+        .message(MSG_REQUIRED_NEEDS_STANDBYS)
+        .field_path(".dataDurability")
+        .reason(Reason::FieldValueInvalid)
+}
+
 /// A label key's prefix (before `/`) is at most 253 characters: the pattern cannot bound
 /// it. `indexOf` is -1 without a prefix.
 pub fn label_key_prefix_length() -> Rule {
@@ -291,6 +314,14 @@ pub fn unreserved_name(field: &str) -> Rule {
 pub fn schedule_needs_store() -> Rule {
     Rule::new("!(has(self.schedule) || has(self.logicalSchedule)) || has(self.store)")
         .message(MSG_SCHEDULE_NEEDS_STORE)
+        .field_path(".store")
+        .reason(Reason::FieldValueRequired)
+}
+
+/// `v1beta1` spec.backup: a scheduled method needs somewhere to put the backups.
+pub fn scheduled_methods_need_store() -> Rule {
+    Rule::new("!(has(self.base.schedule) || has(self.logical.schedule)) || has(self.store)")
+        .message(MSG_SCHEDULED_METHODS_NEED_STORE)
         .field_path(".store")
         .reason(Reason::FieldValueRequired)
 }

@@ -146,6 +146,7 @@ pub enum Webhook {
     DefaultClusters,
     ValidateClusters,
     ValidateBackups,
+    ConvertClusters,
 }
 
 impl Webhook {
@@ -154,6 +155,7 @@ impl Webhook {
             Webhook::DefaultClusters => "default-postgresclusters",
             Webhook::ValidateClusters => "validate-postgresclusters",
             Webhook::ValidateBackups => "validate-postgresbackups",
+            Webhook::ConvertClusters => "convert-postgresclusters",
         }
     }
 }
@@ -173,6 +175,8 @@ pub enum Review {
     Invalid,
     /// Not this operator's to review: a cluster its `--cluster-selector` does not select.
     Skipped,
+    /// Every object of a conversion review converted.
+    Converted,
 }
 
 impl Review {
@@ -184,6 +188,7 @@ impl Review {
             Review::Unchecked => "unchecked",
             Review::Invalid => "invalid",
             Review::Skipped => "skipped",
+            Review::Converted => "converted",
         }
     }
 }

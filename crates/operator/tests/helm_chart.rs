@@ -1254,6 +1254,7 @@ async fn keeps_the_certificate(
             .map(str::to_string)
             .collect(),
         configurations: vec![configuration.clone()],
+        conversion_crds: Vec::new(),
         validity_days: 1,
         renew_before_days: 2,
         check_every: std::time::Duration::from_millis(300),

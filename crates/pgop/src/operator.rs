@@ -138,6 +138,15 @@ pub struct Args {
         value_delimiter = ','
     )]
     webhook_configurations: Vec<String>,
+    /// A CustomResourceDefinition whose conversion webhook's caBundle pgop keeps (with its
+    /// own certificate), when the CRD converts by webhook; repeat the flag or separate by
+    /// commas.
+    #[arg(
+        long = "webhook-conversion-crd",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    webhook_conversion_crds: Vec<String>,
     /// Days a serving certificate pgop makes is valid; it is renewed with a third of
     /// that left.
     #[arg(long, value_name = "DAYS", default_value_t = 365, value_parser = clap::value_parser!(i64).range(3..=3650))]
@@ -267,6 +276,12 @@ impl Args {
                     names,
                     configurations: self
                         .webhook_configurations
+                        .iter()
+                        .map(|n| n.trim().to_string())
+                        .filter(|n| !n.is_empty())
+                        .collect(),
+                    conversion_crds: self
+                        .webhook_conversion_crds
                         .iter()
                         .map(|n| n.trim().to_string())
                         .filter(|n| !n.is_empty())

@@ -1,7 +1,7 @@
 //! The webhooks' serving certificate, from one of two sources:
 //! - [`Source::Managed`] (the default): pgop keeps an authority and a serving certificate in
 //!   a Secret of its namespace, shared by every replica, and the `caBundle` of the
-//!   webhook configurations it is given up to date. The first replica to find the Secret
+//!   webhook configurations (and of the CRDs' conversion webhook) it is given up to date. The first replica to find the Secret
 //!   missing (or unusable) creates it; a conflicting write by another replica loses and
 //!   reads the winner's. The certificate is renewed when less than
 //!   [`Managed::renew_before_days`] of it is left; the authority when it would not outlive
@@ -20,6 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use pgop_tls::Authority;
 use rustls::ServerConfig;
@@ -48,6 +49,9 @@ pub struct Managed {
     /// The webhook configurations (validating and mutating ones of these names) whose
     /// webhooks' `caBundle` pgop keeps.
     pub configurations: Vec<String>,
+    /// The CustomResourceDefinitions whose conversion webhook's `caBundle` pgop keeps
+    /// (those with `conversion.strategy: Webhook`; the others are left alone).
+    pub conversion_crds: Vec<String>,
     /// How long a serving certificate is valid.
     pub validity_days: i64,
     /// A certificate with less than this left is renewed.
@@ -419,6 +423,42 @@ async fn ca_bundles(client: &kube::Client, config: &Managed, bundle: &str) -> Re
         })
         .await?;
     }
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in &config.conversion_crds {
+        conversion_bundle(&crds, name, bundle).await?;
+    }
+    Ok(())
+}
+
+/// The `caBundle` of a CRD's conversion webhook, where the CRD converts by webhook and
+/// the bundle differs.
+async fn conversion_bundle(
+    api: &Api<CustomResourceDefinition>,
+    name: &str,
+    bundle: &str,
+) -> Result<(), Error> {
+    let failed = |e| Error::CaBundle(format!("CustomResourceDefinition {name}"), e);
+    let Some(crd) = api.get_opt(name).await.map_err(failed)? else {
+        tracing::debug!(crd = %name, "no such CustomResourceDefinition (yet)");
+        return Ok(());
+    };
+    let Some(conversion) = crd.spec.conversion.filter(|c| c.strategy == "Webhook") else {
+        return Ok(());
+    };
+    let current = conversion
+        .webhook
+        .and_then(|w| w.client_config)
+        .and_then(|c| c.ca_bundle);
+    if current.as_ref().map(|b| b.0.as_slice()) == Some(bundle.as_bytes()) {
+        return Ok(());
+    }
+    let patch = serde_json::json!({"spec": {"conversion": {"webhook": {"clientConfig": {
+        "caBundle": ByteString(bundle.as_bytes().to_vec())
+    }}}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(failed)?;
+    tracing::info!(crd = %name, "updated the caBundle of the conversion webhook");
     Ok(())
 }
 
@@ -472,6 +512,7 @@ mod tests {
             secret: "pgop-webhook-tls".into(),
             names: vec!["pgop-webhook.pgop-system.svc".into()],
             configurations: vec!["pgop".into()],
+            conversion_crds: Vec::new(),
             validity_days: 90,
             renew_before_days: 30,
             check_every: Duration::from_secs(60),

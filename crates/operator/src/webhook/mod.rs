@@ -7,6 +7,10 @@
 //!   `admission.k8s.io/v1` AdmissionReview and answer it ([`review`]): refused with every
 //!   invalid field named (in the message, and as `details.causes` with their `field`),
 //!   allowed otherwise, with warnings for checks that could not be made.
+//! - `POST /convert` is the conversion webhook of the PostgresCluster CRD when it serves
+//!   `v1beta1` ([`pgop_api::crds_with_v1beta1`]): a `ConversionReview` whose objects are
+//!   converted by [`pgop_api::v1beta1::convert`]. Every replica converts the same way,
+//!   selector or not: conversion is not a review.
 //! - The serving certificate comes from [`cert`]: pgop's own authority in a Secret, with the
 //!   `caBundle` of the webhook configurations kept up to date, or files (cert-manager).
 //!   A renewed certificate is served from the next connection on.
@@ -25,6 +29,7 @@ use axum::extract::State;
 use axum::routing::post;
 use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use kube::core::{DynamicObject, Status, response::StatusCause, response::StatusDetails};
 use pgop_tls::listener::TlsListener;
 use serde::de::DeserializeOwned;
@@ -36,6 +41,7 @@ use std::time::Duration;
 pub const MUTATE_CLUSTERS: &str = "/mutate/postgresclusters";
 pub const VALIDATE_CLUSTERS: &str = "/validate/postgresclusters";
 pub const VALIDATE_BACKUPS: &str = "/validate/postgresbackups";
+pub const CONVERT: &str = pgop_api::CONVERT_PATH;
 
 /// The webhooks' port in a cluster (`pgop operator --webhook-bind-address`).
 pub const DEFAULT_PORT: u16 = 9443;
@@ -163,7 +169,57 @@ fn router(shared: Shared) -> Router {
         .route(MUTATE_CLUSTERS, post(default_cluster))
         .route(VALIDATE_CLUSTERS, post(validate_cluster))
         .route(VALIDATE_BACKUPS, post(validate_backup))
+        .route(CONVERT, post(convert))
         .with_state(shared)
+}
+
+/// The conversion webhook: every object of the review to the version asked for, or a
+/// failure naming the first object that could not be converted (the API server then
+/// fails the request it was serving, rather than hand out a half-converted list).
+async fn convert(
+    State(shared): State<Shared>,
+    axum::Json(review): axum::Json<ConversionReview>,
+) -> axum::Json<ConversionReview> {
+    let (answer, result) = conversion(review);
+    shared.record(MetricsWebhook::ConvertClusters, result);
+    axum::Json(answer)
+}
+
+fn conversion(review: ConversionReview) -> (ConversionReview, Review) {
+    let mut request = match ConversionRequest::try_from(review) {
+        Ok(request) => request,
+        Err(e) => {
+            let status = Status::failure(&e.to_string(), "BadRequest").with_code(400);
+            return (
+                ConversionResponse::invalid(status).into_review(),
+                Review::Invalid,
+            );
+        }
+    };
+    let desired = request.desired_api_version.clone();
+    let objects = std::mem::take(&mut request.objects);
+    let response = ConversionResponse::for_request(request);
+    let mut converted = Vec::with_capacity(objects.len());
+    for object in objects {
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_string();
+        match pgop_api::v1beta1::convert(object, &desired) {
+            Ok(object) => converted.push(object),
+            Err(e) => {
+                let message = format!(
+                    "pgop could not convert PostgresCluster {name:?} to {desired}: {}",
+                    pgop_api::error_chain(&e)
+                );
+                tracing::warn!(%message, "conversion failed");
+                let status = Status::failure(&message, "Invalid").with_code(422);
+                return (response.failure(status).into_review(), Review::Invalid);
+            }
+        }
+    }
+    (response.success(converted).into_review(), Review::Converted)
 }
 
 /// How long one review may take, lookups included (the configurations give the API
@@ -365,4 +421,94 @@ fn respond(response: AdmissionResponse, verdict: review::Verdict) -> AdmissionRe
         response.warnings = Some(verdict.warnings);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn review(objects: Vec<serde_json::Value>, desired: &str) -> ConversionReview {
+        serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {"uid": "u-7", "desiredAPIVersion": desired, "objects": objects}
+        }))
+        .expect("a ConversionReview")
+    }
+
+    fn cluster(name: &str, spec: serde_json::Value) -> serde_json::Value {
+        json!({
+            "apiVersion": "database.example.com/v1alpha1",
+            "kind": "PostgresCluster",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": spec
+        })
+    }
+
+    #[test]
+    fn a_conversion_review_converts_every_object_and_answers_its_uid() {
+        let objects = vec![
+            cluster("a", json!({"replicas": 2, "storage": {"size": "1Gi"}})),
+            cluster("b", json!({"replicas": 3, "storage": {"size": "2Gi"}})),
+        ];
+        let (answer, result) = conversion(review(objects, pgop_api::v1beta1::API_VERSION));
+        assert_eq!(result, Review::Converted);
+        let response = answer.response.expect("a response");
+        assert_eq!(response.uid, "u-7");
+        assert_eq!(
+            response.result.status,
+            Some(kube::core::response::StatusSummary::Success)
+        );
+        let instances: Vec<_> = response
+            .converted_objects
+            .iter()
+            .map(|o| {
+                (
+                    o["metadata"]["name"].clone(),
+                    o["spec"]["instances"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(instances, [(json!("a"), json!(2)), (json!("b"), json!(3))]);
+        assert!(
+            response
+                .converted_objects
+                .iter()
+                .all(|o| o["apiVersion"] == pgop_api::v1beta1::API_VERSION)
+        );
+    }
+
+    #[test]
+    fn a_conversion_that_fails_names_the_object_and_converts_nothing() {
+        let objects = vec![
+            cluster("good", json!({"storage": {"size": "1Gi"}})),
+            cluster(
+                "bad",
+                json!({"replicas": "three", "storage": {"size": "1Gi"}}),
+            ),
+        ];
+        let (answer, result) = conversion(review(objects, pgop_api::v1beta1::API_VERSION));
+        assert_eq!(result, Review::Invalid);
+        let response = answer.response.expect("a response");
+        assert_eq!(response.uid, "u-7");
+        assert!(response.converted_objects.is_empty());
+        assert_eq!(
+            response.result.status,
+            Some(kube::core::response::StatusSummary::Failure)
+        );
+        assert!(
+            response.result.message.contains("PostgresCluster \"bad\""),
+            "{}",
+            response.result.message
+        );
+        let (answer, result) = conversion(
+            serde_json::from_value(json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview"
+            }))
+            .expect("a review without a request"),
+        );
+        assert_eq!(result, Review::Invalid);
+        assert!(answer.response.is_some());
+    }
 }
