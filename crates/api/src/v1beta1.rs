@@ -422,6 +422,72 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
     }
 }
 
+/// Where each `v1alpha1` field that moved lives in `v1beta1` (the table above), longest
+/// first where one is the prefix of another.
+const MOVED: &[(&str, &str)] = &[
+    ("spec.replicas", "spec.instances"),
+    ("spec.postgresVersion", "spec.postgresql.version"),
+    ("spec.affinity", "spec.scheduling"),
+    ("spec.failoverDelay", "spec.ha.failoverDelay"),
+    ("spec.switchoverTimeout", "spec.ha.switchoverTimeout"),
+    (
+        "spec.replication.synchronous",
+        "spec.ha.synchronous.standbys",
+    ),
+    (
+        "spec.replication.dataDurability",
+        "spec.ha.synchronous.dataDurability",
+    ),
+    ("spec.replication", "spec.ha.synchronous"),
+    ("spec.backup.schedule", "spec.backup.base.schedule"),
+    ("spec.backup.verify", "spec.backup.base.verify"),
+    (
+        "spec.backup.logicalSchedule",
+        "spec.backup.logical.schedule",
+    ),
+    ("spec.backup.retentionDays", "spec.backup.retention.days"),
+];
+
+/// A `v1alpha1` field path (`spec.replication.synchronous`, `spec.affinity.tolerations[0]`)
+/// as it is called in `v1beta1`; a path that did not move is returned as it is.
+pub fn field_path(v1alpha1_path: &str) -> String {
+    for (from, to) in MOVED {
+        if let Some(rest) = v1alpha1_path.strip_prefix(from)
+            && (rest.is_empty() || rest.starts_with(['.', '[']))
+        {
+            return format!("{to}{rest}");
+        }
+    }
+    v1alpha1_path.to_string()
+}
+
+/// `text` (a message of pgop's validation) with every `v1alpha1` field path in it named as
+/// in `v1beta1`: how a refusal reads to someone who wrote `v1beta1`.
+pub fn with_field_paths(text: &str) -> String {
+    let is_path_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '[' | ']' | '_');
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("spec.") {
+        let starts_word = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'));
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        let end = tail.find(|c| !is_path_char(c)).unwrap_or(tail.len());
+        // A sentence's full stop is not part of the path.
+        let path = tail[..end].trim_end_matches('.');
+        if starts_word {
+            out.push_str(&field_path(path));
+        } else {
+            out.push_str(path);
+        }
+        rest = &tail[path.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Why an object could not be converted.
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
@@ -740,5 +806,33 @@ mod tests {
         assert!(
             err(bad, API_VERSION).contains("not a database.example.com/v1alpha1 PostgresCluster")
         );
+    }
+
+    #[test]
+    fn v1alpha1_field_paths_are_named_as_in_v1beta1() {
+        assert_eq!(field_path("spec.replicas"), "spec.instances");
+        assert_eq!(field_path("spec.replication"), "spec.ha.synchronous");
+        assert_eq!(
+            field_path("spec.replication.synchronous"),
+            "spec.ha.synchronous.standbys"
+        );
+        assert_eq!(
+            field_path("spec.affinity.tolerations[0].key"),
+            "spec.scheduling.tolerations[0].key"
+        );
+        assert_eq!(field_path("spec.backup.store.s3"), "spec.backup.store.s3");
+        // A segment boundary, not a prefix of another name.
+        assert_eq!(field_path("spec.replicasX"), "spec.replicasX");
+        assert_eq!(
+            with_field_paths(
+                "spec.replication.synchronous: must be less than spec.replicas: every synchronous standby. Also spec.backup.schedule."
+            ),
+            "spec.ha.synchronous.standbys: must be less than spec.instances: every synchronous standby. Also spec.backup.base.schedule."
+        );
+        assert_eq!(
+            with_field_paths("xspec.replicas and status.spec.replicas stay"),
+            "xspec.replicas and status.spec.replicas stay"
+        );
+        assert_eq!(with_field_paths("no paths here"), "no paths here");
     }
 }

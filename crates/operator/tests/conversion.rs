@@ -1,7 +1,8 @@
 //! `v1beta1` against a real API server (testenv): objects stored by the `v1alpha1`-only
 //! CRD are read as `v1beta1` once the CRD serves both, and objects written as `v1beta1`
 //! read as `v1alpha1`, each way through the operator's conversion webhook over HTTPS
-//! (the certificate pgop made, the `caBundle` pgop wrote into the CRD). The `v1beta1`
+//! (the certificate pgop made, the `caBundle` pgop wrote into the CRD). The admission
+//! webhooks read `v1beta1` objects as well. The `v1beta1`
 //! schema's own CEL rules refuse with `v1beta1` field names; `kubectl get` and `kubectl
 //! explain` work in both versions. With the webhook down, `v1alpha1` (the stored version)
 //! is still served and `v1beta1` is not.
@@ -12,6 +13,9 @@
 mod common;
 
 use common::*;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, WebhookClientConfig,
 };
@@ -104,8 +108,10 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
         )
         .await?;
 
-    // The operator's webhook server, its certificate renewed at every check (the authority,
+    // The operator's webhook server (conversion, and the admission webhooks for this
+    // namespace), its certificate renewed at every check (the authority,
     // and so the CRD's caBundle, stays).
+    let hooks = format!("pgop-conversion-{n}");
     let webhook = Webhook::bind(
         client.clone(),
         Config {
@@ -114,7 +120,7 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
                 namespace: n.to_string(),
                 secret: "pgop-webhook-tls".into(),
                 names: vec!["127.0.0.1".into()],
-                configurations: Vec::new(),
+                configurations: vec![hooks.clone()],
                 conversion_crds: vec![CRD.into()],
                 validity_days: 1,
                 renew_before_days: 2,
@@ -140,6 +146,20 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
         }),
     )
     .await?;
+    let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    validating
+        .create(
+            &PostParams::default(),
+            &validating_configuration(&hooks, n, port)?,
+        )
+        .await?;
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    mutating
+        .create(
+            &PostParams::default(),
+            &mutating_configuration(&hooks, n, port)?,
+        )
+        .await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let beta: Api<v1beta1::PostgresCluster> = Api::namespaced(client.clone(), n);
     let read = wait::until(
@@ -196,8 +216,58 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
             }
         }
     }))?;
+    // The admission webhooks read v1beta1 too: the defaults written, and a refusal.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait::until("the defaulting webhook on v1beta1", TIMEOUT, || async {
+        let c = beta
+            .create(&dry_run, &new)
+            .await
+            .map_err(|e| e.to_string())?;
+        c.spec
+            .bootstrap
+            .is_some()
+            .then_some(())
+            .ok_or_else(|| "no default yet".to_string())
+    })
+    .await?;
+    let mut missing = new.clone();
+    missing.spec.credentials.app_secret = Some("nowhere".into());
+    let message = wait::until("the validating webhook on v1beta1", TIMEOUT, || async {
+        match beta.create(&dry_run, &missing).await {
+            Err(kube::Error::Api(e)) if e.message.contains("denied the request") => Ok(e.message),
+            other => Err(format!("not refused yet: {other:?}")),
+        }
+    })
+    .await?;
+    assert!(
+        message.contains("spec.credentials.appSecret") && message.contains("nowhere"),
+        "{message}"
+    );
     let created = beta.create(&PostParams::default(), &new).await?;
-    assert_eq!(created.spec, new.spec, "v1beta1 written and read unchanged");
+    let mut expected = new.spec.clone();
+    expected.bootstrap = created.spec.bootstrap.clone();
+    assert_eq!(
+        serde_json::to_value(&created.spec.bootstrap)?,
+        serde_json::json!({"initdb": {"database": "app", "owner": "app"}})
+    );
+    assert_eq!(
+        created
+            .spec
+            .backup
+            .as_ref()
+            .and_then(|b| b.timezone.as_deref()),
+        Some("UTC")
+    );
+    if let Some(backup) = expected.backup.as_mut() {
+        backup.timezone = Some("UTC".into());
+    }
+    assert_eq!(
+        created.spec, expected,
+        "v1beta1 written and read unchanged but for the defaults"
+    );
     let as_alpha = alpha.get("new").await?;
     assert_eq!(as_alpha.spec.replicas, 2);
     assert_eq!(as_alpha.spec.postgres_version, Some(15));

@@ -19,64 +19,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::{PostgresBackup, PostgresCluster};
-use pgop_operator::webhook::{self, Config, Webhook, cert};
+use pgop_operator::webhook::{Config, Webhook, cert};
 use std::time::Duration;
-
-fn configuration(name: &str, ns: &str, port: u16) -> Result<ValidatingWebhookConfiguration> {
-    let hook = |hook: &str, resource: &str, path: &str| {
-        serde_json::json!({
-            "name": format!("{hook}.database.example.com"),
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}")},
-            "rules": [{
-                "apiGroups": ["database.example.com"],
-                "apiVersions": ["*"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": [resource],
-                "scope": "Namespaced"
-            }],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "failurePolicy": "Ignore",
-            "sideEffects": "None",
-            "timeoutSeconds": 5,
-            "admissionReviewVersions": ["v1"]
-        })
-    };
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [
-            hook("postgresclusters", "postgresclusters", webhook::VALIDATE_CLUSTERS),
-            hook("postgresbackups", "postgresbackups", webhook::VALIDATE_BACKUPS),
-        ]
-    }))?)
-}
-
-/// The defaulting webhook's configuration, of the same name (another kind).
-fn mutating(name: &str, ns: &str, port: u16) -> Result<MutatingWebhookConfiguration> {
-    Ok(serde_json::from_value(serde_json::json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "defaults.postgresclusters.database.example.com",
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}{}", webhook::MUTATE_CLUSTERS)},
-            "rules": [{
-                "apiGroups": ["database.example.com"],
-                "apiVersions": ["*"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["postgresclusters"],
-                "scope": "Namespaced"
-            }],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "failurePolicy": "Ignore",
-            "sideEffects": "None",
-            "reinvocationPolicy": "Never",
-            "timeoutSeconds": 5,
-            "admissionReviewVersions": ["v1"]
-        }]
-    }))?)
-}
 
 fn with_store(name: &str, secret: &str) -> Result<PostgresCluster> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -142,11 +86,17 @@ async fn the_webhooks_refuse_with_the_field_named_while_certificates_rotate() ->
     let port = webhook.local_addr().port();
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     configurations
-        .create(&PostParams::default(), &configuration(&vwc_name, n, port)?)
+        .create(
+            &PostParams::default(),
+            &validating_configuration(&vwc_name, n, port)?,
+        )
         .await?;
     let mutations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     mutations
-        .create(&PostParams::default(), &mutating(&vwc_name, n, port)?)
+        .create(
+            &PostParams::default(),
+            &mutating_configuration(&vwc_name, n, port)?,
+        )
         .await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(webhook.run(async move {
@@ -418,7 +368,10 @@ async fn two_replicas_starting_at_once_agree_on_one_certificate() -> Result {
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     // Never called: nothing is created in the namespace it matches.
     configurations
-        .create(&PostParams::default(), &configuration(&name, n, 1)?)
+        .create(
+            &PostParams::default(),
+            &validating_configuration(&name, n, 1)?,
+        )
         .await?;
     let managed = cert::Managed {
         namespace: n.to_string(),
@@ -549,7 +502,10 @@ async fn a_replica_waiting_for_leadership_serves_the_webhooks() -> Result {
     let metrics = operator.metrics_address().ok_or("no metrics address")?;
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     configurations
-        .create(&PostParams::default(), &configuration(&name, n, port)?)
+        .create(
+            &PostParams::default(),
+            &validating_configuration(&name, n, port)?,
+        )
         .await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(operator.run(async move {

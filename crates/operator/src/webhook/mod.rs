@@ -245,8 +245,10 @@ fn defaults(
         Ok(opened) => opened,
         Err(answered) => return *answered,
     };
-    let cluster = match decode::<pgop_api::PostgresCluster>(request.object.as_ref()) {
-        Ok(cluster) => cluster,
+    // The patch's paths (`/spec/bootstrap`, `/spec/backup/timezone`) are the same in
+    // v1alpha1 and v1beta1.
+    let cluster = match decode_cluster(request.object.as_ref()) {
+        Ok(Versioned { cluster, .. }) => cluster,
         // Not for this webhook to refuse: the validating one and the schema say why.
         Err(e) => {
             tracing::warn!(error = %e, "the defaulting webhook could not read a PostgresCluster");
@@ -285,11 +287,18 @@ async fn validate_cluster(
     let selector = shared.selector.as_deref();
     let (answer, result) = answer(
         review,
-        |namespace, old, new: pgop_api::PostgresCluster| async move {
-            if !review::selected(selector, new.labels()) {
+        decode_cluster,
+        |namespace, old: Option<Versioned>, new: Versioned| async move {
+            if !review::selected(selector, new.cluster.labels()) {
                 return None;
             }
-            Some(review::cluster(&namespace, old.as_ref(), &new, client).await)
+            let old = old.map(|o| o.cluster);
+            let verdict = review::cluster(&namespace, old.as_ref(), &new.cluster, client).await;
+            Some(if new.v1beta1 {
+                in_v1beta1(verdict)
+            } else {
+                verdict
+            })
         },
     )
     .await;
@@ -303,18 +312,25 @@ async fn validate_backup(
 ) -> axum::Json<AdmissionReview<DynamicObject>> {
     let client = &shared.client;
     let selector = shared.selector.as_deref();
-    let (answer, result) = answer(review, |namespace, old, new| async move {
-        Some(review::backup(&namespace, old.as_ref(), &new, client, selector).await)
-    })
+    let (answer, result) = answer(
+        review,
+        decode::<pgop_api::PostgresBackup>,
+        |namespace, old, new| async move {
+            Some(review::backup(&namespace, old.as_ref(), &new, client, selector).await)
+        },
+    )
     .await;
     shared.record(MetricsWebhook::ValidateBackups, result);
     answer
 }
 
-/// Decodes the request's objects as `K` and answers with `check`'s verdict.
-async fn answer<K, F, Fut>(review: AdmissionReview<DynamicObject>, check: F) -> Answered
+/// Decodes the request's objects by `decode` and answers with `check`'s verdict.
+async fn answer<K, F, Fut>(
+    review: AdmissionReview<DynamicObject>,
+    decode: fn(Option<&DynamicObject>) -> Result<K, String>,
+    check: F,
+) -> Answered
 where
-    K: DeserializeOwned,
     F: FnOnce(String, Option<K>, K) -> Fut,
     // `None`: not this operator's to review (another release's cluster).
     Fut: std::future::Future<Output = Option<review::Verdict>>,
@@ -323,9 +339,9 @@ where
         Ok(opened) => opened,
         Err(answered) => return *answered,
     };
-    let decoded = decode::<K>(request.object.as_ref()).and_then(|new| {
+    let decoded = decode(request.object.as_ref()).and_then(|new| {
         let old = match request.operation {
-            Operation::Update => Some(decode::<K>(request.old_object.as_ref())?),
+            Operation::Update => Some(decode(request.old_object.as_ref())?),
             _ => None,
         };
         Ok((old, new))
@@ -380,6 +396,54 @@ fn open(
         )));
     }
     Ok((request, response))
+}
+
+/// A PostgresCluster under review, in `v1alpha1` whatever it was written in, and whether
+/// that was `v1beta1` (the refusal then names `v1beta1`'s fields).
+struct Versioned {
+    cluster: pgop_api::PostgresCluster,
+    v1beta1: bool,
+}
+
+fn decode_cluster(object: Option<&DynamicObject>) -> Result<Versioned, String> {
+    let beta = object
+        .and_then(|o| o.types.as_ref())
+        .is_some_and(|t| t.api_version == pgop_api::v1beta1::API_VERSION);
+    if !beta {
+        return decode(object).map(|cluster| Versioned {
+            cluster,
+            v1beta1: false,
+        });
+    }
+    let beta: pgop_api::v1beta1::PostgresCluster = decode(object)?;
+    Ok(Versioned {
+        cluster: pgop_api::PostgresCluster {
+            metadata: beta.metadata,
+            spec: beta.spec.into(),
+            status: beta.status,
+        },
+        v1beta1: true,
+    })
+}
+
+/// A verdict on a `v1alpha1` cluster, worded for the `v1beta1` object it came from.
+fn in_v1beta1(verdict: review::Verdict) -> review::Verdict {
+    use pgop_api::v1beta1::{field_path, with_field_paths};
+    review::Verdict {
+        errors: verdict
+            .errors
+            .into_iter()
+            .map(|e| pgop_api::FieldError {
+                field: field_path(&e.field),
+                message: with_field_paths(&e.message),
+            })
+            .collect(),
+        warnings: verdict
+            .warnings
+            .iter()
+            .map(|w| with_field_paths(w))
+            .collect(),
+    }
 }
 
 fn decode<K: DeserializeOwned>(object: Option<&DynamicObject>) -> Result<K, String> {
@@ -510,5 +574,47 @@ mod tests {
         );
         assert_eq!(result, Review::Invalid);
         assert!(answer.response.is_some());
+    }
+
+    #[test]
+    fn a_v1beta1_cluster_is_reviewed_as_v1alpha1_and_refused_in_v1beta1_names() {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": pgop_api::v1beta1::API_VERSION,
+            "kind": "PostgresCluster",
+            "metadata": {"name": "db", "namespace": "shop"},
+            "spec": {"instances": 3, "storage": {"size": "1Gi"},
+                     "ha": {"synchronous": {"standbys": 3}}}
+        }))
+        .expect("a DynamicObject");
+        let Versioned { cluster, v1beta1 } = decode_cluster(Some(&object)).expect("decoded");
+        assert!(v1beta1);
+        assert_eq!(cluster.spec.replicas, 3);
+        assert_eq!(cluster.spec.replication.synchronous, 3);
+        let errors = pgop_api::validate(&cluster.spec).expect_err("too many standbys");
+        let worded = in_v1beta1(review::Verdict {
+            errors,
+            warnings: vec!["spec.affinity.nodeSelector was not checked".into()],
+        });
+        assert_eq!(worded.errors[0].field, "spec.ha.synchronous.standbys");
+        assert!(
+            worded.errors[0].message.contains("spec.instances"),
+            "{}",
+            worded.errors[0].message
+        );
+        assert_eq!(
+            worded.warnings,
+            ["spec.scheduling.nodeSelector was not checked"]
+        );
+        // v1alpha1 stays as it is.
+        let mut alpha = object.clone();
+        if let Some(t) = alpha.types.as_mut() {
+            t.api_version = "database.example.com/v1alpha1".into();
+        }
+        let decoded = decode_cluster(Some(&alpha)).expect("decoded");
+        assert!(!decoded.v1beta1);
+        assert_eq!(
+            decoded.cluster.spec.replicas, 1,
+            "v1alpha1 has no instances field"
+        );
     }
 }

@@ -1,6 +1,9 @@
 //! Helpers shared by the operator's integration tests.
 #![allow(dead_code)]
 
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -206,4 +209,71 @@ pub fn condition<'a>(
     c.status
         .as_ref()
         .and_then(|s| s.conditions.iter().find(|x| x.type_ == type_))
+}
+
+/// A ValidatingWebhookConfiguration of pgop's two validating webhooks, served at
+/// `https://127.0.0.1:<port>`, for the objects of namespace `ns` only (the control plane
+/// may be shared), in every version of the CRDs.
+pub fn validating_configuration(
+    name: &str,
+    ns: &str,
+    port: u16,
+) -> Result<ValidatingWebhookConfiguration> {
+    let hook = |hook: &str, resource: &str, path: &str| {
+        serde_json::json!({
+            "name": format!("{hook}.database.example.com"),
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}")},
+            "rules": [{
+                "apiGroups": ["database.example.com"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": [resource],
+                "scope": "Namespaced"
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"]
+        })
+    };
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            hook("postgresclusters", "postgresclusters", pgop_operator::webhook::VALIDATE_CLUSTERS),
+            hook("postgresbackups", "postgresbackups", pgop_operator::webhook::VALIDATE_BACKUPS),
+        ]
+    }))?)
+}
+
+/// The defaulting webhook's configuration, of the same name (another kind).
+pub fn mutating_configuration(
+    name: &str,
+    ns: &str,
+    port: u16,
+) -> Result<MutatingWebhookConfiguration> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "defaults.postgresclusters.database.example.com",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}{}", pgop_operator::webhook::MUTATE_CLUSTERS)},
+            "rules": [{
+                "apiGroups": ["database.example.com"],
+                "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["postgresclusters"],
+                "scope": "Namespaced"
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": "Ignore",
+            "sideEffects": "None",
+            "reinvocationPolicy": "Never",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"]
+        }]
+    }))?)
 }
