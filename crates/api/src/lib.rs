@@ -39,15 +39,35 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![PostgresCluster::crd(), PostgresBackup::crd()]
 }
 
-/// The CRDs with `PostgresCluster` served in `v1beta1` beside `v1alpha1` (still the
-/// stored version), converted by the webhook `conversion` calls (the operator's
-/// `POST /convert`). Not what `deploy/` installs yet: see docs/api.md, "v1beta1".
-pub fn crds_with_v1beta1(conversion: WebhookClientConfig) -> Vec<CustomResourceDefinition> {
+/// The version of `PostgresCluster` the API server stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageVersion {
+    V1alpha1,
+    V1beta1,
+}
+
+impl StorageVersion {
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageVersion::V1alpha1 => "v1alpha1",
+            StorageVersion::V1beta1 => "v1beta1",
+        }
+    }
+}
+
+/// The CRDs with `PostgresCluster` served in `v1beta1` beside `v1alpha1`, `stored` the
+/// version the API server stores, converted by the webhook `conversion` calls (the
+/// operator's `POST /convert`). Not what `deploy/` installs yet: see docs/api.md,
+/// "v1beta1".
+pub fn crds_with_v1beta1(
+    conversion: WebhookClientConfig,
+    stored: StorageVersion,
+) -> Vec<CustomResourceDefinition> {
     let mut cluster = PostgresCluster::crd();
     let beta = v1beta1::PostgresCluster::crd();
     cluster.spec.versions.extend(beta.spec.versions);
     for version in &mut cluster.spec.versions {
-        version.storage = version.name == "v1alpha1";
+        version.storage = version.name == stored.name();
     }
     cluster.spec.conversion = Some(CustomResourceConversion {
         strategy: "Webhook".to_string(),

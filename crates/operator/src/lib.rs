@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod leader;
 pub mod memory;
 pub mod metrics;
+pub mod migrate;
 pub mod selector;
 pub mod webhook;
 

@@ -140,10 +140,13 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
     // The CRD upgraded: both versions served, conversion by the webhook.
     pgop_testenv::crds::install(
         &client,
-        pgop_api::crds_with_v1beta1(WebhookClientConfig {
-            url: Some(format!("https://127.0.0.1:{port}{}", webhook::CONVERT)),
-            ..WebhookClientConfig::default()
-        }),
+        pgop_api::crds_with_v1beta1(
+            WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{port}{}", webhook::CONVERT)),
+                ..WebhookClientConfig::default()
+            },
+            pgop_api::StorageVersion::V1alpha1,
+        ),
     )
     .await?;
     let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());

@@ -4,6 +4,7 @@ mod backup;
 mod crd;
 mod dev;
 mod instance;
+mod migrate;
 mod operator;
 
 use clap::{Parser, Subcommand};
@@ -45,6 +46,11 @@ enum Command {
     Backup(backup::Args),
     /// Print the CustomResourceDefinitions (PostgresCluster, PostgresBackup) as YAML.
     Crd,
+    /// Write every PostgresCluster and PostgresBackup again in its CRD's storage version,
+    /// then drop the other versions from the CRD's status.storedVersions (docs/api.md,
+    /// "Upgrading"). Safe to run twice and while the operator runs; needs the operator's
+    /// conversion webhook up. Uses the kubeconfig (KUBECONFIG).
+    MigrateStorage(migrate::Args),
 }
 
 /// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance manager, whose output
@@ -98,7 +104,7 @@ async fn main() -> ExitCode {
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",
             Command::Operator(_) | Command::Instance(_) | Command::Backup(_) => "info",
-            Command::Crd => "warn",
+            Command::Crd | Command::MigrateStorage(_) => "warn",
         },
         json,
     );
@@ -108,6 +114,7 @@ async fn main() -> ExitCode {
         Command::Instance(args) => instance::run(args).await,
         Command::Backup(args) => backup::run(args).await,
         Command::Crd => crd::run(),
+        Command::MigrateStorage(args) => migrate::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
