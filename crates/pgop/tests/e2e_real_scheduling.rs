@@ -210,11 +210,24 @@ async fn required_anti_affinity_keeps_instances_apart_and_an_unplaceable_one_sho
     let scheduled = conditions::find_condition(&status.conditions, INSTANCES_SCHEDULED)
         .ok_or("no InstancesScheduled condition")?;
     assert_eq!(scheduled.status, conditions::TRUE, "{scheduled:?}");
-    let remaining: Vec<Pod> = instance_pods(&pods)
-        .await?
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
+    // The status drops the third instance in the pass that deletes its Pod, and may be
+    // read a moment before that Pod is gone.
+    let remaining: Vec<Pod> = eventually(
+        "the third instance's Pod to be gone",
+        Duration::from_secs(60),
+        || async {
+            let left: Vec<Pod> = instance_pods(&pods)
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            (left.len() == 2)
+                .then_some(left.clone())
+                .ok_or_else(|| format!("{} instance Pods", left.len()))
+        },
+    )
+    .await;
     assert_eq!(remaining.len(), 2);
     assert!(remaining.iter().all(required_anti_affinity));
     let placed: BTreeSet<String> = remaining
