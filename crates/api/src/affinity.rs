@@ -1,6 +1,8 @@
-//! `spec.affinity`: where a cluster's instance Pods may run — how strictly they are kept
-//! apart (pod anti-affinity, `preferred` or `required`, over a topology key), which nodes
-//! they may use (`nodeSelector`) and which taints they tolerate (`tolerations`).
+//! `spec.affinity` (`spec.scheduling` in `v1beta1`): where a cluster's instance Pods may
+//! run — how strictly they are kept apart (pod anti-affinity, `preferred` or `required`,
+//! over a topology key), how evenly they are spread (`topologySpread`), which nodes they
+//! may use or prefer (`nodeSelector`, `nodeAffinity`), which taints they tolerate
+//! (`tolerations`) and their priority (`priorityClassName`).
 //!
 //! Every schema rule here has a twin in [`crate::validation`], like the rest of the spec.
 
@@ -17,6 +19,17 @@ pub const DEFAULT_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
 pub const MAX_NODE_SELECTOR: usize = 32;
 /// Most entries in `spec.affinity.tolerations`.
 pub const MAX_TOLERATIONS: usize = 32;
+/// Most entries in `spec.affinity.topologySpread`.
+pub const MAX_TOPOLOGY_SPREAD: usize = 8;
+/// Most terms in each of `spec.affinity.nodeAffinity.required` and `.preferred`.
+pub const MAX_NODE_AFFINITY_TERMS: usize = 8;
+/// Most expressions in one node affinity term.
+pub const MAX_NODE_EXPRESSIONS: usize = 8;
+/// Most values in one node affinity expression.
+pub const MAX_NODE_VALUES: usize = 16;
+/// PriorityClass names Kubernetes keeps for its own Pods (`system-node-critical`,
+/// `system-cluster-critical`): a Pod outside `kube-system` may not use them.
+pub const SYSTEM_PRIORITY_CLASS_PREFIX: &str = "system-";
 
 /// Where the instance Pods may run, and how strictly they are kept apart.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -63,6 +76,195 @@ pub struct AffinitySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_TOLERATIONS))]
     pub tolerations: Vec<Toleration>,
+
+    /// Spread the instances evenly over topology domains (the Pods'
+    /// `topologySpreadConstraints`, counting this cluster's instances only), at most 8, one
+    /// per `topologyKey` and `whenUnsatisfiable`. Unlike the anti-affinity, which keeps
+    /// instances apart, this bounds how uneven domains may get (`maxSkew`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_TOPOLOGY_SPREAD),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["topologyKey", "whenUnsatisfiable"])
+    )]
+    pub topology_spread: Vec<TopologySpread>,
+
+    /// Which nodes the instances may use (`required`) or prefer (`preferred`) by their
+    /// labels, with operators `nodeSelector` cannot express (the Pods' node affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_affinity: Option<NodeAffinity>,
+
+    /// The PriorityClass of the instance Pods (their `priorityClassName`): a PriorityClass
+    /// name (a DNS subdomain of at most 253 characters) other than Kubernetes' own
+    /// `system-` classes. The cluster's default priority when unset. Changing it replaces
+    /// the Pods one at a time through the rolling update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    #[x_kube(validation = cel::not_system_priority_class())]
+    pub priority_class_name: Option<String>,
+}
+
+/// One topology spread constraint over this cluster's instances.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologySpread {
+    /// The node label whose values are the domains, e.g. `topology.kubernetes.io/zone`; a
+    /// label key as in `topologyKey`.
+    #[schemars(
+        length(min = 1, max = formats::MAX_LABEL_KEY_LENGTH),
+        pattern(formats::LABEL_KEY_PATTERN)
+    )]
+    #[x_kube(validation = cel::label_key_prefix_length())]
+    pub topology_key: String,
+
+    /// How many more instances one domain may hold than the emptiest one (1 to 9, default
+    /// 1).
+    #[serde(default = "default_max_skew")]
+    #[schemars(range(min = 1, max = 9))]
+    pub max_skew: i32,
+
+    /// What the scheduler does when no node keeps the skew: `ScheduleAnyway` (the default:
+    /// it prefers the nodes that skew least) or `DoNotSchedule` (the instance stays
+    /// Pending).
+    #[serde(default)]
+    pub when_unsatisfiable: WhenUnsatisfiable,
+}
+
+fn default_max_skew() -> i32 {
+    1
+}
+
+/// What the scheduler does with an instance no node can place within `maxSkew`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WhenUnsatisfiable {
+    /// Place it where the skew grows least.
+    #[default]
+    ScheduleAnyway,
+    /// Leave it Pending.
+    DoNotSchedule,
+}
+
+impl WhenUnsatisfiable {
+    /// The value Kubernetes uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ScheduleAnyway => "ScheduleAnyway",
+            Self::DoNotSchedule => "DoNotSchedule",
+        }
+    }
+}
+
+/// Node affinity of the instances: terms over node labels.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAffinity {
+    /// An instance runs only on a node that matches at least one of these terms (at most
+    /// 8); any node when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_NODE_AFFINITY_TERMS))]
+    pub required: Vec<NodeSelectorTerm>,
+
+    /// Terms the scheduler prefers, each with a weight (at most 8): among the nodes that
+    /// fit, those whose matching terms weigh most.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_NODE_AFFINITY_TERMS))]
+    pub preferred: Vec<PreferredNodeTerm>,
+}
+
+/// Node label expressions that must all hold.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorTerm {
+    /// 1 to 8 expressions, all of which the node's labels must satisfy.
+    #[schemars(length(min = 1, max = MAX_NODE_EXPRESSIONS))]
+    pub match_expressions: Vec<NodeSelectorRequirement>,
+}
+
+/// A preferred node term and its weight.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreferredNodeTerm {
+    /// 1 to 100: how much a node that matches counts.
+    #[schemars(range(min = 1, max = 100))]
+    pub weight: i32,
+
+    /// 1 to 8 expressions, all of which the node's labels must satisfy to count.
+    #[schemars(length(min = 1, max = MAX_NODE_EXPRESSIONS))]
+    pub match_expressions: Vec<NodeSelectorRequirement>,
+}
+
+/// One expression over a node label.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::node_values_match_operator())]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSelectorRequirement {
+    /// The node label, a label key as in `topologyKey`.
+    #[schemars(
+        length(min = 1, max = formats::MAX_LABEL_KEY_LENGTH),
+        pattern(formats::LABEL_KEY_PATTERN)
+    )]
+    #[x_kube(validation = cel::label_key_prefix_length())]
+    pub key: String,
+
+    /// `In` or `NotIn` (one of `values`, or none of them), `Exists` or `DoesNotExist` (no
+    /// `values`), `Gt` or `Lt` (one value, a whole number the label is compared with).
+    pub operator: NodeSelectorOperator,
+
+    /// Label values (at most 16 of at most 63 letters, digits, `-`, `_` and `.` starting
+    /// and ending with a letter or digit).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = MAX_NODE_VALUES),
+        inner(
+            length(max = formats::MAX_LABEL_VALUE_LENGTH),
+            pattern(formats::LABEL_VALUE_PATTERN)
+        )
+    )]
+    pub values: Vec<String>,
+}
+
+/// How a node label is compared.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeSelectorOperator {
+    /// The label's value is one of `values`.
+    In,
+    /// The label is absent or its value is none of `values`.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+    /// The label's value, a whole number, is greater than the one value.
+    Gt,
+    /// The label's value, a whole number, is less than the one value.
+    Lt,
+}
+
+impl NodeSelectorOperator {
+    /// The value Kubernetes uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::In => "In",
+            Self::NotIn => "NotIn",
+            Self::Exists => "Exists",
+            Self::DoesNotExist => "DoesNotExist",
+            Self::Gt => "Gt",
+            Self::Lt => "Lt",
+        }
+    }
+
+    /// Whether `values` fit this operator (the twin of the CEL rule).
+    pub fn fits(self, values: &[String]) -> bool {
+        match self {
+            Self::In | Self::NotIn => !values.is_empty(),
+            Self::Exists | Self::DoesNotExist => values.is_empty(),
+            Self::Gt | Self::Lt => {
+                values.len() == 1
+                    && values[0].len() <= 18
+                    && !values[0].is_empty()
+                    && values[0].bytes().all(|b| b.is_ascii_digit())
+            }
+        }
+    }
 }
 
 impl Default for AffinitySpec {
@@ -72,6 +274,9 @@ impl Default for AffinitySpec {
             topology_key: default_topology_key(),
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
+            topology_spread: Vec::new(),
+            node_affinity: None,
+            priority_class_name: None,
         }
     }
 }

@@ -58,6 +58,11 @@ pub const MSG_TOLERATION_EXISTS_WITHOUT_VALUE: &str =
 /// `tolerationSeconds` without `effect: NoExecute`.
 pub const MSG_TOLERATION_SECONDS_NEED_NO_EXECUTE: &str = "may only be set with effect NoExecute: it bounds how long a Pod stays on a node tainted NoExecute";
 
+/// A PriorityClass of Kubernetes' own.
+pub const MSG_SYSTEM_PRIORITY_CLASS: &str = "must not be one of Kubernetes' own system- PriorityClasses: Pods outside kube-system may not use them";
+/// A node affinity expression whose values do not fit its operator.
+pub const MSG_NODE_VALUES_MATCH_OPERATOR: &str = "must hold at least one value with In and NotIn, none with Exists and DoesNotExist, and one whole number (at most 18 digits) with Gt and Lt";
+
 /// The message for a string that is no label key (`topologyKey`, a toleration's key).
 pub fn msg_label_key() -> String {
     format!(
@@ -366,4 +371,26 @@ pub fn backup_spec_immutable() -> Rule {
     Rule::new("self == oldSelf")
         .message(MSG_BACKUP_SPEC_IMMUTABLE)
         .reason(Reason::FieldValueForbidden)
+}
+
+/// `priorityClassName`: not a `system-` class.
+pub fn not_system_priority_class() -> Rule {
+    Rule::new(format!(
+        "!self.startsWith('{}')",
+        crate::affinity::SYSTEM_PRIORITY_CLASS_PREFIX
+    ))
+    .message(MSG_SYSTEM_PRIORITY_CLASS)
+    .reason(Reason::FieldValueForbidden)
+}
+
+/// A node affinity expression: its values fit its operator.
+pub fn node_values_match_operator() -> Rule {
+    Rule::new(
+        "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) : \
+         (self.operator in ['Exists', 'DoesNotExist'] ? (!has(self.values) || size(self.values) == 0) : \
+         (has(self.values) && size(self.values) == 1 && self.values[0].matches('^[0-9]{1,18}$')))",
+    )
+    .message(MSG_NODE_VALUES_MATCH_OPERATOR)
+    .field_path(".values")
+    .reason(Reason::FieldValueInvalid)
 }

@@ -607,6 +607,11 @@ mod tests {
             |g| json!({"disk": g.pick(&["ssd", "hdd"])}),
         );
         g.maybe(&mut v, "tolerations", |_| json!([{"key": "dedicated", "operator": "Equal", "value": "pg", "effect": "NoSchedule"}]));
+        g.maybe(&mut v, "topologySpread", |g| json!([{"topologyKey": "topology.kubernetes.io/zone", "maxSkew": g.int(1, 9), "whenUnsatisfiable": g.pick(&["ScheduleAnyway", "DoNotSchedule"])}]));
+        g.maybe(&mut v, "nodeAffinity", |g| json!({"required": [{"matchExpressions": [{"key": "disktype", "operator": g.pick(&["In", "NotIn"]), "values": ["ssd"]}]}], "preferred": [{"weight": g.int(1, 100), "matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]}));
+        g.maybe(&mut v, "priorityClassName", |g| {
+            json!(g.pick(&["databases", "high"]))
+        });
         v
     }
 

@@ -7,7 +7,9 @@
 //! server does (`spec.backup.retentionDays`).
 
 use crate::affinity::{
-    AffinitySpec, MAX_NODE_SELECTOR, MAX_TOLERATIONS, TaintEffect, TolerationOperator,
+    AffinitySpec, MAX_NODE_AFFINITY_TERMS, MAX_NODE_EXPRESSIONS, MAX_NODE_SELECTOR,
+    MAX_NODE_VALUES, MAX_TOLERATIONS, MAX_TOPOLOGY_SPREAD, NodeSelectorRequirement,
+    SYSTEM_PRIORITY_CLASS_PREFIX, TaintEffect, TolerationOperator,
 };
 use crate::backup::PostgresBackupSpec;
 use crate::cel;
@@ -352,6 +354,7 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.switchoverTimeout", spec.switchover_timeout, 1, None);
 
     validate_affinity(&spec.affinity, errors);
+    validate_placement(&spec.affinity, errors);
     validate_network_policy(&spec.network_policy, errors);
     if let Some(name) = &spec.tls.server_secret {
         errors.name("spec.tls.serverSecret", name);
@@ -479,6 +482,118 @@ fn validate_affinity(affinity: &AffinitySpec, errors: &mut Errors) {
             );
         }
     }
+}
+
+/// `spec.affinity`'s spread, node affinity and priority (the twins of their schema rules).
+fn validate_placement(affinity: &AffinitySpec, errors: &mut Errors) {
+    errors.check(
+        affinity.topology_spread.len() <= MAX_TOPOLOGY_SPREAD,
+        "spec.affinity.topologySpread",
+        || format!("must have at most {MAX_TOPOLOGY_SPREAD} entries"),
+    );
+    for (i, spread) in affinity.topology_spread.iter().enumerate() {
+        let path = format!("spec.affinity.topologySpread[{i}]");
+        errors.check(
+            formats::is_label_key(&spread.topology_key),
+            &format!("{path}.topologyKey"),
+            || format!("{}, got {:?}", cel::msg_label_key(), spread.topology_key),
+        );
+        errors.check(
+            (1..=9).contains(&spread.max_skew),
+            &format!("{path}.maxSkew"),
+            || format!("must be 1 to 9, got {}", spread.max_skew),
+        );
+        let twin = affinity.topology_spread[..i].iter().any(|other| {
+            other.topology_key == spread.topology_key
+                && other.when_unsatisfiable == spread.when_unsatisfiable
+        });
+        errors.check(!twin, &path, || {
+            format!(
+                "duplicate entry: another one has topologyKey {:?} and whenUnsatisfiable {}",
+                spread.topology_key,
+                spread.when_unsatisfiable.as_str()
+            )
+        });
+    }
+    if let Some(node_affinity) = &affinity.node_affinity {
+        let required = node_affinity
+            .required
+            .iter()
+            .map(|t| ("required", &t.match_expressions));
+        let preferred = node_affinity
+            .preferred
+            .iter()
+            .map(|t| ("preferred", &t.match_expressions));
+        for (which, count) in [
+            ("required", node_affinity.required.len()),
+            ("preferred", node_affinity.preferred.len()),
+        ] {
+            errors.check(
+                count <= MAX_NODE_AFFINITY_TERMS,
+                &format!("spec.affinity.nodeAffinity.{which}"),
+                || format!("must have at most {MAX_NODE_AFFINITY_TERMS} entries"),
+            );
+        }
+        let mut index = std::collections::BTreeMap::<&str, usize>::new();
+        for (which, expressions) in required.chain(preferred) {
+            let i = index.entry(which).or_default();
+            let path = format!("spec.affinity.nodeAffinity.{which}[{i}].matchExpressions");
+            *i += 1;
+            errors.check(
+                (1..=MAX_NODE_EXPRESSIONS).contains(&expressions.len()),
+                &path,
+                || format!("must have 1 to {MAX_NODE_EXPRESSIONS} entries"),
+            );
+            for (j, e) in expressions.iter().enumerate() {
+                validate_node_requirement(e, &format!("{path}[{j}]"), errors);
+            }
+        }
+        for (i, term) in node_affinity.preferred.iter().enumerate() {
+            errors.check(
+                (1..=100).contains(&term.weight),
+                &format!("spec.affinity.nodeAffinity.preferred[{i}].weight"),
+                || format!("must be 1 to 100, got {}", term.weight),
+            );
+        }
+    }
+    if let Some(class) = &affinity.priority_class_name {
+        let path = "spec.affinity.priorityClassName";
+        errors.check(
+            !class.is_empty() && class.len() <= 253 && formats::is_dns_subdomain(class),
+            path,
+            || format!("must be a PriorityClass name (a DNS subdomain of at most 253 characters), got {class:?}"),
+        );
+        errors.check(
+            !class.starts_with(SYSTEM_PRIORITY_CLASS_PREFIX),
+            path,
+            || cel::MSG_SYSTEM_PRIORITY_CLASS.to_string(),
+        );
+    }
+}
+
+fn validate_node_requirement(e: &NodeSelectorRequirement, path: &str, errors: &mut Errors) {
+    errors.check(
+        formats::is_label_key(&e.key),
+        &format!("{path}.key"),
+        || format!("{}, got {:?}", cel::msg_label_key(), e.key),
+    );
+    errors.check(
+        e.values.len() <= MAX_NODE_VALUES,
+        &format!("{path}.values"),
+        || format!("must have at most {MAX_NODE_VALUES} entries"),
+    );
+    for value in &e.values {
+        errors.check(
+            formats::is_label_value(value),
+            &format!("{path}.values"),
+            || format!("must be label values (at most 63 letters, digits, '-', '_' and '.' starting and ending with a letter or digit, or empty), got {value:?}"),
+        );
+    }
+    errors.check(
+        e.operator.fits(&e.values),
+        &format!("{path}.values"),
+        || cel::MSG_NODE_VALUES_MATCH_OPERATOR.to_string(),
+    );
 }
 
 fn validate_backup_spec(backup: &BackupSpec, errors: &mut Errors) {

@@ -573,6 +573,45 @@ const FORMATS: &[Format] = &[
         strict: false,
     },
     Format {
+        name: "topology spread key",
+        set: |s, v| s["affinity"] = json!({"topologySpread": [{"topologyKey": v}]}),
+        rust: formats::is_label_key,
+        samples: LABEL_KEY_SAMPLES,
+        strict: true,
+    },
+    Format {
+        name: "node affinity key",
+        set: |s, v| s["affinity"] = json!({"nodeAffinity": {"required": [{"matchExpressions": [{"key": v, "operator": "Exists"}]}]}}),
+        rust: formats::is_label_key,
+        samples: LABEL_KEY_SAMPLES,
+        strict: true,
+    },
+    Format {
+        name: "node affinity value",
+        set: |s, v| s["affinity"] = json!({"nodeAffinity": {"required": [{"matchExpressions": [{"key": "disktype", "operator": "In", "values": [v]}]}]}}),
+        rust: formats::is_label_value,
+        samples: LABEL_VALUE_SAMPLES,
+        strict: false,
+    },
+    Format {
+        name: "priority class name",
+        set: |s, v| s["affinity"] = json!({"priorityClassName": v}),
+        rust: |v| {
+            !v.is_empty()
+                && v.len() <= 253
+                && formats::is_dns_subdomain(v)
+                && !v.starts_with(pgop_api::affinity::SYSTEM_PRIORITY_CLASS_PREFIX)
+        },
+        samples: &[
+            "databases",
+            "high.priority",
+            "system-node-critical",
+            "Databases",
+            "db_1",
+        ],
+        strict: true,
+    },
+    Format {
         name: "source cluster",
         set: |s, v| s["bootstrap"]["recovery"]["sourceCluster"] = json!(v),
         rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),

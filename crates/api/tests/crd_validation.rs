@@ -293,6 +293,66 @@ const BAD: &[Case] = &[
         "spec.backup.store.s3.region",
     ),
     case(
+        "a system PriorityClass",
+        "storage: {size: 1Gi}\naffinity: {priorityClassName: system-node-critical}",
+        "spec.affinity.priorityClassName",
+    ),
+    case(
+        "a PriorityClass name with a command substitution",
+        "storage: {size: 1Gi}\naffinity: {priorityClassName: '$(id)'}",
+        "spec.affinity.priorityClassName",
+    ),
+    case(
+        "topology spread with maxSkew 0",
+        "storage: {size: 1Gi}\naffinity: {topologySpread: [{topologyKey: kubernetes.io/hostname, maxSkew: 0}]}",
+        "spec.affinity.topologySpread[0].maxSkew",
+    ),
+    case(
+        "topology spread twice over one key",
+        "storage: {size: 1Gi}\naffinity: {topologySpread: [{topologyKey: zone}, {topologyKey: zone, maxSkew: 2}]}",
+        "spec.affinity.topologySpread[1]",
+    ),
+    case(
+        "topology spread key with a newline",
+        "storage: {size: 1Gi}\naffinity: {topologySpread: [{topologyKey: \"zone\\nx\"}]}",
+        "spec.affinity.topologySpread[0].topologyKey",
+    ),
+    case(
+        "node affinity In without values",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {required: [{matchExpressions: [{key: disktype, operator: In}]}]}}",
+        "spec.affinity.nodeAffinity.required[0].matchExpressions[0].values",
+    ),
+    case(
+        "node affinity Gt with a word",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {preferred: [{weight: 5, matchExpressions: [{key: cores, operator: Gt, values: [many]}]}]}}",
+        "spec.affinity.nodeAffinity.preferred[0].matchExpressions[0].values",
+    ),
+    case(
+        "node affinity Exists with a value",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {required: [{matchExpressions: [{key: gpu, operator: Exists, values: ['yes']}]}]}}",
+        "spec.affinity.nodeAffinity.required[0].matchExpressions[0].values",
+    ),
+    case(
+        "node affinity value with a quote",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {required: [{matchExpressions: [{key: disktype, operator: In, values: [\"ssd'\"]}]}]}}",
+        "spec.affinity.nodeAffinity.required[0].matchExpressions[0].values",
+    ),
+    case(
+        "node affinity key with a command substitution",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {required: [{matchExpressions: [{key: '$(id)', operator: Exists}]}]}}",
+        "spec.affinity.nodeAffinity.required[0].matchExpressions[0].key",
+    ),
+    case(
+        "node affinity term without expressions",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {required: [{matchExpressions: []}]}}",
+        "spec.affinity.nodeAffinity.required[0].matchExpressions",
+    ),
+    case(
+        "node affinity weight 0",
+        "storage: {size: 1Gi}\naffinity: {nodeAffinity: {preferred: [{weight: 0, matchExpressions: [{key: a, operator: Exists}]}]}}",
+        "spec.affinity.nodeAffinity.preferred[0].weight",
+    ),
+    case(
         "unknown podAntiAffinityType",
         "storage: {size: 1Gi}\naffinity: {podAntiAffinityType: always}",
         "spec.affinity.podAntiAffinityType",
@@ -438,6 +498,17 @@ affinity:
   tolerations:
     - {key: dedicated, value: postgres, effect: NoSchedule}
     - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 30}
+  topologySpread:
+    - {topologyKey: topology.kubernetes.io/zone, maxSkew: 1, whenUnsatisfiable: DoNotSchedule}
+    - {topologyKey: kubernetes.io/hostname, maxSkew: 2, whenUnsatisfiable: ScheduleAnyway}
+  nodeAffinity:
+    required:
+      - matchExpressions:
+          - {key: disktype, operator: In, values: [ssd, nvme]}
+          - {key: example.com/spot, operator: DoesNotExist}
+    preferred:
+      - {weight: 50, matchExpressions: [{key: example.com/cores, operator: Gt, values: ["16"]}]}
+  priorityClassName: databases
 failoverDelay: 5
 switchoverTimeout: 120
 backup:

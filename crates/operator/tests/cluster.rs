@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
 use pgop_testenv::wait;
@@ -217,6 +217,54 @@ async fn scaling_adds_new_serials_and_removes_the_highest_non_primary() -> Resul
     );
     assert!(!events(&client, n, "Scaled").await?.is_empty());
     op.stop().await;
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn spread_node_affinity_and_priority_reach_pods_the_api_server_accepts() -> Result {
+    let (_plane, client, ns) = setup("cluster-placement").await?;
+    let n = ns.name().to_string();
+    let n = n.as_str();
+    // A PriorityClass of this test's own (cluster-scoped; the plane is shared).
+    let class = format!("pgop-{n}");
+    let classes: Api<k8s_openapi::api::scheduling::v1::PriorityClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({
+                "metadata": {"name": class}, "value": 1000
+            }))?,
+        )
+        .await?;
+    let op = Operator::start(&client, n);
+    let mut c = cluster("db", 2);
+    c.spec.affinity = serde_json::from_value(serde_json::json!({
+        "topologySpread": [{"topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}],
+        "nodeAffinity": {"required": [{"matchExpressions": [{"key": "disktype", "operator": "In", "values": ["ssd"]}]}]},
+        "priorityClassName": class
+    }))?;
+    create(&client, n, &c).await?;
+    wait_names::<Pod>(&client, n, "db", &["db-1", "db-2"]).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), n);
+    for name in ["db-1", "db-2"] {
+        let spec = pods.get(name).await?.spec.ok_or("a Pod spec")?;
+        // The API server resolved the class into the Pod's priority.
+        assert_eq!(spec.priority_class_name.as_deref(), Some(class.as_str()));
+        assert_eq!(spec.priority, Some(1000));
+        let spread = spec.topology_spread_constraints.unwrap_or_default();
+        assert_eq!(spread.len(), 1);
+        assert_eq!(spread[0].when_unsatisfiable, "DoNotSchedule");
+        assert!(
+            spec.affinity
+                .and_then(|a| a.node_affinity)
+                .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+                .is_some(),
+            "{name} has the required node affinity"
+        );
+    }
+    op.stop().await;
+    classes.delete(&class, &Default::default()).await?;
     ns.delete().await?;
     Ok(())
 }

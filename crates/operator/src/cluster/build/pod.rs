@@ -4,9 +4,10 @@
 use super::{Common, InstanceSpec, Settings, quantity};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm,
-    PodAntiAffinity, PodSecurityContext, PodSpec, Probe, SeccompProfile, SecurityContext,
-    Toleration, Volume, VolumeMount, WeightedPodAffinityTerm,
+    HTTPGetAction, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PersistentVolumeClaimVolumeSource, Pod, PodAffinityTerm, PodAntiAffinity,
+    PodSecurityContext, PodSpec, PreferredSchedulingTerm, Probe, SeccompProfile, SecurityContext,
+    Toleration, TopologySpreadConstraint, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -122,8 +123,66 @@ pub fn affinity(cluster: &str, spec: &AffinitySpec) -> Affinity {
     };
     Affinity {
         pod_anti_affinity: Some(anti_affinity),
+        node_affinity: spec.node_affinity.as_ref().and_then(node_affinity),
         ..Affinity::default()
     }
+}
+
+/// `spec.affinity.nodeAffinity` as Kubernetes writes it; nothing for an empty one.
+fn node_affinity(spec: &pgop_api::affinity::NodeAffinity) -> Option<NodeAffinity> {
+    let term = |expressions: &[pgop_api::affinity::NodeSelectorRequirement]| NodeSelectorTerm {
+        match_expressions: Some(
+            expressions
+                .iter()
+                .map(|e| NodeSelectorRequirement {
+                    key: e.key.clone(),
+                    operator: e.operator.as_str().to_string(),
+                    values: (!e.values.is_empty()).then(|| e.values.clone()),
+                })
+                .collect(),
+        ),
+        match_fields: None,
+    };
+    let required = (!spec.required.is_empty()).then(|| NodeSelector {
+        node_selector_terms: spec
+            .required
+            .iter()
+            .map(|t| term(&t.match_expressions))
+            .collect(),
+    });
+    let preferred = (!spec.preferred.is_empty()).then(|| {
+        spec.preferred
+            .iter()
+            .map(|t| PreferredSchedulingTerm {
+                weight: t.weight,
+                preference: term(&t.match_expressions),
+            })
+            .collect()
+    });
+    (required.is_some() || preferred.is_some()).then_some(NodeAffinity {
+        required_during_scheduling_ignored_during_execution: required,
+        preferred_during_scheduling_ignored_during_execution: preferred,
+    })
+}
+
+/// `spec.affinity.topologySpread` as the Pods' constraints, each counting this cluster's
+/// instances only.
+fn topology_spread(cluster: &str, spec: &AffinitySpec) -> Option<Vec<TopologySpreadConstraint>> {
+    (!spec.topology_spread.is_empty()).then(|| {
+        spec.topology_spread
+            .iter()
+            .map(|t| TopologySpreadConstraint {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some([(labels::CLUSTER.to_string(), cluster.to_string())].into()),
+                    ..LabelSelector::default()
+                }),
+                max_skew: t.max_skew,
+                topology_key: t.topology_key.clone(),
+                when_unsatisfiable: t.when_unsatisfiable.as_str().to_string(),
+                ..TopologySpreadConstraint::default()
+            })
+            .collect()
+    })
 }
 
 /// A toleration of the spec as Kubernetes writes it.
@@ -265,6 +324,8 @@ pub fn pod(
                 .then(|| spec.affinity.node_selector.clone()),
             tolerations: (!spec.affinity.tolerations.is_empty())
                 .then(|| spec.affinity.tolerations.iter().map(toleration).collect()),
+            topology_spread_constraints: topology_spread(&c.cluster, &spec.affinity),
+            priority_class_name: spec.affinity.priority_class_name.clone(),
             containers: vec![container],
             volumes: Some(
                 vec![

@@ -487,6 +487,9 @@ fn by_default_instances_prefer_other_nodes_and_the_pod_is_unchanged() {
     let spec = default.spec.expect("spec");
     assert_eq!(spec.node_selector, None);
     assert_eq!(spec.tolerations, None);
+    assert_eq!(spec.topology_spread_constraints, None);
+    assert_eq!(spec.priority_class_name, None);
+    assert_eq!(spec.affinity.and_then(|a| a.node_affinity), None);
 }
 
 #[test]
@@ -552,6 +555,57 @@ fn node_selector_and_tolerations_reach_the_pod() {
             {"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"},
             {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
         ])
+    );
+}
+
+#[test]
+fn spread_node_affinity_and_priority_reach_the_pod_and_roll_it() {
+    let p = pod_with_affinity(
+        "{topologySpread: [{topologyKey: topology.kubernetes.io/zone, maxSkew: 2, whenUnsatisfiable: DoNotSchedule}, {topologyKey: kubernetes.io/hostname}],
+          nodeAffinity: {required: [{matchExpressions: [{key: disktype, operator: In, values: [ssd, nvme]}, {key: spot, operator: DoesNotExist}]}],
+                         preferred: [{weight: 30, matchExpressions: [{key: example.com/generation, operator: Gt, values: ['3']}]}]},
+          priorityClassName: databases}",
+    );
+    let spec = p.spec.clone().expect("spec");
+    assert_eq!(
+        serde_json::to_value(&spec.topology_spread_constraints).expect("serializes"),
+        serde_json::json!([
+            {"labelSelector": {"matchLabels": {"database.example.com/cluster": "main"}},
+             "maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"},
+            {"labelSelector": {"matchLabels": {"database.example.com/cluster": "main"}},
+             "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway"}
+        ])
+    );
+    let node = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.clone())
+        .expect("node affinity");
+    assert_eq!(
+        serde_json::to_value(&node).expect("serializes"),
+        serde_json::json!({
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "disktype", "operator": "In", "values": ["ssd", "nvme"]},
+                {"key": "spot", "operator": "DoesNotExist"}
+            ]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 30, "preference": {"matchExpressions": [
+                {"key": "example.com/generation", "operator": "Gt", "values": ["3"]}
+            ]}}]
+        })
+    );
+    assert_eq!(spec.priority_class_name.as_deref(), Some("databases"));
+    // The anti-affinity stays as it was beside the node affinity.
+    assert_eq!(anti_affinity(&p), anti_affinity(&pod("main-2")));
+    // Unset (or empty), nothing changes; set, the Pod rolls.
+    assert_eq!(
+        pod_with_affinity("{topologySpread: [], nodeAffinity: {}}"),
+        pod("main-2")
+    );
+    let hash = |p: &Pod| super::pod::spec_hash(&p.spec);
+    assert_ne!(hash(&p), hash(&pod("main-2")));
+    assert_ne!(
+        hash(&pod_with_affinity("{priorityClassName: databases}")),
+        hash(&pod("main-2"))
     );
 }
 
