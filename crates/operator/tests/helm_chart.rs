@@ -1433,7 +1433,8 @@ async fn webhooks_render_when_enabled_and_their_certificate_is_kept_under_the_ch
         yaml(&format!(
             "[{{apiGroups: [admissionregistration.k8s.io],
                 resources: [validatingwebhookconfigurations, mutatingwebhookconfigurations],
-                resourceNames: [{full}], verbs: [get, patch]}}]"
+                resourceNames: [{full}], verbs: [get, patch]}},
+              {{apiGroups: [scheduling.k8s.io], resources: [priorityclasses], verbs: [get]}}]"
         ))
     );
     let binding = named(&docs, "ClusterRoleBinding", &format!("{full}-webhook"));

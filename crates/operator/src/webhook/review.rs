@@ -4,8 +4,8 @@
 //! cannot express in CEL:
 //! - a cluster's changes that pgop cannot carry out ([`validation::transition_errors`]:
 //!   a smaller `spec.storage.size`, another `spec.bootstrap`, a lower `spec.postgresVersion`);
-//! - the Secrets a cluster names exist (and the S3 credentials Secret holds its keys), and
-//!   the PostgresBackup it restores from exists;
+//! - the Secrets a cluster names exist (and the S3 credentials Secret holds its keys), the
+//!   PostgresBackup it restores from exists, and so does its PriorityClass;
 //! - a PostgresBackup names a PostgresCluster that exists and has a backup store.
 //!
 //! A reference is checked when it is new or changed: an update that leaves it alone is not
@@ -16,6 +16,7 @@
 //! uses the object.
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::ResourceExt;
 use pgop_api::cluster::{BackupStore, PostgresClusterSpec};
 use pgop_api::validation::{self, FieldError};
@@ -40,6 +41,11 @@ pub trait Lookup: Sync {
         namespace: &str,
         name: &str,
     ) -> impl Future<Output = Result<Option<PostgresCluster>, String>> + Send;
+    /// A PriorityClass (cluster-scoped).
+    fn priority_class(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<PriorityClass>, String>> + Send;
 }
 
 impl Lookup for kube::Client {
@@ -57,6 +63,13 @@ impl Lookup for kube::Client {
         name: &str,
     ) -> Result<Option<PostgresCluster>, String> {
         get(self, namespace, name).await
+    }
+
+    async fn priority_class(&self, name: &str) -> Result<Option<PriorityClass>, String> {
+        kube::Api::<PriorityClass>::all(self.clone())
+            .get_opt(name)
+            .await
+            .map_err(|e| crate::error_chain(&e))
     }
 }
 
@@ -147,6 +160,23 @@ pub async fn cluster(
         && old_store.is_none_or(|o| credentials_of(o) != credentials_of(store))
     {
         store_credentials(&mut verdict, lookup, namespace, "spec.backup.store", store).await;
+    }
+    let class = spec.affinity.priority_class_name.as_deref();
+    let old_class = old_spec
+        .as_ref()
+        .and_then(|o| o.affinity.priority_class_name.as_deref());
+    if let Some(class) = class.filter(|c| Some(*c) != old_class) {
+        let field = "spec.affinity.priorityClassName";
+        match lookup.priority_class(class).await {
+            Ok(Some(_)) => {}
+            Ok(None) => verdict.error(
+                field,
+                format!(
+                    "PriorityClass {class:?} does not exist: the API server would refuse the instance Pods"
+                ),
+            ),
+            Err(e) => unchecked(&mut verdict, field, &e),
+        }
     }
     // spec.bootstrap is read once, at creation (and may not change after).
     let recovery = spec.bootstrap.as_ref().and_then(|b| b.recovery.as_ref());
@@ -349,6 +379,7 @@ mod tests {
         secrets: BTreeMap<String, Secret>,
         backups: BTreeMap<String, PostgresBackup>,
         clusters: BTreeMap<String, PostgresCluster>,
+        classes: BTreeMap<String, PriorityClass>,
         unreadable: Vec<String>,
     }
 
@@ -375,6 +406,50 @@ mod tests {
         async fn cluster(&self, _: &str, name: &str) -> Result<Option<PostgresCluster>, String> {
             self.read(&self.clusters, name)
         }
+        async fn priority_class(&self, name: &str) -> Result<Option<PriorityClass>, String> {
+            self.read(&self.classes, name)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_priority_class_must_exist_when_it_is_named_or_changed() {
+        let mut objects = Objects::default();
+        objects
+            .classes
+            .insert("databases".into(), PriorityClass::default());
+        objects.unreadable.push("flaky".into());
+        let with_class = |class: &str| {
+            cluster_of(serde_json::json!({
+                "storage": {"size": "1Gi"},
+                "affinity": {"priorityClassName": class}
+            }))
+        };
+        let ok = cluster("ns", None, &with_class("databases"), &objects).await;
+        assert_eq!(ok, Verdict::default());
+        let missing = cluster("ns", None, &with_class("gone"), &objects).await;
+        assert_eq!(missing.errors.len(), 1, "{missing:?}");
+        assert_eq!(missing.errors[0].field, "spec.affinity.priorityClassName");
+        assert!(
+            missing.errors[0]
+                .message
+                .contains("\"gone\" does not exist")
+        );
+        // Unchanged by an update: not looked up again (it may have been deleted since).
+        let old = with_class("gone");
+        let mut relabelled = with_class("gone");
+        relabelled.spec.replicas = 2;
+        let kept = cluster("ns", Some(&old), &relabelled, &objects).await;
+        assert_eq!(kept, Verdict::default());
+        // Unreadable: allowed with a warning naming the field.
+        let unread = cluster("ns", None, &with_class("flaky"), &objects).await;
+        assert!(unread.errors.is_empty());
+        assert!(
+            unread
+                .warnings
+                .iter()
+                .any(|w| w.contains("spec.affinity.priorityClassName")),
+            "{unread:?}"
+        );
     }
 
     fn cluster_of(spec: serde_json::Value) -> PostgresCluster {
