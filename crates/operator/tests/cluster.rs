@@ -270,6 +270,57 @@ async fn spread_node_affinity_and_priority_reach_pods_the_api_server_accepts() -
 }
 
 #[tokio::test]
+async fn a_refused_volume_expansion_is_an_event_and_does_not_hold_back_the_pods() -> Result {
+    let (_plane, client, ns) = setup("cluster-grow").await?;
+    let n = ns.name().to_string();
+    let n = n.as_str();
+    let op = Operator::start(&client, n);
+    create(&client, n, &cluster("db", 2)).await?;
+    wait_names::<PersistentVolumeClaim>(&client, n, "db", &["db-1", "db-2"]).await?;
+    wait_names::<Pod>(&client, n, "db", &["db-1", "db-2"]).await?;
+    // No provisioner here: the claims stay unbound, and the API server refuses to resize
+    // an unbound claim. Grown and scaled up in one change.
+    Api::<PostgresCluster>::namespaced(client.clone(), n)
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 3, "storage": {"size": "2Gi"}}})),
+        )
+        .await?;
+    wait_names::<Pod>(&client, n, "db", &["db-1", "db-2", "db-3"]).await?;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), n);
+    let size = |c: &PersistentVolumeClaim| {
+        c.spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.clone())
+    };
+    assert_eq!(size(&claims.get("db-3").await?).as_deref(), Some("2Gi"));
+    assert_eq!(size(&claims.get("db-1").await?).as_deref(), Some("1Gi"));
+    let refused = wait::until("a VolumeResizeRefused Event", TIMEOUT, || async {
+        let found = events(&client, n, "VolumeResizeRefused")
+            .await
+            .map_err(|e| e.to_string())?;
+        found
+            .into_iter()
+            .next()
+            .ok_or_else(|| "none yet".to_string())
+    })
+    .await?;
+    assert_eq!(refused.type_.as_deref(), Some("Warning"));
+    let note = refused.message.unwrap_or_default();
+    assert!(
+        note.contains("PersistentVolumeClaim db-") && note.contains("spec.storage.size"),
+        "{note}"
+    );
+    op.stop().await;
+    ns.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
 async fn scaling_down_keeps_the_primary_even_when_it_has_the_highest_serial() -> Result {
     let (_plane, client, ns) = setup("cluster-scale-primary").await?;
     let n = ns.name().to_string();

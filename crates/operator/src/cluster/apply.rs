@@ -65,6 +65,10 @@ pub struct Outcome {
     /// Every write, with the resourceVersion it returned: what the watch caches must show
     /// before a later pass may trust them ([`super::cache::Expectations`]).
     pub written: Vec<Written>,
+    /// Changes of existing PersistentVolumeClaims the API server refused (an expansion the
+    /// StorageClass does not allow, a claim not bound yet): the claim's name and the API
+    /// server's words. The rest of the pass went on without them.
+    pub refused_volumes: Vec<(String, String)>,
 }
 
 impl Outcome {
@@ -482,7 +486,18 @@ pub async fn apply(
         }
     }
     for pvc in pvcs {
-        apply_if_changed(client, namespace, pvc, &observed.pvcs, always, &mut out).await?;
+        match apply_if_changed(client, namespace, pvc, &observed.pvcs, always, &mut out).await {
+            // A change of an existing claim that the API server refuses (its expansion)
+            // must not hold back the Pods behind it: reported, and tried again next pass.
+            Err(Error::Apply {
+                source: kube::Error::Api(e),
+                name,
+                ..
+            }) if find(&observed.pvcs, &name).is_some() && matches!(e.code, 400 | 403 | 422) => {
+                out.refused_volumes.push((name, e.message));
+            }
+            other => other?,
+        }
     }
     for pod in pods {
         create_or_fix_metadata(client, namespace, pod, &observed.pods, &mut out).await?;

@@ -922,6 +922,21 @@ async fn apply_children(
         return Ok(());
     }
     let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
+    for (claim, message) in std::mem::take(&mut outcome.refused_volumes) {
+        let note = format!(
+            "PersistentVolumeClaim {claim} keeps its size: the API server refused the change              to spec.storage.size ({message}); the rest of the cluster is reconciled, and the              change is tried again at every pass"
+        );
+        let about = Some(claim.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "VolumeResizeRefused",
+            &note,
+            about,
+        )
+        .await;
+    }
     let plan = &planned.plan;
     let removed: Vec<String> = plan
         .remove
