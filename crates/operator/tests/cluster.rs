@@ -28,20 +28,6 @@ async fn events(client: &kube::Client, ns: &str, reason: &str) -> Result<Vec<Eve
         .collect())
 }
 
-async fn kubectl(plane: &pgop_testenv::ControlPlane, args: &[&str]) -> Result<String> {
-    let bin = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
-    let out = tokio::process::Command::new(bin)
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig())
-        .args(args)
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 #[tokio::test]
 async fn a_cluster_gets_every_child_and_turns_ready_when_its_pods_are() -> Result {
     let (plane, client, ns) = setup("cluster-ready").await?;

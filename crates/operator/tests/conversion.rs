@@ -27,20 +27,6 @@ use std::time::Duration;
 
 const CRD: &str = "postgresclusters.database.example.com";
 
-async fn kubectl(plane: &ControlPlane, args: &[&str]) -> Result<String> {
-    let bin = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
-    let out = tokio::process::Command::new(bin)
-        .arg("--kubeconfig")
-        .arg(plane.kubeconfig())
-        .args(args)
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `kubectl explain` of `field` in `version` shows `expected` (the published OpenAPI
 /// document follows the CRD a moment after it changes).
 async fn explained(plane: &ControlPlane, field: &str, version: &str, expected: &str) -> Result {

@@ -277,3 +277,18 @@ pub fn mutating_configuration(
         }]
     }))?)
 }
+
+/// `kubectl` against `plane` (the testenv binary): its standard output, or its error.
+pub async fn kubectl(plane: &ControlPlane, args: &[&str]) -> Result<String> {
+    let bin = pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)?;
+    let out = tokio::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(plane.kubeconfig())
+        .args(args)
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
