@@ -1,7 +1,9 @@
 //! The first end-to-end test on real Kubernetes nodes: containerd + runc + kubelet +
 //! kube-proxy on two nodes (`pgop_testenv::real_nodes`), CoreDNS, the images built by
 //! `hack/build-images.sh` imported into every node, and pgop installed with its Helm
-//! chart. Needs root (namespaces, cgroups, mounts).
+//! chart, its admission webhooks on: the API server calls them in the operator's Pod
+//! (through testenv's tunnel into the nodes' network). Needs root (namespaces, cgroups,
+//! mounts).
 
 mod real;
 
@@ -16,15 +18,68 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn helm_installed_pgop_runs_a_three_instance_cluster_on_two_real_nodes() -> Result {
     let env = RealEnv::start(2, false).await?;
-    // The operator, installed by its chart, with the image imported into the nodes.
-    env.install_operator(&[]).await?;
+    // The operator, installed by its chart, with the image imported into the nodes, and
+    // its webhooks.
+    env.install_operator(&["--set", "webhook.enabled=true"])
+        .await?;
 
     // A namespace that enforces the restricted Pod Security Standard.
     let ns = "restricted";
     env.restricted_namespace(ns).await?;
     let clusters = env.clusters(ns);
+    // The validating webhook, served by the operator's Pod, refuses what only it can see
+    // (once the operator has written its certificate's authority into the configuration).
+    let missing: pgop_api::PostgresCluster = serde_json::from_value(json!({
+        "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
+        "metadata": {"name": "db"},
+        "spec": {"replicas": 3, "storage": {"size": "1Gi"}, "credentials": {"appSecret": "missing"}}
+    }))?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let refusal = eventually(
+        "the validating webhook to refuse a missing Secret",
+        Duration::from_secs(60),
+        || async {
+            match clusters.create(&dry_run, &missing).await {
+                Err(kube::Error::Api(e)) if e.message.contains("denied the request") => {
+                    Ok(e.message)
+                }
+                other => Err(format!("not refused by the webhook: {other:?}")),
+            }
+        },
+    )
+    .await;
+    assert!(
+        refusal.contains("spec.credentials.appSecret") && refusal.contains("\"missing\""),
+        "{refusal}"
+    );
+    let mut valid = missing.clone();
+    valid.spec.credentials.app_secret = None;
+    eventually(
+        "the defaulting webhook to write the bootstrap",
+        Duration::from_secs(60),
+        || async {
+            let c = clusters
+                .create(&dry_run, &valid)
+                .await
+                .map_err(|e| e.to_string())?;
+            c.spec
+                .bootstrap
+                .map(drop)
+                .ok_or_else(|| "no bootstrap written yet".to_string())
+        },
+    )
+    .await;
     env.create_cluster(ns, "db", json!({"replicas": 3, "storage": {"size": "1Gi"}}))
         .await?;
+    // The defaulting webhook wrote the bootstrap in effect into the stored spec.
+    let stored = clusters.get("db").await?;
+    assert_eq!(
+        serde_json::to_value(&stored.spec.bootstrap)?,
+        json!({"initdb": {"database": "app", "owner": "app"}})
+    );
     env.wait_ready(ns, "db", 3, Duration::from_secs(300)).await;
     println!("cluster Ready at {:.1?}", env.started.elapsed());
     let pods = env.pods(ns);

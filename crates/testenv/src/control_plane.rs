@@ -96,6 +96,8 @@ const ATTEMPTS: usize = 3;
 pub struct ControlPlane {
     // Field order is drop order: processes first (newest first), then the directory.
     processes: Vec<ManagedProcess>,
+    /// With real nodes: the API server's tunnel into their network.
+    egress: Option<crate::real_nodes::ClusterEgress>,
     config: kube::Config,
     server: String,
     kubeconfig: PathBuf,
@@ -187,8 +189,28 @@ impl ControlPlane {
         kubeconfig::write(&kubeconfig, &server, &pki).map_err(Error::WriteKubeconfig)?;
         let config = load_config(&kubeconfig).await?;
 
+        // With real nodes, the API server reaches their network (webhooks served by Pods,
+        // kubelets) through an HTTP CONNECT proxy, and a Service by its endpoints' Pod
+        // addresses (no kube-proxy rules on this side).
+        let egress = if options.real_nodes {
+            let socket = dir.join("egress.sock");
+            let egress =
+                crate::real_nodes::ClusterEgress::start(&socket).map_err(Error::CreateWorkDir)?;
+            let selector = format!(
+                "apiVersion: apiserver.k8s.io/v1beta1\nkind: EgressSelectorConfiguration\n\
+                 egressSelections:\n- name: cluster\n  connection:\n    proxyProtocol: HTTPConnect\n\
+                 \x20   transport:\n      uds:\n        udsName: {}\n",
+                socket.display()
+            );
+            std::fs::write(dir.join("egress-selector.yaml"), selector)
+                .map_err(Error::CreateWorkDir)?;
+            Some(egress)
+        } else {
+            None
+        };
         let mut plane = ControlPlane {
             processes: Vec::new(),
+            egress,
             config,
             server,
             kubeconfig,
@@ -252,7 +274,12 @@ impl ControlPlane {
                 "--advertise-address={}",
                 pki::NODE_FACING_API_ADDRESS
             ))
-            .arg("--endpoint-reconciler-type=lease");
+            .arg("--endpoint-reconciler-type=lease")
+            .arg(format!(
+                "--egress-selector-config-file={}",
+                dir.join("egress-selector.yaml").display()
+            ))
+            .arg("--enable-aggregator-routing=true");
         } else {
             // The `kubernetes` Service's Endpoints cannot hold a loopback address.
             cmd.arg("--advertise-address=127.0.0.1")
@@ -419,6 +446,14 @@ impl ControlPlane {
     /// The API server's loopback port.
     pub fn api_port(&self) -> u16 {
         self.api_port
+    }
+
+    /// The API server's tunnels into the nodes' network open from the namespace of process
+    /// `pid` (the nodes' switch) from now on.
+    pub(crate) fn route_cluster_egress(&self, pid: u32) {
+        if let Some(egress) = &self.egress {
+            egress.route_through(pid);
+        }
     }
 
     /// Whether the plane was started [`Options::with_real_nodes`].

@@ -12,7 +12,9 @@
 //!   switch and the nodes have no default route, and the Service CIDR is an `unreachable`
 //!   route in every node, so a packet that kube-proxy did not rewrite dies on its node.
 //!   The one way out is the API proxy ([`proxy`]), which only connects to the API
-//!   server's loopback port. [`RealNodes::start`] checks this before any Pod starts.
+//!   server's loopback port; the one way in, the API server's tunnel
+//!   ([`proxy::ClusterEgress`]), reaches Pod and node addresses only. [`RealNodes::start`]
+//!   checks this before any Pod starts.
 //! - **Cleanup.** The namespaces are anonymous and held by the nodes' processes, so they
 //!   vanish with them, and with them every veth, iptables rule, mount and Pod network.
 //!   Every process of a node (its daemons, the shims, the containers) lives in the node's
@@ -27,6 +29,7 @@ mod proxy;
 mod s3;
 mod volumes;
 
+pub(crate) use proxy::ClusterEgress;
 pub use s3::{NodesS3, S3_SERVICE_PORT};
 pub use volumes::STORAGE_CLASS;
 
@@ -269,6 +272,7 @@ impl RealNodes {
             .map_err(io("binding the API proxy in the switch's namespace"))?;
         nodes.proxy =
             Some(proxy::ApiProxy::start(listener, plane.api_port()).map_err(io("API proxy"))?);
+        plane.route_cluster_egress(switch_pid);
         let server = format!("https://{api}:{}", plane.api_port());
 
         for index in 0..options.count {
