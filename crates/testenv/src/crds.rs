@@ -1,6 +1,9 @@
 //! Installing CustomResourceDefinitions and waiting until the API server serves them.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::ByteString;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, CustomResourceExt, ResourceExt};
@@ -28,6 +31,8 @@ pub enum Error {
         group_version: String,
         timeout: Duration,
     },
+    #[error("no conversion webhook for the CRDs")]
+    Callback(#[source] crate::callback::Error),
     #[error("failed to watch CRD {name}")]
     Watch {
         name: String,
@@ -57,6 +62,39 @@ pub fn from_yaml(yaml: &str) -> Result<Vec<CustomResourceDefinition>, Error> {
 /// The CRD of a `#[derive(CustomResource)]` type.
 pub fn of<K: CustomResourceExt>() -> CustomResourceDefinition {
     K::crd()
+}
+
+/// [`install`], with the conversion webhook of every CRD that converts through one
+/// (`conversion.strategy: Webhook`) pointed at this process's callback endpoint
+/// ([`crate::callback`]), which answers with `convert` (a `ConversionReview` body in, one
+/// out) at `path`. For tests that run no operator whose own webhook could convert.
+pub async fn install_converting(
+    client: &Client,
+    crds: impl IntoIterator<Item = CustomResourceDefinition>,
+    convert: crate::callback::Handler,
+    path: &str,
+) -> Result<(), Error> {
+    let endpoint = crate::callback::endpoint(convert).map_err(Error::Callback)?;
+    let crds: Vec<CustomResourceDefinition> = crds
+        .into_iter()
+        .map(|mut crd| {
+            let webhook = crd
+                .spec
+                .conversion
+                .as_mut()
+                .filter(|c| c.strategy == "Webhook")
+                .and_then(|c| c.webhook.as_mut());
+            if let Some(webhook) = webhook {
+                webhook.client_config = Some(WebhookClientConfig {
+                    url: Some(endpoint.url(path)),
+                    ca_bundle: Some(ByteString(endpoint.ca_bundle.clone().into_bytes())),
+                    service: None,
+                });
+            }
+            crd
+        })
+        .collect();
+    install(client, crds).await
 }
 
 /// Applies every CRD (server-side apply, so re-installing is harmless) and waits until

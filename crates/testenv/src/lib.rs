@@ -16,6 +16,7 @@
 //! ```
 
 pub mod binaries;
+pub mod callback;
 mod control_plane;
 pub mod crds;
 pub mod images;
@@ -35,3 +36,15 @@ pub use control_plane::{ControlPlane, Error, Options};
 pub use namespace::{Error as NamespaceError, TestNamespace};
 pub use shared::shared;
 pub use workdir::KEEP_ENV;
+
+/// "failed to X: failed to Y: cause" from an error and its sources.
+pub(crate) fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
