@@ -5,8 +5,16 @@
 pub const GROUP: &str = "database.example.com";
 /// The served and stored version of pgop's custom resources.
 pub const VERSION: &str = "v1alpha1";
-/// `group/version`, as written in `apiVersion`.
+/// `group/version`, as written in `apiVersion`: the only version of PostgresBackup, and the
+/// first of PostgresCluster (see [`crate::v1beta1`]).
 pub const API_VERSION: &str = "database.example.com/v1alpha1";
+
+/// The version of PostgresCluster that the ownerReferences of a cluster's children (and
+/// of its instance managers' Lease and its scheduled backups) and its Events name:
+/// `v1alpha1`, as every child made before `v1beta1` existed does, so that one cluster's
+/// children all name their owner alike. Both versions are served; `v1alpha1` must stay
+/// served while children name it (docs/api.md, "Upgrading to v1beta1").
+pub const CLUSTER_OWNER_API_VERSION: &str = API_VERSION;
 
 /// The one field manager pgop uses for every server-side apply (children and status).
 pub const FIELD_MANAGER: &str = "pgop";

@@ -1,8 +1,8 @@
 //! `PostgresCluster` `v1beta1`, and its conversions to and from `v1alpha1`.
 //!
-//! Served beside `v1alpha1` by the CRD that [`crate::crds_with_v1beta1`] builds, with
-//! `v1alpha1` still the stored version and a conversion webhook in the operator
-//! (`POST /convert`, [`convert`]); see docs/api.md, "v1beta1". Every change from
+//! Served beside `v1alpha1` and stored by the CRD of [`crate::crds`], with a conversion
+//! webhook in the operator (`POST /convert`, [`review`]); the operator and the instance
+//! managers read and write this version only. See docs/api.md, "v1beta1". Every change from
 //! `v1alpha1` is a move or a rename, so both versions hold the same information and each
 //! conversion is the other's inverse: nothing needs an annotation to survive a round trip.
 //! The tests convert generated specs of each version there and back.
@@ -28,6 +28,8 @@ use crate::credentials::CredentialsSpec;
 use crate::formats;
 use crate::network::NetworkPolicySpec;
 use k8s_openapi::api::core::v1::ResourceRequirements;
+use kube::core::Status;
+use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -422,6 +424,34 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
     }
 }
 
+impl From<v1alpha1::PostgresCluster> for PostgresCluster {
+    /// The same object in `v1beta1`: metadata and status as they are, the spec moved.
+    fn from(c: v1alpha1::PostgresCluster) -> Self {
+        Self {
+            metadata: c.metadata,
+            spec: c.spec.into(),
+            status: c.status,
+        }
+    }
+}
+
+impl From<PostgresCluster> for v1alpha1::PostgresCluster {
+    /// The same object in `v1alpha1`: metadata and status as they are, the spec moved.
+    fn from(c: PostgresCluster) -> Self {
+        Self {
+            metadata: c.metadata,
+            spec: c.spec.into(),
+            status: c.status,
+        }
+    }
+}
+
+/// The spec with every default the schema cannot express filled in: those of
+/// [`crate::with_defaults`], the same fields in their `v1beta1` places.
+pub fn with_defaults(spec: PostgresClusterSpec) -> PostgresClusterSpec {
+    crate::with_defaults(spec.into()).into()
+}
+
 /// Where each `v1alpha1` field that moved lives in `v1beta1` (the table above), longest
 /// first where one is the prefix of another.
 const MOVED: &[(&str, &str)] = &[
@@ -542,6 +572,58 @@ pub fn convert(
     object["spec"] = converted;
     object["apiVersion"] = serde_json::Value::String(desired.to_string());
     Ok(object)
+}
+
+/// Answers a `ConversionReview`: every object of the request converted to the version
+/// asked for, or a failure naming the first object that could not be converted (the API
+/// server then fails the request it was serving, rather than hand out a half-converted
+/// list). The second value is whether it converted. What the operator's `POST /convert`
+/// serves.
+pub fn review(review: ConversionReview) -> (ConversionReview, bool) {
+    let mut request = match ConversionRequest::try_from(review) {
+        Ok(request) => request,
+        Err(e) => {
+            let status = Status::failure(&e.to_string(), "BadRequest").with_code(400);
+            return (ConversionResponse::invalid(status).into_review(), false);
+        }
+    };
+    let desired = request.desired_api_version.clone();
+    let objects = std::mem::take(&mut request.objects);
+    let response = ConversionResponse::for_request(request);
+    let mut converted = Vec::with_capacity(objects.len());
+    for object in objects {
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_string();
+        match convert(object, &desired) {
+            Ok(object) => converted.push(object),
+            Err(e) => {
+                let message = format!(
+                    "pgop could not convert PostgresCluster {name:?} to {desired}: {}",
+                    crate::error_chain(&e)
+                );
+                let status = Status::failure(&message, "Invalid").with_code(422);
+                return (response.failure(status).into_review(), false);
+            }
+        }
+    }
+    (response.success(converted).into_review(), true)
+}
+
+/// [`review`] of a request body (JSON), answered as a response body (JSON): an
+/// undecodable body is answered as an invalid review.
+pub fn review_json(body: &[u8]) -> Vec<u8> {
+    let answer = match serde_json::from_slice::<ConversionReview>(body) {
+        Ok(request) => review(request).0,
+        Err(e) => {
+            let status = Status::failure(&format!("not a ConversionReview: {e}"), "BadRequest")
+                .with_code(400);
+            ConversionResponse::invalid(status).into_review()
+        }
+    };
+    serde_json::to_vec(&answer).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -611,8 +611,9 @@ async fn crds_are_accepted_and_kubectl_explain_shows_the_field_docs() -> Result 
     let expected =
         "Each standby holds a WAL sender and a replication slot on the primary.".to_string();
     // The published OpenAPI document follows the CRD a moment after it is Established.
+    // kubectl explains the preferred version, v1beta1 (v1alpha1's `replicas`).
     let explained = pgop_testenv::wait::until(
-        "kubectl explain pgc.spec.replicas to show the doc comment",
+        "kubectl explain pgc.spec.instances to show the doc comment",
         Duration::from_secs(30),
         || {
             let kubectl = kubectl.clone();
@@ -621,7 +622,7 @@ async fn crds_are_accepted_and_kubectl_explain_shows_the_field_docs() -> Result 
                 let out = tokio::process::Command::new(&kubectl)
                     .arg("--kubeconfig")
                     .arg(plane.kubeconfig())
-                    .args(["explain", "pgc.spec.replicas"])
+                    .args(["explain", "pgc.spec.instances"])
                     .output()
                     .await
                     .map_err(|e| e.to_string())?;
@@ -636,7 +637,7 @@ async fn crds_are_accepted_and_kubectl_explain_shows_the_field_docs() -> Result 
     )
     .await?;
     assert!(
-        explained.contains("FIELD: replicas <integer>"),
+        explained.contains("FIELD: instances <integer>"),
         "{explained}"
     );
     ns.delete().await?;
@@ -829,7 +830,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         .collect();
     assert_eq!(
         header,
-        ["NAME", "REPLICAS", "READY", "PRIMARY", "PHASE", "AGE"],
+        ["NAME", "INSTANCES", "READY", "PRIMARY", "PHASE", "AGE"],
         "{table}"
     );
     let row: Vec<&str> = table
@@ -852,13 +853,14 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         "{table}"
     );
 
-    // The scale subresource: within the range it changes spec.replicas, outside it is refused.
+    // The scale subresource (kubectl uses the preferred version, v1beta1): within the range
+    // it changes spec.instances (spec.replicas in v1alpha1), outside it is refused.
     let (ok, out) = run(ns_args(&["scale", "pgc/main", "--replicas=3"])).await?;
     assert!(ok, "{out}");
     assert_eq!(api.get("main").await?.spec.replicas, 3);
     let (ok, out) = run(ns_args(&["scale", "pgc/main", "--replicas=10"])).await?;
     assert!(!ok, "scaling to 10 must fail: {out}");
-    assert!(out.contains("spec.replicas"), "{out}");
+    assert!(out.contains("spec.instances"), "{out}");
     let scale = api.get_scale("main").await?;
     assert_eq!(
         scale.status.and_then(|s| s.selector).as_deref(),

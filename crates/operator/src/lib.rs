@@ -24,14 +24,33 @@ use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use pgop_api::PostgresCluster;
 use pgop_api::backup::PostgresBackup;
+use pgop_api::v1beta1::PostgresCluster;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use cluster::build::{DEFAULT_IMAGE, Settings};
 pub use leader::LeaderElection;
+
+/// The version of PostgresCluster the operator reads and writes through the API server
+/// (watches, reads, status): `v1beta1`, the stored version, so that none of its requests
+/// needs the conversion webhook.
+pub type ApiCluster = pgop_api::v1beta1::PostgresCluster;
+
+/// A reference to `cluster` (what an Event is about), in the version its children's
+/// ownerReferences name ([`pgop_api::constants::CLUSTER_OWNER_API_VERSION`]).
+pub fn reference(cluster: &impl kube::Resource) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(pgop_api::constants::CLUSTER_OWNER_API_VERSION.to_string()),
+        kind: Some("PostgresCluster".to_string()),
+        name: cluster.meta().name.clone(),
+        namespace: cluster.meta().namespace.clone(),
+        uid: cluster.meta().uid.clone(),
+        resource_version: cluster.meta().resource_version.clone(),
+        ..Default::default()
+    }
+}
 
 /// What every reconcile shares.
 pub struct Context {
@@ -333,7 +352,10 @@ impl Operator {
                 .flat_map(move |node| futures::stream::iter(on_nodes.clusters_on_node(&node)));
             let cluster_stream = kube::runtime::reflector(
                 cluster_writer,
+                // Backing off on errors: a CRD that does not serve v1beta1 yet (the
+                // operator upgraded before its CRD) is retried, not hammered.
                 watcher(api::<PostgresCluster>(&client, ns), selected.clone())
+                    .default_backoff()
                     .modify(cluster::cache::trim::<PostgresCluster>),
             )
             .applied_objects();

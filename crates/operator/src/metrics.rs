@@ -19,10 +19,10 @@ use futures::FutureExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
-use pgop_api::PostgresCluster;
 use pgop_api::backup::{BackupPhase, PostgresBackup};
 use pgop_api::cluster::{ClusterPhase, InstanceRole};
 use pgop_api::constants::{PATH_HEALTHZ, PATH_METRICS, PATH_READYZ};
+use pgop_api::v1beta1::PostgresCluster;
 use prometheus_client::encoding::text;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
@@ -419,7 +419,7 @@ pub fn encode(
     );
     let instances = b.int(
         "cluster_instances",
-        "Instances the cluster asks for (spec.replicas)",
+        "Instances the cluster asks for (spec.instances)",
     );
     let ready = b.int(
         "cluster_ready_instances",
@@ -467,7 +467,7 @@ pub fn encode(
                 i64::from(current == Some(p)),
             );
         }
-        set(&instances, base.clone(), i64::from(cluster.spec.replicas));
+        set(&instances, base.clone(), i64::from(cluster.spec.instances));
         set(
             &ready,
             base.clone(),
@@ -658,10 +658,10 @@ mod tests {
         status: serde_json::Value,
     ) -> Arc<PostgresCluster> {
         let mut object = serde_json::json!({
-            "apiVersion": "database.example.com/v1alpha1",
+            "apiVersion": "database.example.com/v1beta1",
             "kind": "PostgresCluster",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"replicas": replicas, "storage": {"size": "1Gi"}}
+            "spec": {"instances": replicas, "storage": {"size": "1Gi"}}
         });
         if !status.is_null() {
             object["status"] = status;

@@ -137,7 +137,7 @@ async fn a_cluster_gets_every_child_and_turns_ready_when_its_pods_are() -> Resul
     .await?;
     let table = kubectl(plane, &["-n", n, "get", "pgc"]).await?;
     assert!(
-        table.contains("REPLICAS") && table.contains("PRIMARY") && table.contains("PHASE"),
+        table.contains("INSTANCES") && table.contains("PRIMARY") && table.contains("PHASE"),
         "{table}"
     );
     assert!(

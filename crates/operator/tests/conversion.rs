@@ -66,7 +66,7 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
     let plane = ControlPlane::start(Options::default()).await?;
     let client = plane.client()?;
     // The CRD of before: v1alpha1 only, and an object stored in it.
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    pgop_testenv::crds::install(&client, pgop_api::crds_v1alpha1()).await?;
     let ns = TestNamespace::create(plane.config(), "conversion").await?;
     let n = ns.name().to_string();
     let n = n.as_str();
@@ -108,6 +108,7 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
                 names: vec!["127.0.0.1".into()],
                 configurations: vec![hooks.clone()],
                 conversion_crds: vec![CRD.into()],
+                conversion_client: None,
                 validity_days: 1,
                 renew_before_days: 2,
                 check_every: Duration::from_millis(500),

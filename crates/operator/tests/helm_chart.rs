@@ -96,19 +96,27 @@ impl Drop for ValuesFile {
 }
 
 /// `helm template RELEASE charts/pgop --namespace NS -f VALUES`, as one YAML value per
-/// document.
+/// document. Values that do not mention `webhook` render with the webhooks off (after
+/// [`WEBHOOKS_OFF`]): the tests of other values apply what they render to the control plane
+/// other tests share, where a cluster-wide webhook configuration would review everybody's
+/// objects. The webhooks' own test renders them, and checks that they are on by default.
 fn template(release: &str, namespace: &str, values: &str) -> Result<Vec<Value>, String> {
+    let base =
+        ValuesFile::new(&format!("{release}-base"), WEBHOOKS_OFF).map_err(|e| e.to_string())?;
     let file = ValuesFile::new(release, values).map_err(|e| e.to_string())?;
     let chart = chart();
-    let out = run_helm(&[
+    let mut argv = vec![
         "template",
         release,
         chart.to_str().unwrap_or_default(),
         "--namespace",
         namespace,
-        "-f",
-        file.path(),
-    ])?;
+    ];
+    if !values.contains("webhook") {
+        argv.extend(["-f", base.path()]);
+    }
+    argv.extend(["-f", file.path()]);
+    let out = run_helm(&argv)?;
     let mut docs = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&out) {
         let value: Value = serde::Deserialize::deserialize(doc)
@@ -275,7 +283,23 @@ fn deploy_operator_is_the_chart_rendered_with_its_defaults() -> Result {
     };
     let committed_dir = root().join("deploy/operator");
     let names = list(&out)?;
-    assert_eq!(names, ["deployment.yaml", "rbac.yaml", "service.yaml"]);
+    assert_eq!(
+        names,
+        [
+            "deployment.yaml",
+            "rbac.yaml",
+            "service.yaml",
+            "webhook.yaml"
+        ]
+    );
+    // The Service the CRD's conversion webhook names is the one deploy/ makes.
+    let webhook = std::fs::read_to_string(out.join("webhook.yaml"))?;
+    let service = format!(
+        "kind: Service\nmetadata:\n  name: {}\n  namespace: {}\n",
+        pgop_api::CONVERSION_SERVICE,
+        pgop_api::CONVERSION_NAMESPACE
+    );
+    assert!(webhook.contains(&service), "{service} not in\n{webhook}");
     assert_eq!(list(&committed_dir)?, names, "files in deploy/operator/");
     for name in &names {
         let rendered = std::fs::read_to_string(out.join(name))?;
@@ -376,6 +400,12 @@ affinity:
 
 /// The webhooks on, cluster-wide.
 const WEBHOOKS: &str = "webhook: {enabled: true}\n";
+
+/// The webhooks off (see [`template`]).
+const WEBHOOKS_OFF: &str = "webhook: {enabled: false}\n";
+
+/// The chart's defaults for the webhooks (on; see [`template`]).
+const WEBHOOK_DEFAULTS: &str = "webhook: {}\n";
 
 fn namespaced(watch: &str) -> String {
     format!("watchNamespace: {watch}\n")
@@ -1255,6 +1285,7 @@ async fn keeps_the_certificate(
             .collect(),
         configurations: vec![configuration.clone()],
         conversion_crds: Vec::new(),
+        conversion_client: None,
         validity_days: 1,
         renew_before_days: 2,
         check_every: std::time::Duration::from_millis(300),
@@ -1328,8 +1359,9 @@ async fn keeps_the_certificate(
     Ok(())
 }
 
-/// The admission webhooks, off by default (`webhook.enabled`): cluster-wide, and for a
-/// watched namespace other than the release's. The Deployment's flags and port, the
+/// The admission and conversion webhooks, on by default (`webhook.enabled`,
+/// `webhook.conversion`): cluster-wide, and for a watched namespace other than the
+/// release's. The Deployment's flags and port, the
 /// Service, the ValidatingWebhookConfiguration (without a caBundle: the operator writes
 /// it) and the RBAC to keep that and the certificate's Secret. Both renderings apply to a
 /// real API server (the cluster-wide configuration narrowed to this test's namespace: the
@@ -1344,8 +1376,13 @@ async fn webhooks_render_when_enabled_and_their_certificate_is_kept_under_the_ch
     let full = format!("{h}-operator");
     let service = format!("{full}-webhook");
 
-    // Off by default: nothing of the webhooks.
-    let defaults = template(h, h, DEFAULTS)?;
+    // On by default; off: nothing of the webhooks.
+    assert_eq!(
+        template(h, h, WEBHOOK_DEFAULTS)?,
+        template(h, h, WEBHOOKS)?,
+        "the webhooks are on by default"
+    );
+    let defaults = template(h, h, WEBHOOKS_OFF)?;
     assert!(
         !objects(&defaults)
             .iter()
@@ -1391,6 +1428,8 @@ async fn webhooks_render_when_enabled_and_their_certificate_is_kept_under_the_ch
                 format!("--webhook-name={service}.{h}.svc,{service}.{h}.svc.cluster.local"),
                 format!("--webhook-configuration={full}"),
                 format!("--webhook-secret={full}-webhook-tls"),
+                "--webhook-conversion-crd=postgresclusters.database.example.com".to_string(),
+                format!("--webhook-conversion-service={h}/{service}"),
             ],
         ]
         .concat()
@@ -1434,8 +1473,25 @@ async fn webhooks_render_when_enabled_and_their_certificate_is_kept_under_the_ch
             "[{{apiGroups: [admissionregistration.k8s.io],
                 resources: [validatingwebhookconfigurations, mutatingwebhookconfigurations],
                 resourceNames: [{full}], verbs: [get, patch]}},
-              {{apiGroups: [scheduling.k8s.io], resources: [priorityclasses], verbs: [get]}}]"
+              {{apiGroups: [scheduling.k8s.io], resources: [priorityclasses], verbs: [get]}},
+              {{apiGroups: [apiextensions.k8s.io], resources: [customresourcedefinitions],
+                resourceNames: [postgresclusters.database.example.com], verbs: [get, patch]}}]"
         ))
+    );
+    // Without conversion (another release converts): neither the flags nor the rule.
+    let unconverting = template(h, h, "webhook: {conversion: false}\n")?;
+    assert!(
+        !args(&unconverting)
+            .iter()
+            .any(|a| a.starts_with("--webhook-conversion")),
+        "{:?}",
+        args(&unconverting)
+    );
+    assert_eq!(
+        named(&unconverting, "ClusterRole", &format!("{full}-webhook"))["rules"]
+            .as_sequence()
+            .map(Vec::len),
+        Some(2)
     );
     let binding = named(&docs, "ClusterRoleBinding", &format!("{full}-webhook"));
     assert_eq!(

@@ -1,6 +1,7 @@
 //! A spec that got past the API server (here: the CRD installed without its schema, as
 //! with an older CRD) is caught by the controller's own validation: phase Invalid,
-//! SpecValid=False naming the field, one Warning event, and no retry loop.
+//! SpecValid=False naming the field (in `v1beta1`, the version the operator reads), one
+//! Warning event, and no retry loop.
 
 mod common;
 
@@ -11,12 +12,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{CustomResourceExt, ResourceExt};
-use pgop_api::PostgresCluster;
 use pgop_api::cluster::ClusterPhase;
+use pgop_api::v1beta1::PostgresCluster;
 use pgop_testenv::{ControlPlane, Options, TestNamespace};
 use std::time::Duration;
 
-/// The PostgresCluster CRD with its spec schema replaced by "anything goes".
+/// The PostgresCluster CRD (`v1beta1` only) with its spec schema replaced by "anything
+/// goes".
 fn lax_crd() -> Result<CustomResourceDefinition> {
     let mut crd = PostgresCluster::crd();
     let version = crd.spec.versions.first_mut().ok_or("no version")?;
@@ -50,9 +52,9 @@ async fn an_invalid_spec_sets_phase_invalid_names_the_field_and_waits_for_a_chan
     let op = Operator::start(&client, n);
 
     let bad: PostgresCluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
+        "apiVersion": "database.example.com/v1beta1", "kind": "PostgresCluster",
         "metadata": {"name": "bad"},
-        "spec": {"replicas": 12, "storage": {"size": "1Gi"}}
+        "spec": {"instances": 12, "storage": {"size": "1Gi"}}
     }))?;
     let api: Api<PostgresCluster> = Api::namespaced(client.clone(), n);
     api.create(&PostParams::default(), &bad).await?;
@@ -63,7 +65,11 @@ async fn an_invalid_spec_sets_phase_invalid_names_the_field_and_waits_for_a_chan
     let valid = condition(&c, "SpecValid").ok_or("no SpecValid")?;
     assert_eq!(valid.status, "False");
     assert_eq!(valid.reason, "InvalidSpec");
-    assert!(valid.message.contains("spec.replicas"), "{}", valid.message);
+    assert!(
+        valid.message.contains("spec.instances"),
+        "{}",
+        valid.message
+    );
     assert!(
         names::<Pod>(&client, n, "bad").await?.is_empty(),
         "nothing is built from an invalid spec"
@@ -88,7 +94,7 @@ async fn an_invalid_spec_sets_phase_invalid_names_the_field_and_waits_for_a_chan
     api.patch(
         "bad",
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"spec": {"replicas": 1}})),
+        &Patch::Merge(serde_json::json!({"spec": {"instances": 1}})),
     )
     .await?;
     wait_names::<Pod>(&client, n, "bad", &["bad-1"]).await?;

@@ -66,7 +66,7 @@ impl Subject {
     /// The cluster kind.
     fn clusters(&self) -> ApiResource {
         match self {
-            Subject::Pgop => ApiResource::erase::<pgop_api::PostgresCluster>(&()),
+            Subject::Pgop => ApiResource::erase::<pgop_api::v1beta1::PostgresCluster>(&()),
             Subject::CloudNativePg { .. } => ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("postgresql.cnpg.io", "v1", "Cluster"),
                 "clusters",
@@ -78,7 +78,7 @@ impl Subject {
     fn cluster(&self, name: &str) -> Result<DynamicObject> {
         let resource = self.clusters();
         let spec = match self {
-            Subject::Pgop => serde_json::json!({"replicas": 3, "storage": {"size": "1Gi"}}),
+            Subject::Pgop => serde_json::json!({"instances": 3, "storage": {"size": "1Gi"}}),
             Subject::CloudNativePg { .. } => {
                 serde_json::json!({"instances": 3, "storage": {"size": "1Gi"}})
             }
@@ -356,7 +356,15 @@ async fn main() -> Result {
         let plane = ControlPlane::start(Options::default()).await?;
         let client = plane.client()?;
         match subject {
-            Subject::Pgop => pgop_testenv::crds::install(&client, pgop_api::crds()).await?,
+            Subject::Pgop => {
+                pgop_testenv::crds::install_converting(
+                    &client,
+                    pgop_api::crds(),
+                    pgop_api::v1beta1::review_json,
+                    pgop_api::CONVERT_PATH,
+                )
+                .await?
+            }
             Subject::CloudNativePg { .. } => {
                 pgop_testenv::crds::install(&client, cnpg_crds.clone()).await?
             }

@@ -6,7 +6,8 @@
 use crate::operator::BindAddress;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
-use pgop_api::PostgresCluster;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use pgop_api::v1beta1::PostgresCluster;
 use pgop_testenv::node::{LocalNode, NodeOptions};
 use pgop_testenv::{ControlPlane, Options};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -185,7 +186,12 @@ async fn run_until_stopped(
             .get_or_insert(BindAddress::At(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))));
         // One operator, no leader election (unless asked for).
         operator_args.leader_elect.get_or_insert(false);
-        let options = operator_args.options(&crate::operator::Env::current())?;
+        let mut options = operator_args.options(&crate::operator::Env::current())?;
+        // The webhooks on a loopback port (unless flags say otherwise), converting for the
+        // PostgresCluster CRD: the API server, on this machine, calls them there.
+        if options.webhook.is_none() {
+            options.webhook = Some(local_webhooks());
+        }
         let bound = pgop_operator::Operator::bind(client.clone(), options)
             .await
             .map_err(|e| pgop_operator::error_chain(&e))?;
@@ -212,17 +218,27 @@ async fn run_until_stopped(
                 .map_err(|e| format!("failed to read {}: {e}", path.display()))?,
             None => EXAMPLE.to_string(),
         };
-        let cluster: PostgresCluster = serde_yaml::from_str(&manifest)
-            .map_err(|e| format!("invalid PostgresCluster manifest: {e}"))?;
+        let cluster = manifest_cluster(&manifest)?;
         let name = cluster.name_any();
+        let resource = ApiResource::from_gvk_with_plural(
+            &cluster
+                .types
+                .as_ref()
+                .map(GroupVersionKind::try_from)
+                .transpose()
+                .map_err(|e| format!("invalid PostgresCluster manifest: {e}"))?
+                .ok_or("invalid PostgresCluster manifest: no apiVersion and kind")?,
+            "postgresclusters",
+        );
+        Api::<DynamicObject>::namespaced_with(client.clone(), "default", &resource)
+            .patch(
+                &name,
+                &PatchParams::apply("pgop-dev").force(),
+                &Patch::Apply(&cluster),
+            )
+            .await
+            .map_err(|e| format!("failed to apply PostgresCluster {name}: {e}"))?;
         let api: Api<PostgresCluster> = Api::namespaced(client.clone(), "default");
-        api.patch(
-            &name,
-            &PatchParams::apply("pgop-dev").force(),
-            &Patch::Apply(&cluster),
-        )
-        .await
-        .map_err(|e| format!("failed to apply PostgresCluster {name}: {e}"))?;
         println!("applied PostgresCluster default/{name}; waiting until it is Ready ...");
         let deadline = std::time::Instant::now() + Duration::from_secs(args.ready_timeout);
         let mut last_phase = None;
@@ -353,4 +369,74 @@ fn postgres_user() -> Result<(i64, i64), Error> {
         "no local postgres user to run instances as (apt-get install postgresql-15), or pass --instance-uid",
     )?;
     Ok((i64::from(uid), i64::from(gid)))
+}
+
+/// The operator's webhooks for `pgop dev`: on a free loopback port, with pgop's own
+/// certificate for 127.0.0.1 (its Secret in `default`), and the PostgresCluster CRD's
+/// conversion pointed there.
+fn local_webhooks() -> pgop_operator::webhook::Config {
+    use pgop_operator::webhook::{Config, cert};
+    Config {
+        listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        certificate: cert::Source::Managed(cert::Managed {
+            namespace: "default".into(),
+            secret: "pgop-webhook-tls".into(),
+            names: vec![Ipv4Addr::LOCALHOST.to_string()],
+            configurations: Vec::new(),
+            conversion_crds: vec!["postgresclusters.database.example.com".into()],
+            conversion_client: Some(cert::ConversionClient::Loopback),
+            validity_days: 365,
+            renew_before_days: 121,
+            check_every: Duration::from_secs(60),
+        }),
+    }
+}
+
+/// The PostgresCluster of a manifest, in the version it is written in (`v1alpha1` or
+/// `v1beta1`, both served): anything else is refused naming what it is.
+fn manifest_cluster(manifest: &str) -> Result<DynamicObject, String> {
+    let cluster: DynamicObject = serde_yaml::from_str(manifest)
+        .map_err(|e| format!("invalid PostgresCluster manifest: {e}"))?;
+    let types = cluster.types.as_ref();
+    let api_version = types.map(|t| t.api_version.as_str()).unwrap_or_default();
+    let kind = types.map(|t| t.kind.as_str()).unwrap_or_default();
+    if kind != "PostgresCluster"
+        || ![pgop_api::v1beta1::V1ALPHA1, pgop_api::v1beta1::API_VERSION].contains(&api_version)
+    {
+        return Err(format!(
+            "the manifest is a {kind:?} of {api_version:?}, not a PostgresCluster of {} or {}",
+            pgop_api::v1beta1::API_VERSION,
+            pgop_api::v1beta1::V1ALPHA1
+        ));
+    }
+    if cluster.metadata.name.is_none() {
+        return Err("invalid PostgresCluster manifest: metadata.name is missing".into());
+    }
+    Ok(cluster)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_is_a_v1beta1_cluster_and_other_kinds_are_refused() {
+        let example = manifest_cluster(EXAMPLE).expect("the example");
+        assert_eq!(
+            example.types.map(|t| t.api_version).as_deref(),
+            Some(pgop_api::v1beta1::API_VERSION)
+        );
+        let alpha = "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {name: a}\nspec: {replicas: 1, storage: {size: 1Gi}}\n";
+        assert!(manifest_cluster(alpha).is_ok());
+        let other = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n";
+        let e = manifest_cluster(other).expect_err("a ConfigMap");
+        assert!(e.contains("not a PostgresCluster"), "{e}");
+        let future =
+            "apiVersion: database.example.com/v2\nkind: PostgresCluster\nmetadata: {name: a}\n";
+        assert!(manifest_cluster(future).is_err());
+        let unnamed =
+            "apiVersion: database.example.com/v1beta1\nkind: PostgresCluster\nmetadata: {}\n";
+        let e = manifest_cluster(unnamed).expect_err("no name");
+        assert!(e.contains("metadata.name"), "{e}");
+    }
 }

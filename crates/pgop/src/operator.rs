@@ -147,6 +147,12 @@ pub struct Args {
         value_delimiter = ','
     )]
     webhook_conversion_crds: Vec<String>,
+    /// The Service in front of this operator's webhooks, as NAMESPACE/NAME or
+    /// NAMESPACE/NAME:PORT (port 443 unless given): written into each
+    /// --webhook-conversion-crd with the caBundle, so that the API server calls this
+    /// release of pgop to convert (a CRD names one conversion webhook). Unset: the CRD's own.
+    #[arg(long, value_name = "NAMESPACE/NAME[:PORT]", value_parser = conversion_service)]
+    webhook_conversion_service: Option<pgop_operator::webhook::cert::ConversionClient>,
     /// Days a serving certificate pgop makes is valid; it is renewed with a third of
     /// that left.
     #[arg(long, value_name = "DAYS", default_value_t = 365, value_parser = clap::value_parser!(i64).range(3..=3650))]
@@ -154,6 +160,40 @@ pub struct Args {
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `--webhook-conversion-service`: NAMESPACE/NAME[:PORT], each name a DNS label.
+fn conversion_service(
+    value: &str,
+) -> Result<pgop_operator::webhook::cert::ConversionClient, String> {
+    let form =
+        "expected NAMESPACE/NAME or NAMESPACE/NAME:PORT, such as pgop-system/pgop-operator-webhook";
+    let (namespace, rest) = value
+        .split_once('/')
+        .ok_or_else(|| format!("{value:?}: {form}"))?;
+    let (name, port) = match rest.split_once(':') {
+        Some((name, port)) => {
+            let port: i32 = port
+                .parse()
+                .ok()
+                .filter(|p| (1..=65535).contains(p))
+                .ok_or_else(|| format!("{value:?}: the port {port:?} is not 1 to 65535; {form}"))?;
+            (name, port)
+        }
+        None => (rest, 443),
+    };
+    for (what, part) in [("namespace", namespace), ("Service name", name)] {
+        if !pgop_api::formats::is_dns_label(part) {
+            return Err(format!(
+                "{value:?}: the {what} {part:?} is not a DNS label (lowercase letters, digits and '-'); {form}"
+            ));
+        }
+    }
+    Ok(pgop_operator::webhook::cert::ConversionClient::Service {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        port,
+    })
+}
 
 /// What leader election defaults come from: the Pod (downward API) or the process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -286,6 +326,7 @@ impl Args {
                         .map(|n| n.trim().to_string())
                         .filter(|n| !n.is_empty())
                         .collect(),
+                    conversion_client: self.webhook_conversion_service.clone(),
                     validity_days: self.webhook_cert_validity_days,
                     renew_before_days: self.webhook_cert_validity_days / 3,
                     check_every: std::time::Duration::from_secs(60),
@@ -459,6 +500,54 @@ mod tests {
             .expect("valid")
             .expect("on");
         assert!(matches!(files.certificate, Source::Files { .. }));
+    }
+
+    #[test]
+    fn the_conversion_service_is_namespace_slash_name_and_a_port() {
+        use pgop_operator::webhook::cert::ConversionClient;
+        let service = |namespace: &str, name: &str, port| ConversionClient::Service {
+            namespace: namespace.into(),
+            name: name.into(),
+            port,
+        };
+        assert_eq!(
+            conversion_service("pgop-system/pgop-operator-webhook"),
+            Ok(service("pgop-system", "pgop-operator-webhook", 443))
+        );
+        assert_eq!(
+            conversion_service("ops/hooks:8443"),
+            Ok(service("ops", "hooks", 8443))
+        );
+        for hostile in [
+            "ops",
+            "ops/",
+            "/hooks",
+            "ops/hooks:0",
+            "ops/hooks:x",
+            "ops/../hooks",
+            "ops/ho\nks",
+            "Ops/hooks",
+            "ops/$(id)",
+            "ops/hooks#x",
+        ] {
+            let e = conversion_service(hostile).expect_err(hostile);
+            assert!(e.contains("NAMESPACE/NAME"), "{hostile}: {e}");
+        }
+        let config = args(&[
+            "--webhook-bind-address=:9443",
+            "--webhook-name=x.ops.svc",
+            "--webhook-conversion-crd=postgresclusters.database.example.com",
+            "--webhook-conversion-service=ops/hooks",
+        ])
+        .webhook(&in_pod())
+        .expect("valid")
+        .expect("on");
+        match config.certificate {
+            pgop_operator::webhook::cert::Source::Managed(m) => {
+                assert_eq!(m.conversion_client, Some(service("ops", "hooks", 443)));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -1053,9 +1053,7 @@ async fn a_manager_bootstraps_by_restoring_the_recovery_source_to_a_point_in_tim
 
     let plane = pgop_testenv::shared().await.expect("testenv");
     let client = plane.client().expect("client");
-    pgop_testenv::crds::install(&client, pgop_api::crds())
-        .await
-        .expect("CRDs");
+    common::install_crds(&client).await.expect("CRDs");
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "restore-bootstrap")
         .await
         .expect("namespace");

@@ -286,6 +286,27 @@ fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
         ],
     )?;
     assert_eq!(pgc, "example-1");
+    // The example is v1beta1, the stored version; v1alpha1 reads through the operator's
+    // conversion webhook, on a loopback port the operator pointed the CRD at.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let replicas = loop {
+        let read = kubectl(
+            &dev.kubeconfig,
+            &[
+                "get",
+                "pgc.v1alpha1.database.example.com",
+                "example",
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ],
+        );
+        match read {
+            Ok(replicas) => break replicas,
+            Err(e) if std::time::Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        }
+    };
+    assert_eq!(replicas, "3");
     // The in-process operator serves its metrics on a free loopback port, and says where.
     let url = dev
         .printed

@@ -546,13 +546,23 @@ async fn a_canary_release_upgrades_its_labelled_clusters_and_mixed_versions_swit
     let infra = RealEnv::on_infra();
     env.restricted_namespace(ns).await?;
     // Two releases of the old version, both watching every namespace: pgop-a the clusters
-    // labelled for the canary, pgop-b the rest (complementary selectors).
-    for (release, selector) in [
-        ("pgop-a", format!("clusterSelector={CHANNEL}=canary")),
-        ("pgop-b", format!("clusterSelector={CHANNEL}!=canary")),
+    // labelled for the canary, pgop-b the rest (complementary selectors). pgop-a converts
+    // PostgresClusters for both (a CRD names one conversion webhook).
+    for (release, selector, conversion) in [
+        (
+            "pgop-a",
+            format!("clusterSelector={CHANNEL}=canary"),
+            "true",
+        ),
+        (
+            "pgop-b",
+            format!("clusterSelector={CHANNEL}!=canary"),
+            "false",
+        ),
     ] {
+        let conversion = format!("webhook.conversion={conversion}");
         let mut extra: Vec<&str> = infra.iter().map(String::as_str).collect();
-        extra.extend_from_slice(&["--set-string", &selector]);
+        extra.extend_from_slice(&["--set-string", &selector, "--set", &conversion]);
         env.install_release(release, &old, &extra).await?;
     }
     // Canary: `db` follows its operator's image, `pinned` pins the old one. The rest:

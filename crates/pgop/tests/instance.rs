@@ -257,7 +257,7 @@ async fn instance_run_becomes_the_primary_the_cluster_status_names_and_stops_on_
 {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-run").await?;
     let clusters = cluster(
         &client,
@@ -413,7 +413,7 @@ async fn ready_primary(manager: &Manager) -> Option<()> {
 async fn instance_run_follows_a_failover_in_the_cluster_status() -> Result {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-failover").await?;
     let clusters = cluster(
         &client,
@@ -565,7 +565,7 @@ async fn pair(
 async fn instance_run_switches_over_cleanly_through_the_primary_lease() -> Result {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-switchover").await?;
     let Pair {
         clusters,
@@ -648,7 +648,7 @@ async fn instance_run_switches_over_cleanly_through_the_primary_lease() -> Resul
 async fn a_crashed_primary_releases_the_lease_and_is_not_restarted_before_the_hold_off() -> Result {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-crash").await?;
     let Pair {
         clusters,
@@ -738,7 +738,7 @@ async fn a_primary_fences_itself_when_its_lease_is_taken_and_restarts_a_crash_af
 -> Result {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-fence").await?;
     let clusters = cluster(
         &client,
@@ -927,7 +927,7 @@ impl Drop for InProcess {
 async fn managers_in_their_steady_state_send_no_reads_and_still_follow_the_status() -> Result {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-steady").await?;
     let n = ns.name();
     let clusters = cluster(

@@ -474,7 +474,13 @@ async fn run_case(
 async fn the_instance_role_is_needed_verb_by_verb() -> Result {
     let plane = pgop_testenv::shared().await?;
     let admin = plane.client()?;
-    pgop_testenv::crds::install(&admin, pgop_api::crds()).await?;
+    pgop_testenv::crds::install_converting(
+        &admin,
+        pgop_api::crds(),
+        pgop_api::v1beta1::review_json,
+        pgop_api::CONVERT_PATH,
+    )
+    .await?;
     let started = Instant::now();
     // Four at a time: most cases never start PostgreSQL, a few do.
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(4));

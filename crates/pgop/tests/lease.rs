@@ -26,7 +26,7 @@ const TIMINGS: Timings = Timings {
 async fn setup(prefix: &str) -> Result<(kube::Client, pgop_testenv::TestNamespace)> {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    common::install_crds(&client).await?;
     let ns = pgop_testenv::TestNamespace::create(plane.config(), prefix).await?;
     Ok((client, ns))
 }

@@ -63,7 +63,7 @@ async fn objects_stored_as_v1alpha1_are_migrated_to_v1beta1_while_they_are_writt
     let plane = ControlPlane::start(Options::default()).await?;
     let client = plane.client()?;
     // The CRD of before, and objects it stored in v1alpha1, in two namespaces.
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    pgop_testenv::crds::install(&client, pgop_api::crds_v1alpha1()).await?;
     let one = TestNamespace::create(plane.config(), "migrate-a").await?;
     let two = TestNamespace::create(plane.config(), "migrate-b").await?;
     let alpha_one: Api<PostgresCluster> = Api::namespaced(client.clone(), one.name());
@@ -96,6 +96,7 @@ async fn objects_stored_as_v1alpha1_are_migrated_to_v1beta1_while_they_are_writt
                 names: vec!["127.0.0.1".into()],
                 configurations: Vec::new(),
                 conversion_crds: vec![CRD.into()],
+                conversion_client: None,
                 validity_days: 30,
                 renew_before_days: 10,
                 check_every: Duration::from_millis(500),

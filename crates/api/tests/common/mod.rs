@@ -8,11 +8,19 @@ use pgop_testenv::{TestNamespace, crds, shared};
 
 pub type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-/// The shared control plane with pgop's CRDs installed, and a fresh namespace.
+/// The shared control plane with pgop's CRDs installed (converting through this process's
+/// callback endpoint, with pgop's conversion: the CRD's own Service does not exist here),
+/// and a fresh namespace.
 pub async fn setup(prefix: &str) -> Result<(Client, TestNamespace)> {
     let plane = shared().await?;
     let client = plane.client()?;
-    crds::install(&client, pgop_api::crds()).await?;
+    crds::install_converting(
+        &client,
+        pgop_api::crds(),
+        pgop_api::v1beta1::review_json,
+        pgop_api::CONVERT_PATH,
+    )
+    .await?;
     let ns = TestNamespace::create(plane.config(), prefix).await?;
     Ok((client, ns))
 }

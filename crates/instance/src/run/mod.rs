@@ -29,8 +29,9 @@ use crate::{error_chain, http};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Api, Resource, ResourceExt};
+use pgop_api::PostgresClusterStatus;
 use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
-use pgop_api::{PostgresCluster, PostgresClusterStatus};
+use pgop_api::v1beta1::PostgresCluster;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -291,7 +292,7 @@ pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
     struct Concerns<'a> {
         uid: &'a Option<String>,
         generation: Option<i64>,
-        spec: &'a pgop_api::cluster::PostgresClusterSpec,
+        spec: &'a pgop_api::v1beta1::PostgresClusterSpec,
         status: Option<Status<'a>>,
     }
     watch::digest(&Concerns {
@@ -950,14 +951,14 @@ async fn store_config(
 
 /// How long a crashed primary stays down: `spec.failoverDelay` + 10 s.
 fn crash_hold_off(cluster: &PostgresCluster) -> Duration {
-    Duration::from_secs(u64::try_from(cluster.spec.failover_delay).unwrap_or(0))
+    Duration::from_secs(u64::try_from(cluster.spec.ha.failover_delay).unwrap_or(0))
         + CRASH_HOLD_OFF_EXTRA
 }
 
 /// The Lease belongs to the cluster (not as its controller): deleted with it.
 fn owner_reference(cluster: &PostgresCluster) -> Option<OwnerReference> {
     Some(OwnerReference {
-        api_version: PostgresCluster::api_version(&()).to_string(),
+        api_version: pgop_api::constants::CLUSTER_OWNER_API_VERSION.to_string(),
         kind: PostgresCluster::kind(&()).to_string(),
         name: cluster.name_any(),
         uid: cluster.metadata.uid.clone()?,
@@ -967,10 +968,10 @@ fn owner_reference(cluster: &PostgresCluster) -> Option<OwnerReference> {
 }
 
 fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
-    let replication = &cluster.spec.replication;
+    let synchronous = &cluster.spec.ha.synchronous;
     SyncSpec {
-        synchronous: u32::try_from(replication.synchronous).unwrap_or(0),
-        durability: replication.data_durability,
+        synchronous: u32::try_from(synchronous.standbys).unwrap_or(0),
+        durability: synchronous.data_durability,
     }
 }
 
@@ -1156,8 +1157,8 @@ mod tests {
             "never sooner than the first delay"
         );
     }
-    use pgop_api::PostgresCluster;
     use pgop_api::cluster::RecoverySpec;
+    use pgop_api::v1beta1::PostgresCluster;
     use pgop_backup::Target;
 
     fn cluster(yaml: &str) -> PostgresCluster {
@@ -1165,10 +1166,10 @@ mod tests {
     }
 
     const CLUSTER: &str = r#"
-apiVersion: database.example.com/v1alpha1
+apiVersion: database.example.com/v1beta1
 kind: PostgresCluster
 metadata: {name: demo, namespace: ns, uid: u1, generation: 3, resourceVersion: "10"}
-spec: {replicas: 2, storage: {size: 1Gi}}
+spec: {instances: 2, storage: {size: 1Gi}}
 status:
   phase: Ready
   currentPrimary: demo-1

@@ -14,7 +14,8 @@ use pgop_api::cluster::RecoverySource;
 use pgop_api::conditions::{self, new_condition, set_condition};
 use pgop_api::constants::ANNOTATION_SCHEDULED;
 use pgop_api::instance_status::PgStatus;
-use pgop_api::{PostgresCluster, PostgresClusterStatus, labels};
+use pgop_api::v1beta1::PostgresCluster;
+use pgop_api::{PostgresClusterStatus, labels};
 
 /// The PostgresBackups of `cluster` among `all`.
 pub fn of_cluster<'a>(all: &'a [PostgresBackup], cluster: &str) -> Vec<&'a PostgresBackup> {
@@ -191,7 +192,7 @@ pub async fn resolve_recovery_source(
         ));
     };
     let source = backup.spec.cluster.name.clone();
-    let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), namespace);
+    let clusters: Api<crate::ApiCluster> = Api::namespaced(client.clone(), namespace);
     let source_cluster = clusters
         .get_opt(&source)
         .await
@@ -215,8 +216,8 @@ pub async fn resolve_recovery_source(
 pub fn schedule_of(cluster: &PostgresCluster, method: BackupMethod) -> Option<&str> {
     let spec = cluster.spec.backup.as_ref()?;
     match method {
-        BackupMethod::BaseBackup => spec.schedule.as_deref(),
-        BackupMethod::Logical => spec.logical_schedule.as_deref(),
+        BackupMethod::BaseBackup => spec.base.schedule.as_deref(),
+        BackupMethod::Logical => spec.logical.schedule.as_deref(),
     }
 }
 
@@ -293,6 +294,8 @@ pub async fn create_scheduled(
     let owner = cluster
         .controller_owner_ref(&())
         .map(|mut o: OwnerReference| {
+            // The version the cluster's other children name too (served by every CRD).
+            o.api_version = pgop_api::constants::CLUSTER_OWNER_API_VERSION.to_string();
             o.controller = Some(false);
             o
         });
@@ -473,7 +476,7 @@ mod tests {
 
     fn cluster(schedule: &str) -> PostgresCluster {
         let mut c: PostgresCluster = serde_yaml::from_str(&format!(
-            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {{name: db, uid: u1}}\nspec: {{storage: {{size: 1Gi}}, backup: {{schedule: '{schedule}', store: {{volume: {{claimName: b}}}}}}}}\n"
+            "apiVersion: database.example.com/v1beta1\nkind: PostgresCluster\nmetadata: {{name: db, uid: u1}}\nspec: {{storage: {{size: 1Gi}}, backup: {{base: {{schedule: '{schedule}'}}, store: {{volume: {{claimName: b}}}}}}}}\n"
         ))
         .expect("cluster");
         c.metadata.creation_timestamp = Some(at("2026-11-29T10:00:30Z"));
@@ -529,8 +532,8 @@ mod tests {
         // The logical schedule counts its own backups only.
         let mut both = cluster("0 * * *");
         if let Some(b) = both.spec.backup.as_mut() {
-            b.schedule = Some("0 * * * *".into());
-            b.logical_schedule = Some("30 * * * *".into());
+            b.base.schedule = Some("0 * * * *".into());
+            b.logical.schedule = Some("30 * * * *".into());
         }
         let logical = BackupMethod::Logical;
         let (name, _) = due_backup(&both, &[&made], logical, now("2026-11-29T11:31:00Z"))

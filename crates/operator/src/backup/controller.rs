@@ -17,13 +17,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
+use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::{BackupMethod, BackupPhase, PostgresBackup, PostgresBackupStatus};
 use pgop_api::cluster::InstanceRole;
 use pgop_api::constants::{FIELD_MANAGER, MANAGER_TLS_PORT, PATH_BACKUPS, PATH_RETENTION};
 use pgop_api::instance_status::{
     BackupJob, BackupJobPhase, BackupRequest, RetentionDone, RetentionRequest, parse_lsn,
 };
-use pgop_api::{PostgresCluster, PostgresClusterStatus};
+use pgop_api::v1beta1::PostgresCluster;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -101,7 +102,7 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
     ) {
         return Ok(Action::await_change());
     }
-    let clusters: Api<PostgresCluster> = Api::namespaced(ctx.client.clone(), &namespace);
+    let clusters: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), &namespace);
     let cluster_name = &backup.spec.cluster.name;
     let cluster = clusters
         .get_opt(cluster_name)
@@ -210,7 +211,7 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
             return Ok(Action::requeue(Duration::from_secs(5)));
         }
     };
-    let verify = cluster.spec.backup.as_ref().is_some_and(|b| b.verify);
+    let verify = cluster.spec.backup.as_ref().is_some_and(|b| b.base.verify);
     let body = serde_json::to_vec(&BackupRequest {
         name: name.clone(),
         verify: verify && method == BackupMethod::BaseBackup,
@@ -392,7 +393,7 @@ async fn retention(
     };
     let cluster_name = cluster.name_any();
     let request = RetentionRequest {
-        retention_days: u32::try_from(spec.retention_days).unwrap_or(1).max(1),
+        retention_days: u32::try_from(spec.retention.days).unwrap_or(1).max(1),
     };
     let body = serde_json::to_vec(&request).unwrap_or_default();
     let done: RetentionDone = match probe::request_tls(

@@ -511,7 +511,7 @@ impl Caches {
     pub fn clusters_on_node(
         &self,
         node: &str,
-    ) -> Vec<kube::runtime::reflector::ObjectRef<pgop_api::PostgresCluster>> {
+    ) -> Vec<kube::runtime::reflector::ObjectRef<pgop_api::v1beta1::PostgresCluster>> {
         self.pods
             .clusters_with(|pod| {
                 pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
@@ -659,23 +659,44 @@ impl Expectations {
     }
 }
 
+/// The cluster that controls `child`: its controller ownerReference to a PostgresCluster
+/// of pgop's group, in whichever version it names (`v1alpha1`, for every child pgop has
+/// made: [`pgop_api::constants::CLUSTER_OWNER_API_VERSION`]).
+pub fn owning_cluster<K: kube::Resource>(
+    child: K,
+) -> Option<kube::runtime::reflector::ObjectRef<pgop_api::v1beta1::PostgresCluster>> {
+    let meta = child.meta();
+    let namespace = meta.namespace.as_deref()?;
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == "PostgresCluster"
+                && o.api_version.split('/').next() == Some(pgop_api::constants::GROUP)
+        })
+        .map(|o| kube::runtime::reflector::ObjectRef::new(&o.name).within(namespace))
+}
+
 impl Feeds {
     /// Makes every child kind's watch a trigger of `controller` (each change of a child
     /// reconciles its cluster), filling the caches as it goes.
     pub fn attach(
         self,
-        controller: kube::runtime::Controller<pgop_api::PostgresCluster>,
-    ) -> kube::runtime::Controller<pgop_api::PostgresCluster> {
+        controller: kube::runtime::Controller<pgop_api::v1beta1::PostgresCluster>,
+    ) -> kube::runtime::Controller<pgop_api::v1beta1::PostgresCluster> {
+        // Not `owns_stream`: kube matches an ownerReference's apiVersion exactly, and the
+        // children name `v1alpha1` while the controller watches `v1beta1`.
         controller
-            .owns_stream(self.pods)
-            .owns_stream(self.pvcs)
-            .owns_stream(self.services)
-            .owns_stream(self.secrets)
-            .owns_stream(self.pod_disruption_budgets)
-            .owns_stream(self.network_policies)
-            .owns_stream(self.service_accounts)
-            .owns_stream(self.roles)
-            .owns_stream(self.role_bindings)
+            .watches_stream(self.pods, owning_cluster)
+            .watches_stream(self.pvcs, owning_cluster)
+            .watches_stream(self.services, owning_cluster)
+            .watches_stream(self.secrets, owning_cluster)
+            .watches_stream(self.pod_disruption_budgets, owning_cluster)
+            .watches_stream(self.network_policies, owning_cluster)
+            .watches_stream(self.service_accounts, owning_cluster)
+            .watches_stream(self.roles, owning_cluster)
+            .watches_stream(self.role_bindings, owning_cluster)
     }
 
     /// Drives every watch without a controller (tests, tools): the caches fill and follow.
@@ -713,6 +734,41 @@ impl Feeds {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_wakes_the_cluster_its_controller_reference_names_in_either_version() {
+        let child = |owners: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-1", "namespace": "ns", "ownerReferences": owners}
+            }))
+            .expect("a pod")
+        };
+        let owner = |api_version: &str, kind: &str, controller: bool| {
+            serde_json::json!({"apiVersion": api_version, "kind": kind, "name": "db",
+                               "uid": "u1", "controller": controller})
+        };
+        let expected = Some(kube::runtime::reflector::ObjectRef::new("db").within("ns"));
+        for version in ["v1alpha1", "v1beta1"] {
+            let named = child(serde_json::json!([owner(
+                &format!("database.example.com/{version}"),
+                "PostgresCluster",
+                true
+            )]));
+            assert_eq!(owning_cluster(named), expected, "{version}");
+        }
+        for other in [
+            owner("database.example.com/v1alpha1", "PostgresCluster", false),
+            owner("other.example.com/v1", "PostgresCluster", true),
+            owner("database.example.com/v1alpha1", "PostgresBackup", true),
+        ] {
+            assert_eq!(
+                owning_cluster(child(serde_json::json!([other.clone()]))),
+                None,
+                "{other}"
+            );
+        }
+        assert_eq!(owning_cluster(child(serde_json::json!([]))), None);
+    }
 
     fn pod(name: &str, cluster: Option<&str>, rv: &str, uid: &str) -> Pod {
         let mut labels = serde_json::Map::new();

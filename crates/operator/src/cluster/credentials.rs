@@ -11,10 +11,10 @@ use super::Error;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
-use pgop_api::PostgresClusterSpec;
 use pgop_api::constants::{
     APP_SECRET_SUFFIX, REPLICATION_SECRET_SUFFIX, SUPERUSER, SUPERUSER_SECRET_SUFFIX,
 };
+use pgop_api::v1beta1::PostgresClusterSpec;
 
 /// Longest password accepted from a user's Secret, in bytes.
 pub const MAX_PASSWORD_LENGTH: usize = 1024;

@@ -53,17 +53,18 @@ pub mod triggers;
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
+use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{
     ANNOTATION_RESTART, ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
 };
 use pgop_api::instance_status::PgRole;
-use pgop_api::{PostgresCluster, PostgresClusterStatus};
+use pgop_api::v1beta1::PostgresCluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,7 +123,7 @@ impl Error {
     }
 }
 
-fn key(cluster: &PostgresCluster) -> String {
+fn key(cluster: &impl ResourceExt) -> String {
     format!(
         "{}/{}",
         cluster.namespace().unwrap_or_default(),
@@ -134,18 +135,18 @@ fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// Reconciles one PostgresCluster. See the module doc for the steps.
+/// Reconciles one PostgresCluster (read in `v1beta1`). See the module doc for the steps.
 pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     let action = reconcile_inner(&cluster, &ctx).await?;
-    ctx.backoff.reset(&key(&cluster));
+    ctx.backoff.reset(&key(cluster.as_ref()));
     Ok(action)
 }
 
 /// Retries a failed reconcile after this object's own exponential backoff.
 pub fn error_policy(cluster: Arc<PostgresCluster>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.backoff.next_delay(&key(&cluster));
+    let delay = ctx.backoff.next_delay(&key(cluster.as_ref()));
     tracing::warn!(
-        cluster = %key(&cluster),
+        cluster = %key(cluster.as_ref()),
         reason = error.metric_label(),
         error = %crate::error_chain(error),
         retry_in = ?delay,
@@ -182,9 +183,12 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 2. validate
     let mut defaulted = cluster.clone();
-    defaulted.spec = pgop_api::with_defaults(cluster.spec.clone());
-    if let Err(errors) = pgop_api::validation::validate_cluster(&defaulted) {
-        let message = pgop_api::validation::summary(&errors);
+    defaulted.spec = pgop_api::v1beta1::with_defaults(cluster.spec.clone());
+    if let Err(errors) =
+        pgop_api::validation::validate_cluster(&pgop_api::PostgresCluster::from(defaulted.clone()))
+    {
+        // The rules are v1alpha1's; the fields are named as in v1beta1, the stored version.
+        let message = pgop_api::v1beta1::with_field_paths(&pgop_api::validation::summary(&errors));
         let status = status::invalid(cluster, &message, now());
         if patch_status(ctx, cluster, &namespace, status).await? {
             publish(ctx, cluster, EventType::Warning, "InvalidSpec", &message).await;
@@ -377,7 +381,7 @@ fn next_pass(in_transition: bool, timed: bool, deadlines: [Option<Duration>; 2])
 /// `spec.storage.size` below the size a volume of the cluster asks for already (the
 /// largest such volume is named).
 fn storage_shrink(
-    spec: &pgop_api::PostgresClusterSpec,
+    spec: &pgop_api::v1beta1::PostgresClusterSpec,
     pvcs: &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
 ) -> Option<pgop_api::validation::FieldError> {
     let wanted = pgop_api::quantity::millis(&spec.storage.size)?;
@@ -486,7 +490,7 @@ async fn plan_instances(
         .as_deref()
         .and_then(|p| instances::serial_of(&name, p));
     let plan = instances::plan(
-        defaulted.spec.replicas,
+        defaulted.spec.instances,
         &existing,
         old_status.next_serial,
         current_primary,
@@ -668,7 +672,7 @@ fn rollout_step(
         restarting_now,
         not_ready_since,
         now().0,
-        Duration::from_secs(u64::try_from(defaulted.spec.switchover_timeout).unwrap_or(60)),
+        Duration::from_secs(u64::try_from(defaulted.spec.ha.switchover_timeout).unwrap_or(60)),
     );
     let mut decided = Rollout {
         replace: None,
@@ -1189,7 +1193,7 @@ async fn clear_switchover_request(
     cluster: &PostgresCluster,
     namespace: &str,
 ) -> Result<(), Error> {
-    let api: Api<PostgresCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = serde_json::json!({
         "metadata": {"annotations": {ANNOTATION_SWITCHOVER_TO: null}}
     });
@@ -1213,9 +1217,9 @@ async fn patch_status(
     if cluster.status.as_ref() == Some(&status) {
         return Ok(false);
     }
-    let api: Api<PostgresCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = serde_json::json!({
-        "apiVersion": pgop_api::constants::API_VERSION,
+        "apiVersion": <crate::ApiCluster as kube::Resource>::api_version(&()),
         "kind": "PostgresCluster",
         "status": status,
     });
@@ -1266,7 +1270,11 @@ async fn publish_about(
         action: "Reconcile".to_string(),
         secondary,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &cluster.object_ref(&())).await {
+    if let Err(e) = ctx
+        .recorder
+        .publish(&event, &crate::reference(cluster))
+        .await
+    {
         tracing::warn!(cluster = %key(cluster), reason, error = %e, "failed to publish event");
     }
 }
@@ -1276,14 +1284,14 @@ mod tests {
     #[test]
     fn a_failover_is_chosen_on_fresh_probes_once_the_primary_is_lost() {
         use super::probe::Probe;
-        use pgop_api::PostgresCluster;
+        use pgop_api::v1beta1::PostgresCluster;
         use std::collections::BTreeMap;
         let cluster = |phase: &str, current: &str| -> PostgresCluster {
             serde_json::from_value(serde_json::json!({
-                "apiVersion": "database.example.com/v1alpha1",
+                "apiVersion": "database.example.com/v1beta1",
                 "kind": "PostgresCluster",
                 "metadata": {"name": "db", "namespace": "ns"},
-                "spec": {"replicas": 2, "storage": {"size": "1Gi"}},
+                "spec": {"instances": 2, "storage": {"size": "1Gi"}},
                 "status": {"phase": phase, "currentPrimary": current, "targetPrimary": current}
             }))
             .expect("cluster fixture")
@@ -1322,7 +1330,7 @@ mod tests {
 
     #[test]
     fn a_spec_below_the_volumes_is_invalid_naming_the_field() {
-        let spec: pgop_api::PostgresClusterSpec =
+        let spec: pgop_api::v1beta1::PostgresClusterSpec =
             serde_json::from_value(serde_json::json!({"storage": {"size": "1Gi"}})).expect("spec");
         let pvc = |size: &str| -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
             serde_json::from_value(serde_json::json!({

@@ -22,10 +22,10 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use pgop_api::PostgresCluster;
 use pgop_api::cluster::{ClusterPhase, DataDurability};
 use pgop_api::conditions::{self, find_condition};
 use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
+use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 
 use super::probe::Probe;
@@ -205,7 +205,7 @@ pub fn decide(input: &Input) -> Roles {
             .map(|c| c.last_transition_time.0)
             .unwrap_or(input.now.0);
         let waited = input.now.0.duration_since(since).as_secs_f64();
-        let mut delay = f64::from(input.cluster.spec.failover_delay.max(0));
+        let mut delay = f64::from(input.cluster.spec.ha.failover_delay.max(0));
         // A primary restarted in place on purpose (`restartInstance`, see rollout.rs), whose
         // manager answers, gets switchoverTimeout to come back before a failover; unless its
         // manager says PostgreSQL failed to start (`lastError`): then a standby takes over
@@ -320,7 +320,7 @@ fn give_up_switchover(
 
 /// `spec.switchoverTimeout` in seconds.
 fn switchover_timeout(input: &Input) -> f64 {
-    f64::from(input.cluster.spec.switchover_timeout.max(1))
+    f64::from(input.cluster.spec.ha.switchover_timeout.max(1))
 }
 
 /// Seconds since `targetPrimary` last changed (0 when not recorded).
@@ -446,13 +446,13 @@ fn candidate(input: &Input, exclude: &[&str]) -> Result<(String, String), String
             standbys.len()
         ));
     };
-    let replication = &input.cluster.spec.replication;
-    if replication.synchronous > 0 && replication.data_durability == DataDurability::Required {
+    let synchronous = &input.cluster.spec.ha.synchronous;
+    if synchronous.standbys > 0 && synchronous.data_durability == DataDurability::Required {
         // Each commit was confirmed by `synchronous` of the standbys ("ANY k (all)"), so
         // any n - k + 1 of them include one that has it; the one with the most WAL among
         // those has every acknowledged commit.
         let n = standbys.len();
-        let k = usize::try_from(replication.synchronous).unwrap_or(n).min(n);
+        let k = usize::try_from(synchronous.standbys).unwrap_or(n).min(n);
         let needed = n - k + 1;
         if ranked.len() < needed {
             return Err(format!(
@@ -501,7 +501,7 @@ mod tests {
 
     fn cluster(spec: &str, status: &str) -> PostgresCluster {
         let mut c: PostgresCluster = serde_yaml::from_str(&format!(
-            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {{name: db, namespace: ns}}\nspec: {spec}\n"
+            "apiVersion: database.example.com/v1beta1\nkind: PostgresCluster\nmetadata: {{name: db, namespace: ns}}\nspec: {spec}\n"
         ))
         .expect("cluster fixture");
         c.status = Some(serde_yaml::from_str(status).expect("status fixture"));
@@ -579,7 +579,7 @@ mod tests {
         }
     }
 
-    const SPEC: &str = "{replicas: 3, storage: {size: 1Gi}}";
+    const SPEC: &str = "{instances: 3, storage: {size: 1Gi}}";
 
     #[test]
     fn a_healthy_primary_stays() {
@@ -621,7 +621,7 @@ mod tests {
     #[test]
     fn failover_waits_for_the_failover_delay() {
         let mut w = World::new(
-            "{replicas: 3, storage: {size: 1Gi}, failoverDelay: 30}",
+            "{instances: 3, storage: {size: 1Gi}, ha: {failoverDelay: 30}}",
             "{phase: Ready, currentPrimary: db-1, targetPrimary: db-1, conditions: [{type: PrimaryAvailable, status: 'False', reason: Unreachable, message: x, lastTransitionTime: '1970-01-01T00:01:40Z'}]}",
         );
         w.probes
@@ -664,7 +664,7 @@ mod tests {
 
     #[test]
     fn required_durability_needs_enough_standbys_to_be_sure_of_every_commit() {
-        let spec = "{replicas: 3, storage: {size: 1Gi}, replication: {synchronous: 1, dataDurability: required}}";
+        let spec = "{instances: 3, storage: {size: 1Gi}, ha: {synchronous: {standbys: 1, dataDurability: required}}}";
         let mut w = World::new(spec, READY3);
         w.probes
             .insert("db-1".into(), Probe::Unreachable("refused".into()));
@@ -774,7 +774,7 @@ mod tests {
 
     #[test]
     fn a_primary_restarted_in_place_on_purpose_gets_switchover_timeout_before_a_failover() {
-        let spec = "{replicas: 3, storage: {size: 1Gi}, switchoverTimeout: 30}";
+        let spec = "{instances: 3, storage: {size: 1Gi}, ha: {switchoverTimeout: 30}}";
         let status = |restart: &str| {
             format!(
                 "{{phase: Ready, currentPrimary: db-1, targetPrimary: db-1, restartInstance: {restart}, conditions: [{{type: PrimaryAvailable, status: 'False', reason: PrimaryNotRunning, message: '', lastTransitionTime: '1970-01-01T00:01:40Z'}}]}}"
@@ -801,7 +801,7 @@ mod tests {
     #[test]
     fn a_switchover_past_its_timeout_or_without_its_target_is_given_up() {
         const SWITCHING: &str = "{phase: SwitchingOver, currentPrimary: db-1, targetPrimary: db-2, targetPrimarySince: '1970-01-01T00:01:40Z'}";
-        let spec = "{replicas: 3, storage: {size: 1Gi}, switchoverTimeout: 30}";
+        let spec = "{instances: 3, storage: {size: 1Gi}, ha: {switchoverTimeout: 30}}";
         // Within the timeout: still switching over.
         let w = World::new(spec, SWITCHING);
         let r = w.decide(None, 129);

@@ -10,7 +10,8 @@ use kube::ResourceExt;
 use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
 use pgop_api::conditions::{self, new_condition, set_condition};
 use pgop_api::instance_status::PgRole;
-use pgop_api::{PostgresCluster, PostgresClusterStatus, labels};
+use pgop_api::v1beta1::PostgresCluster;
+use pgop_api::{PostgresClusterStatus, labels};
 use std::collections::BTreeMap;
 
 /// Whether a Pod's Ready condition is True.
@@ -526,7 +527,7 @@ mod tests {
 
     fn cluster(status: Option<PostgresClusterStatus>) -> PostgresCluster {
         let mut c: PostgresCluster = serde_yaml::from_str(
-            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {name: main, namespace: db, uid: u1, generation: 3}\nspec: {replicas: 2, storage: {size: 1Gi}}\n",
+            "apiVersion: database.example.com/v1beta1\nkind: PostgresCluster\nmetadata: {name: main, namespace: db, uid: u1, generation: 3}\nspec: {instances: 2, storage: {size: 1Gi}}\n",
         )
         .expect("fixture parses");
         c.status = status;

@@ -21,7 +21,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use pgop_api::backup::PostgresBackup;
-use pgop_api::{PostgresCluster, labels};
+use pgop_api::labels;
+use pgop_api::v1beta1::PostgresCluster;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -187,7 +188,7 @@ mod tests {
     fn cluster(namespace: &str, name: &str, mut spec: serde_json::Value) -> Arc<PostgresCluster> {
         spec["storage"] = serde_json::json!({"size": "1Gi"});
         let mut c: PostgresCluster = serde_json::from_value(serde_json::json!({
-            "apiVersion": "database.example.com/v1alpha1",
+            "apiVersion": "database.example.com/v1beta1",
             "kind": "PostgresCluster",
             "metadata": {"name": name, "namespace": namespace},
             "spec": spec,

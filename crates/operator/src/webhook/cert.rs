@@ -20,7 +20,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, WebhookClientConfig,
+};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use pgop_tls::Authority;
 use rustls::ServerConfig;
@@ -52,12 +54,86 @@ pub struct Managed {
     /// The CustomResourceDefinitions whose conversion webhook's `caBundle` pgop keeps
     /// (those with `conversion.strategy: Webhook`; the others are left alone).
     pub conversion_crds: Vec<String>,
+    /// Where those CRDs are to call their conversion webhook, written with the `caBundle`
+    /// (a CRD names one webhook, so one release of pgop converts for everybody); `None`:
+    /// where the CRD says.
+    pub conversion_client: Option<ConversionClient>,
     /// How long a serving certificate is valid.
     pub validity_days: i64,
     /// A certificate with less than this left is renewed.
     pub renew_before_days: i64,
     /// How often the Secret and the configurations are looked at.
     pub check_every: Duration,
+}
+
+/// Where the API server is to call the conversion webhook (always at
+/// [`pgop_api::CONVERT_PATH`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConversionClient {
+    /// A Service in front of the operator's replicas.
+    Service {
+        namespace: String,
+        name: String,
+        port: i32,
+    },
+    /// A URL's scheme, host and port (`https://127.0.0.1:9443`).
+    Url(String),
+    /// The webhook server's own address, `https://ADDRESS` (read once it is bound): an
+    /// operator out of cluster on the API server's machine, as `pgop dev` runs it. The
+    /// serving certificate must be for that address (`names`).
+    Loopback,
+}
+
+impl ConversionClient {
+    /// The `clientConfig` fields it sets, `caBundle` aside (the other form is cleared).
+    fn fields(&self) -> serde_json::Value {
+        match self {
+            ConversionClient::Service {
+                namespace,
+                name,
+                port,
+            } => serde_json::json!({
+                "service": {"namespace": namespace, "name": name, "port": port,
+                            "path": pgop_api::CONVERT_PATH},
+                "url": null,
+            }),
+            ConversionClient::Url(base) => serde_json::json!({
+                "url": format!("{}{}", base.trim_end_matches('/'), pgop_api::CONVERT_PATH),
+                "service": null,
+            }),
+            // Resolved to a URL before the keeper starts ([`super::Webhook::run`]).
+            ConversionClient::Loopback => serde_json::json!({}),
+        }
+    }
+
+    /// Whether `config` already calls here.
+    fn is(&self, config: &WebhookClientConfig) -> bool {
+        match self {
+            ConversionClient::Service {
+                namespace,
+                name,
+                port,
+            } => {
+                config.url.is_none()
+                    && config.service.as_ref().is_some_and(|s| {
+                        &s.namespace == namespace
+                            && &s.name == name
+                            && s.port == Some(*port)
+                            && s.path.as_deref() == Some(pgop_api::CONVERT_PATH)
+                    })
+            }
+            ConversionClient::Url(base) => {
+                config.service.is_none()
+                    && config.url.as_deref()
+                        == Some(&format!(
+                            "{}{}",
+                            base.trim_end_matches('/'),
+                            pgop_api::CONVERT_PATH
+                        ))
+            }
+            ConversionClient::Loopback => true,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -425,7 +501,7 @@ async fn ca_bundles(client: &kube::Client, config: &Managed, bundle: &str) -> Re
     }
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in &config.conversion_crds {
-        conversion_bundle(&crds, name, bundle).await?;
+        conversion_bundle(&crds, name, bundle, config.conversion_client.as_ref()).await?;
     }
     Ok(())
 }
@@ -436,6 +512,7 @@ async fn conversion_bundle(
     api: &Api<CustomResourceDefinition>,
     name: &str,
     bundle: &str,
+    client: Option<&ConversionClient>,
 ) -> Result<(), Error> {
     let failed = |e| Error::CaBundle(format!("CustomResourceDefinition {name}"), e);
     let Some(crd) = api.get_opt(name).await.map_err(failed)? else {
@@ -448,17 +525,19 @@ async fn conversion_bundle(
     let current = conversion
         .webhook
         .and_then(|w| w.client_config)
-        .and_then(|c| c.ca_bundle);
-    if current.as_ref().map(|b| b.0.as_slice()) == Some(bundle.as_bytes()) {
+        .unwrap_or_default();
+    let bundled = current.ca_bundle.as_ref().map(|b| b.0.as_slice()) == Some(bundle.as_bytes());
+    let called = client.is_none_or(|c| c.is(&current));
+    if bundled && called {
         return Ok(());
     }
-    let patch = serde_json::json!({"spec": {"conversion": {"webhook": {"clientConfig": {
-        "caBundle": ByteString(bundle.as_bytes().to_vec())
-    }}}}});
+    let mut fields = client.map_or_else(|| serde_json::json!({}), ConversionClient::fields);
+    fields["caBundle"] = serde_json::json!(ByteString(bundle.as_bytes().to_vec()));
+    let patch = serde_json::json!({"spec": {"conversion": {"webhook": {"clientConfig": fields}}}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map_err(failed)?;
-    tracing::info!(crd = %name, "updated the caBundle of the conversion webhook");
+    tracing::info!(crd = %name, client = ?client, "updated the conversion webhook's caBundle and address");
     Ok(())
 }
 
@@ -506,6 +585,33 @@ where
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_conversion_client_is_written_in_full_and_recognised_once_there() {
+        let service = ConversionClient::Service {
+            namespace: "ops".into(),
+            name: "hooks".into(),
+            port: 443,
+        };
+        let fields = service.fields();
+        assert_eq!(fields["service"]["path"], pgop_api::CONVERT_PATH);
+        assert_eq!(fields["url"], serde_json::Value::Null);
+        let written: WebhookClientConfig = serde_json::from_value(fields).expect("a clientConfig");
+        assert!(service.is(&written));
+        let elsewhere = ConversionClient::Service {
+            namespace: "pgop-system".into(),
+            name: "hooks".into(),
+            port: 443,
+        };
+        assert!(!elsewhere.is(&written));
+        let url = ConversionClient::Url("https://127.0.0.1:9443/".into());
+        let fields = url.fields();
+        assert_eq!(fields["url"], "https://127.0.0.1:9443/convert");
+        assert_eq!(fields["service"], serde_json::Value::Null);
+        let written: WebhookClientConfig = serde_json::from_value(fields).expect("a clientConfig");
+        assert!(url.is(&written));
+        assert!(!service.is(&written));
+    }
+
     fn config() -> Managed {
         Managed {
             namespace: "pgop-system".into(),
@@ -513,6 +619,7 @@ mod tests {
             names: vec!["pgop-webhook.pgop-system.svc".into()],
             configurations: vec!["pgop".into()],
             conversion_crds: Vec::new(),
+            conversion_client: None,
             validity_days: 90,
             renew_before_days: 30,
             check_every: Duration::from_secs(60),

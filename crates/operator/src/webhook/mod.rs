@@ -29,7 +29,7 @@ use axum::extract::State;
 use axum::routing::post;
 use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+use kube::core::conversion::ConversionReview;
 use kube::core::{DynamicObject, Status, response::StatusCause, response::StatusDetails};
 use pgop_tls::listener::TlsListener;
 use serde::de::DeserializeOwned;
@@ -128,12 +128,14 @@ impl Webhook {
             tx,
         } = self;
         tracing::info!(address = %local, "serving the admission webhooks");
-        let keeper = tokio::spawn(cert::keep(
-            client.clone(),
-            config.certificate,
-            tx,
-            metrics.clone(),
-        ));
+        let mut certificate = config.certificate;
+        if let cert::Source::Managed(managed) = &mut certificate
+            && managed.conversion_client == Some(cert::ConversionClient::Loopback)
+        {
+            managed.conversion_client =
+                Some(cert::ConversionClient::Url(format!("https://{local}")));
+        }
+        let keeper = tokio::spawn(cert::keep(client.clone(), certificate, tx, metrics.clone()));
         let shared = Shared {
             client,
             metrics,
@@ -186,40 +188,21 @@ async fn convert(
 }
 
 fn conversion(review: ConversionReview) -> (ConversionReview, Review) {
-    let mut request = match ConversionRequest::try_from(review) {
-        Ok(request) => request,
-        Err(e) => {
-            let status = Status::failure(&e.to_string(), "BadRequest").with_code(400);
-            return (
-                ConversionResponse::invalid(status).into_review(),
-                Review::Invalid,
-            );
-        }
-    };
-    let desired = request.desired_api_version.clone();
-    let objects = std::mem::take(&mut request.objects);
-    let response = ConversionResponse::for_request(request);
-    let mut converted = Vec::with_capacity(objects.len());
-    for object in objects {
-        let name = object
-            .pointer("/metadata/name")
-            .and_then(|n| n.as_str())
-            .unwrap_or_default()
-            .to_string();
-        match pgop_api::v1beta1::convert(object, &desired) {
-            Ok(object) => converted.push(object),
-            Err(e) => {
-                let message = format!(
-                    "pgop could not convert PostgresCluster {name:?} to {desired}: {}",
-                    pgop_api::error_chain(&e)
-                );
-                tracing::warn!(%message, "conversion failed");
-                let status = Status::failure(&message, "Invalid").with_code(422);
-                return (response.failure(status).into_review(), Review::Invalid);
-            }
-        }
+    let (answer, converted) = pgop_api::v1beta1::review(review);
+    if !converted {
+        let message = answer
+            .response
+            .as_ref()
+            .map(|r| r.result.message.clone())
+            .unwrap_or_default();
+        tracing::warn!(%message, "conversion failed");
     }
-    (response.success(converted).into_review(), Review::Converted)
+    let result = if converted {
+        Review::Converted
+    } else {
+        Review::Invalid
+    };
+    (answer, result)
 }
 
 /// How long one review may take, lookups included (the configurations give the API

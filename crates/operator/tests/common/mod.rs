@@ -21,9 +21,23 @@ pub const TIMEOUT: Duration = Duration::from_secs(60);
 pub async fn setup(prefix: &str) -> Result<(&'static ControlPlane, Client, TestNamespace)> {
     let plane = pgop_testenv::shared().await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    install_crds(&client).await?;
     let ns = TestNamespace::create(plane.config(), prefix).await?;
     Ok((plane, client, ns))
+}
+
+/// pgop's CRDs as deploy/ has them, converting between `v1alpha1` and `v1beta1` through
+/// this process's callback endpoint (pgop's conversion, [`pgop_api::v1beta1::review_json`]),
+/// since the CRD's own Service does not exist here.
+pub async fn install_crds(client: &Client) -> Result {
+    pgop_testenv::crds::install_converting(
+        client,
+        pgop_api::crds(),
+        pgop_api::v1beta1::review_json,
+        pgop_api::CONVERT_PATH,
+    )
+    .await?;
+    Ok(())
 }
 
 /// A running operator watching one namespace; stops when dropped or on [`Operator::stop`].
@@ -106,10 +120,17 @@ pub async fn create(client: &Client, ns: &str, c: &PostgresCluster) -> Result<Po
         .await?)
 }
 
-pub async fn get(client: &Client, ns: &str, name: &str) -> Result<PostgresCluster> {
-    Ok(Api::<PostgresCluster>::namespaced(client.clone(), ns)
-        .get(name)
-        .await?)
+/// The cluster as the operator reads it, in `v1beta1`.
+pub async fn get(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<pgop_api::v1beta1::PostgresCluster> {
+    Ok(
+        Api::<pgop_api::v1beta1::PostgresCluster>::namespaced(client.clone(), ns)
+            .get(name)
+            .await?,
+    )
 }
 
 /// Names of the objects of kind `K` labelled with the cluster, sorted.
@@ -166,8 +187,8 @@ pub async fn wait_cluster(
     ns: &str,
     name: &str,
     what: &str,
-    check: impl Fn(&PostgresCluster) -> bool,
-) -> Result<PostgresCluster> {
+    check: impl Fn(&pgop_api::v1beta1::PostgresCluster) -> bool,
+) -> Result<pgop_api::v1beta1::PostgresCluster> {
     let check = &check;
     Ok(wait::until(what, TIMEOUT, || async move {
         match get(client, ns, name).await {
@@ -198,12 +219,12 @@ pub async fn make_ready(client: &Client, ns: &str, pod: &str, ready: bool) -> Re
     Ok(())
 }
 
-pub fn phase(c: &PostgresCluster) -> Option<pgop_api::cluster::ClusterPhase> {
+pub fn phase(c: &pgop_api::v1beta1::PostgresCluster) -> Option<pgop_api::cluster::ClusterPhase> {
     c.status.as_ref().and_then(|s| s.phase)
 }
 
 pub fn condition<'a>(
-    c: &'a PostgresCluster,
+    c: &'a pgop_api::v1beta1::PostgresCluster,
     type_: &str,
 ) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     c.status

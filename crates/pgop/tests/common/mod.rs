@@ -43,11 +43,24 @@ pub async fn start(prefix: &str) -> Result<Env> {
     Ok(env)
 }
 
+/// pgop's CRDs as deploy/ has them, converting between `v1alpha1` and `v1beta1` through
+/// this process's callback endpoint (pgop's conversion, [`pgop_api::v1beta1::review_json`]):
+/// the CRD's own Service does not exist here.
+pub async fn install_crds(client: &kube::Client) -> Result<(), pgop_testenv::crds::Error> {
+    pgop_testenv::crds::install_converting(
+        client,
+        pgop_api::crds(),
+        pgop_api::v1beta1::review_json,
+        pgop_api::CONVERT_PATH,
+    )
+    .await
+}
+
 /// [`start`] without the operator: for a caller that runs its own (as a process, say).
 pub async fn start_without_operator(prefix: &str) -> Result<Env> {
     let plane = ControlPlane::start(Options::default().with_controller_manager()).await?;
     let client = plane.client()?;
-    pgop_testenv::crds::install(&client, pgop_api::crds()).await?;
+    install_crds(&client).await?;
     let ns = TestNamespace::create(plane.config(), prefix).await?;
     let node = LocalNode::start(
         &plane,

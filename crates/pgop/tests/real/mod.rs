@@ -189,7 +189,41 @@ impl RealEnv {
         )
         .await;
         println!("operator leading at {:.1?}", self.started.elapsed());
+        self.converting().await;
         Ok(())
+    }
+
+    /// Waits until the API server converts a `v1alpha1` PostgresCluster through the
+    /// operator's webhook (its keeper writes the CRD's caBundle as it starts, not before
+    /// the Lease): a dry-run create, which is converted to `v1beta1` to be stored.
+    pub async fn converting(&self) {
+        let api: Api<PostgresCluster> = Api::namespaced(self.client.clone(), "pgop-system");
+        let probe: PostgresCluster = match serde_json::from_value(json!({
+            "apiVersion": pgop_api::v1beta1::V1ALPHA1, "kind": "PostgresCluster",
+            "metadata": {"name": "conversion-probe"},
+            "spec": {"replicas": 1, "storage": {"size": "1Gi"}}
+        })) {
+            Ok(probe) => probe,
+            Err(e) => panic!("the probe cluster: {e}"),
+        };
+        eventually(
+            "the conversion webhook answers",
+            Duration::from_secs(120),
+            || async {
+                api.create(
+                    &PostParams {
+                        dry_run: true,
+                        ..PostParams::default()
+                    },
+                    &probe,
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            },
+        )
+        .await;
+        println!("conversion answering at {:.1?}", self.started.elapsed());
     }
 
     /// The Helm arguments that keep the operator on the infrastructure node.
@@ -571,6 +605,7 @@ impl RealEnv {
             "{release} leading ({holder}, {image}) at {:.1?}",
             self.started.elapsed()
         );
+        self.converting().await;
         Ok(holder)
     }
 }

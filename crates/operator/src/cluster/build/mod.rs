@@ -17,8 +17,8 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use pgop_api::PostgresCluster;
 use pgop_api::labels;
+use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 
 pub use secret::{APP_DERIVED_KEYS, REPLICATION_USER};
@@ -168,7 +168,7 @@ impl Common {
             .ok_or(Error::MissingMetadata("uid"))?;
         Ok(Self {
             owner: OwnerReference {
-                api_version: pgop_api::constants::API_VERSION.to_string(),
+                api_version: pgop_api::constants::CLUSTER_OWNER_API_VERSION.to_string(),
                 kind: "PostgresCluster".to_string(),
                 name: name.clone(),
                 uid,

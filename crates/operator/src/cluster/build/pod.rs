@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use pgop_api::PostgresClusterSpec;
 use pgop_api::affinity::{AffinitySpec, PodAntiAffinityType};
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
 use pgop_api::constants::{
@@ -19,6 +18,7 @@ use pgop_api::constants::{
     PATH_METRICS, PATH_READYZ, POSTGRES_PORT, POSTGRES_PORT_NAME,
 };
 use pgop_api::labels;
+use pgop_api::v1beta1::PostgresClusterSpec;
 
 /// Where the instance's PVC is mounted; PGDATA is a directory below it, so that the
 /// volume's root (often owned by root, with lost+found) is never the data directory.
@@ -95,7 +95,7 @@ fn empty_dir(name: &str) -> Volume {
 
 /// The instances' pod anti-affinity: no two instances of the cluster in one topology
 /// domain, as a weighted preference or as a rule. The preferred form over
-/// `kubernetes.io/hostname` is what every Pod had before `spec.affinity` existed, built the
+/// `kubernetes.io/hostname` is what every Pod had before `spec.scheduling` existed, built the
 /// same way so that its spec hash (and so the Pod) does not change.
 pub fn affinity(cluster: &str, spec: &AffinitySpec) -> Affinity {
     let term = PodAffinityTerm {
@@ -128,7 +128,7 @@ pub fn affinity(cluster: &str, spec: &AffinitySpec) -> Affinity {
     }
 }
 
-/// `spec.affinity.nodeAffinity` as Kubernetes writes it; nothing for an empty one.
+/// `spec.scheduling.nodeAffinity` as Kubernetes writes it; nothing for an empty one.
 fn node_affinity(spec: &pgop_api::affinity::NodeAffinity) -> Option<NodeAffinity> {
     let term = |expressions: &[pgop_api::affinity::NodeSelectorRequirement]| NodeSelectorTerm {
         match_expressions: Some(
@@ -165,7 +165,7 @@ fn node_affinity(spec: &pgop_api::affinity::NodeAffinity) -> Option<NodeAffinity
     })
 }
 
-/// `spec.affinity.topologySpread` as the Pods' constraints, each counting this cluster's
+/// `spec.scheduling.topologySpread` as the Pods' constraints, each counting this cluster's
 /// instances only.
 fn topology_spread(cluster: &str, spec: &AffinitySpec) -> Option<Vec<TopologySpreadConstraint>> {
     (!spec.topology_spread.is_empty()).then(|| {
@@ -302,7 +302,7 @@ pub fn pod(
             service_account_name: Some(c.cluster.clone()),
             enable_service_links: Some(false),
             restart_policy: Some("Always".to_string()),
-            termination_grace_period_seconds: Some(i64::from(spec.switchover_timeout.max(30))),
+            termination_grace_period_seconds: Some(i64::from(spec.ha.switchover_timeout.max(30))),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
                 run_as_user: Some(settings.run_as_user),
@@ -319,13 +319,13 @@ pub fn pod(
                 }),
                 ..PodSecurityContext::default()
             }),
-            affinity: Some(affinity(&c.cluster, &spec.affinity)),
-            node_selector: (!spec.affinity.node_selector.is_empty())
-                .then(|| spec.affinity.node_selector.clone()),
-            tolerations: (!spec.affinity.tolerations.is_empty())
-                .then(|| spec.affinity.tolerations.iter().map(toleration).collect()),
-            topology_spread_constraints: topology_spread(&c.cluster, &spec.affinity),
-            priority_class_name: spec.affinity.priority_class_name.clone(),
+            affinity: Some(affinity(&c.cluster, &spec.scheduling)),
+            node_selector: (!spec.scheduling.node_selector.is_empty())
+                .then(|| spec.scheduling.node_selector.clone()),
+            tolerations: (!spec.scheduling.tolerations.is_empty())
+                .then(|| spec.scheduling.tolerations.iter().map(toleration).collect()),
+            topology_spread_constraints: topology_spread(&c.cluster, &spec.scheduling),
+            priority_class_name: spec.scheduling.priority_class_name.clone(),
             containers: vec![container],
             volumes: Some(
                 vec![

@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use pgop_api::PostgresClusterSpec;
 use pgop_api::labels;
+use pgop_api::v1beta1::PostgresClusterSpec;
 
 pub fn pvc(c: &Common, spec: &PostgresClusterSpec, instance: &str) -> PersistentVolumeClaim {
     PersistentVolumeClaim {

@@ -6,8 +6,8 @@
 use super::Common;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use pgop_api::PostgresCluster;
 use pgop_api::constants::GROUP;
+use pgop_api::v1beta1::PostgresCluster;
 
 fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[String]) -> PolicyRule {
     let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -7,11 +7,11 @@
 use super::{Certificates, Common};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use pgop_api::PostgresClusterSpec;
 use pgop_api::constants::{
     ANNOTATION_NOT_AFTER, CA_SECRET_SUFFIX, MANAGER_TLS_SECRET_SUFFIX, POSTGRES_CA_SECRET_SUFFIX,
     POSTGRES_PORT, REPLICATION_TLS_SECRET_SUFFIX, SERVER_TLS_SECRET_SUFFIX,
 };
+use pgop_api::v1beta1::PostgresClusterSpec;
 use std::collections::BTreeMap;
 
 pub use pgop_api::constants::REPLICATION_USER;

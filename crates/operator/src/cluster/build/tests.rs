@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 fn fixture() -> PostgresCluster {
     let mut c: PostgresCluster =
         serde_yaml::from_str(include_str!("fixtures/cluster.yaml")).expect("fixture parses");
-    c.spec = pgop_api::with_defaults(c.spec);
+    c.spec = pgop_api::v1beta1::with_defaults(c.spec);
     c
 }
 
@@ -429,10 +429,10 @@ fn a_spec_in_canonical_form_hashes_as_before() {
     assert_eq!(super::pod::spec_hash(&p.spec), format!("{raw:016x}"));
 }
 
-/// `main-2` built from the fixture with this `spec.affinity` (YAML).
+/// `main-2` built from the fixture with this `spec.scheduling` (YAML).
 fn pod_with_affinity(yaml: &str) -> Pod {
     let mut cluster = fixture();
-    cluster.spec.affinity = serde_yaml::from_str(yaml).expect("affinity parses");
+    cluster.spec.scheduling = serde_yaml::from_str(yaml).expect("affinity parses");
     children(
         &cluster,
         &instances(),
