@@ -310,7 +310,8 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
     let message = refused(beta.create(&PostParams::default(), &bad).await)?;
     assert!(message.contains("spec.instances"), "{message}");
 
-    // kubectl, by either version.
+    // kubectl, by either version (by the plural: kubectl drops the version of a short
+    // name, `pgc.v1alpha1...` lists in the preferred version).
     let names = kubectl(
         &plane,
         &[
@@ -328,6 +329,20 @@ async fn objects_convert_between_v1alpha1_and_v1beta1_through_the_operators_webh
             && names.contains("postgrescluster.database.example.com/new"),
         "{names}"
     );
+    let replicas = kubectl(
+        &plane,
+        &[
+            "get",
+            "postgresclusters.v1alpha1.database.example.com",
+            "new",
+            "-n",
+            n,
+            "-o",
+            "jsonpath={.apiVersion} {.spec.replicas}",
+        ],
+    )
+    .await?;
+    assert_eq!(replicas, "database.example.com/v1alpha1 3");
     let instances = kubectl(
         &plane,
         &[

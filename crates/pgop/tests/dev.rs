@@ -287,14 +287,15 @@ fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
     )?;
     assert_eq!(pgc, "example-1");
     // The example is v1beta1, the stored version; v1alpha1 reads through the operator's
-    // conversion webhook, on a loopback port the operator pointed the CRD at.
+    // conversion webhook, on a loopback port the operator pointed the CRD at. (The plural:
+    // kubectl drops the version of a short name such as `pgc.v1alpha1...`.)
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let replicas = loop {
         let read = kubectl(
             &dev.kubeconfig,
             &[
                 "get",
-                "pgc.v1alpha1.database.example.com",
+                "postgresclusters.v1alpha1.database.example.com",
                 "example",
                 "-o",
                 "jsonpath={.spec.replicas}",
