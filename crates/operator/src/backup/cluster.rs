@@ -238,7 +238,11 @@ pub fn due_backup(
     let (Some(schedule), Some(_)) = (schedule_of(cluster, method), &spec.store) else {
         return Ok(None);
     };
-    let schedule = Schedule::parse(schedule, spec.timezone.as_deref())?;
+    let field = match method {
+        BackupMethod::BaseBackup => super::schedule::BASE_FIELD,
+        BackupMethod::Logical => super::schedule::LOGICAL_FIELD,
+    };
+    let schedule = Schedule::parse(schedule, spec.timezone.as_deref()).map_err(|e| e.at(field))?;
     let created = |meta: &ObjectMeta| meta.creation_timestamp.as_ref().map(|t| t.0);
     let since = backups
         .iter()

@@ -12,10 +12,35 @@ use k8s_openapi::jiff::{Timestamp, ToSpan};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum Error {
-    #[error("spec.backup.schedule {schedule:?}: {reason}")]
-    Schedule { schedule: String, reason: String },
+    #[error("{field} {schedule:?}: {reason}")]
+    Schedule {
+        field: &'static str,
+        schedule: String,
+        reason: String,
+    },
     #[error("spec.backup.timezone {timezone:?} is not a known IANA time zone")]
     TimeZone { timezone: String },
+}
+
+/// The field of a base backup's schedule, which [`Schedule::parse`]'s errors name.
+pub const BASE_FIELD: &str = "spec.backup.base.schedule";
+/// The field of a logical backup's schedule.
+pub const LOGICAL_FIELD: &str = "spec.backup.logical.schedule";
+
+impl Error {
+    /// The error naming `field` as the schedule's (a schedule error; others as they are).
+    pub fn at(self, field: &'static str) -> Self {
+        match self {
+            Error::Schedule {
+                schedule, reason, ..
+            } => Error::Schedule {
+                field,
+                schedule,
+                reason,
+            },
+            other => other,
+        }
+    }
 }
 
 /// A parsed schedule: the allowed values of each field, as bit sets.
@@ -72,6 +97,7 @@ fn field(text: &str, min: u32, max: u32, name: &str) -> Result<(u64, bool), Stri
 impl Schedule {
     pub fn parse(schedule: &str, timezone: Option<&str>) -> Result<Self, Error> {
         let bad = |reason: String| Error::Schedule {
+            field: BASE_FIELD,
             schedule: schedule.to_string(),
             reason,
         };
@@ -270,7 +296,12 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let e = Schedule::parse("0 2 * *", None).expect_err("four fields");
-        assert!(e.to_string().contains("spec.backup.schedule"), "{e}");
+        assert!(e.to_string().contains("spec.backup.base.schedule"), "{e}");
+        let e = e.at(LOGICAL_FIELD);
+        assert!(
+            e.to_string().starts_with("spec.backup.logical.schedule "),
+            "{e}"
+        );
         let e = Schedule::parse("61 2 * * *", None).expect_err("minute");
         assert!(e.to_string().contains("minute"), "{e}");
         let e = Schedule::parse("0 2 * * *", Some("Mars/Olympus")).expect_err("tz");
