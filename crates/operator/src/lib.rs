@@ -39,7 +39,8 @@ pub use leader::LeaderElection;
 pub type ApiCluster = pgop_api::v1beta1::PostgresCluster;
 
 /// A reference to `cluster` (what an Event is about), in the version its children's
-/// ownerReferences name ([`pgop_api::constants::CLUSTER_OWNER_API_VERSION`]).
+/// ownerReferences name ([`pgop_api::constants::CLUSTER_OWNER_API_VERSION`]); otherwise
+/// what `Resource::object_ref` gives.
 pub fn reference(cluster: &impl kube::Resource) -> k8s_openapi::api::core::v1::ObjectReference {
     k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some(pgop_api::constants::CLUSTER_OWNER_API_VERSION.to_string()),
@@ -47,7 +48,8 @@ pub fn reference(cluster: &impl kube::Resource) -> k8s_openapi::api::core::v1::O
         name: cluster.meta().name.clone(),
         namespace: cluster.meta().namespace.clone(),
         uid: cluster.meta().uid.clone(),
-        resource_version: cluster.meta().resource_version.clone(),
+        // No resourceVersion: the recorder keys an event series by the reference, and a
+        // cluster's changes with every status write.
         ..Default::default()
     }
 }
@@ -635,3 +637,28 @@ const PROBER_SWEEP: std::time::Duration = std::time::Duration::from_secs(60);
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub use pgop_api::error_chain;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_events_reference_names_the_owners_version_and_no_resource_version() {
+        let cluster: pgop_api::v1beta1::PostgresCluster =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": pgop_api::v1beta1::API_VERSION, "kind": "PostgresCluster",
+                "metadata": {"name": "db", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+                "spec": {"storage": {"size": "1Gi"}}
+            }))
+            .expect("a cluster");
+        let r = super::reference(&cluster);
+        assert_eq!(
+            r.api_version.as_deref(),
+            Some(pgop_api::constants::CLUSTER_OWNER_API_VERSION)
+        );
+        assert_eq!(
+            (r.name.as_deref(), r.namespace.as_deref(), r.uid.as_deref()),
+            (Some("db"), Some("ns"), Some("u1"))
+        );
+        // Events of one series share this reference across the cluster's writes.
+        assert_eq!(r.resource_version, None);
+    }
+}
