@@ -218,18 +218,8 @@ async fn run_until_stopped(
                 .map_err(|e| format!("failed to read {}: {e}", path.display()))?,
             None => EXAMPLE.to_string(),
         };
-        let cluster = manifest_cluster(&manifest)?;
+        let (cluster, resource) = manifest_cluster(&manifest)?;
         let name = cluster.name_any();
-        let resource = ApiResource::from_gvk_with_plural(
-            &cluster
-                .types
-                .as_ref()
-                .map(GroupVersionKind::try_from)
-                .transpose()
-                .map_err(|e| format!("invalid PostgresCluster manifest: {e}"))?
-                .ok_or("invalid PostgresCluster manifest: no apiVersion and kind")?,
-            "postgresclusters",
-        );
         Api::<DynamicObject>::namespaced_with(client.clone(), "default", &resource)
             .patch(
                 &name,
@@ -392,9 +382,9 @@ fn local_webhooks() -> pgop_operator::webhook::Config {
     }
 }
 
-/// The PostgresCluster of a manifest, in the version it is written in (`v1alpha1` or
-/// `v1beta1`, both served): anything else is refused naming what it is.
-fn manifest_cluster(manifest: &str) -> Result<DynamicObject, String> {
+/// The PostgresCluster of a manifest and its resource, in the version it is written in
+/// (`v1alpha1` or `v1beta1`, both served): anything else is refused naming what it is.
+fn manifest_cluster(manifest: &str) -> Result<(DynamicObject, ApiResource), String> {
     let cluster: DynamicObject = serde_yaml::from_str(manifest)
         .map_err(|e| format!("invalid PostgresCluster manifest: {e}"))?;
     let types = cluster.types.as_ref();
@@ -412,7 +402,12 @@ fn manifest_cluster(manifest: &str) -> Result<DynamicObject, String> {
     if cluster.metadata.name.is_none() {
         return Err("invalid PostgresCluster manifest: metadata.name is missing".into());
     }
-    Ok(cluster)
+    let version = api_version.rsplit('/').next().unwrap_or_default();
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(pgop_api::constants::GROUP, version, kind),
+        "postgresclusters",
+    );
+    Ok((cluster, resource))
 }
 
 #[cfg(test)]
@@ -421,7 +416,7 @@ mod tests {
 
     #[test]
     fn the_example_is_a_v1beta1_cluster_and_other_kinds_are_refused() {
-        let example = manifest_cluster(EXAMPLE).expect("the example");
+        let (example, _) = manifest_cluster(EXAMPLE).expect("the example");
         assert_eq!(
             example.types.map(|t| t.api_version).as_deref(),
             Some(pgop_api::v1beta1::API_VERSION)

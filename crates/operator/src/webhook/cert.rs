@@ -98,7 +98,7 @@ impl ConversionClient {
                 "url": null,
             }),
             ConversionClient::Url(base) => serde_json::json!({
-                "url": format!("{}{}", base.trim_end_matches('/'), pgop_api::CONVERT_PATH),
+                "url": convert_url(base),
                 "service": null,
             }),
             // Resolved to a URL before the keeper starts ([`super::Webhook::run`]).
@@ -123,17 +123,16 @@ impl ConversionClient {
                     })
             }
             ConversionClient::Url(base) => {
-                config.service.is_none()
-                    && config.url.as_deref()
-                        == Some(&format!(
-                            "{}{}",
-                            base.trim_end_matches('/'),
-                            pgop_api::CONVERT_PATH
-                        ))
+                config.service.is_none() && config.url.as_deref() == Some(&convert_url(base))
             }
             ConversionClient::Loopback => true,
         }
     }
+}
+
+/// The conversion path under `base` (a scheme, host and port).
+fn convert_url(base: &str) -> String {
+    format!("{}{}", base.trim_end_matches('/'), pgop_api::CONVERT_PATH)
 }
 
 #[derive(Debug, thiserror::Error)]
