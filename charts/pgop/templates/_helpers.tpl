@@ -92,10 +92,11 @@ of the ClusterRole (cluster-wide) or of the Role in each watched namespace (name
   resources: [postgresclusters]
   verbs: [get, list, watch, patch]
 # get: a recovery's source backup. Scheduled backups are created, and those retention
-# removed from the store deleted.
+# removed from the store deleted. patch: the ownerReference of a backup made before
+# v1beta1 renamed to v1beta1.
 - apiGroups: [database.example.com]
   resources: [postgresbackups]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [database.example.com]
   resources: [postgresclusters/status, postgresbackups/status]
   verbs: [patch]

@@ -11,10 +11,10 @@ pub const API_VERSION: &str = "database.example.com/v1alpha1";
 
 /// The version of PostgresCluster that the ownerReferences of a cluster's children (and
 /// of its instance managers' Lease and its scheduled backups) and its Events name:
-/// `v1alpha1`, as every child made before `v1beta1` existed does, so that one cluster's
-/// children all name their owner alike. Both versions are served; `v1alpha1` must stay
-/// served while children name it (docs/api.md, "Upgrading to v1beta1").
-pub const CLUSTER_OWNER_API_VERSION: &str = API_VERSION;
+/// `v1beta1`, the stored version. Children made by a pgop before it name `v1alpha1` and are
+/// rewritten ([`crate::owner`]), so that `v1alpha1` can stop being served without leaving
+/// children the garbage collector cannot resolve (docs/api.md, "Upgrading to v1beta1").
+pub const CLUSTER_OWNER_API_VERSION: &str = crate::v1beta1::API_VERSION;
 
 /// The one field manager pgop uses for every server-side apply (children and status).
 pub const FIELD_MANAGER: &str = "pgop";

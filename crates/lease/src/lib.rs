@@ -236,10 +236,7 @@ impl Contender {
         let Some(owner) = lock(&self.owner).clone() else {
             return;
         };
-        let refs = meta.owner_references.get_or_insert_with(Vec::new);
-        if !refs.iter().any(|r| r.uid == owner.uid) {
-            refs.push(owner);
-        }
+        put_owner(meta, owner);
     }
 
     /// Records `lease` as just written by this contender (kept only while it holds it).
@@ -507,4 +504,48 @@ fn error_chain(err: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Puts `owner` among `meta`'s ownerReferences: added, or replacing the reference to the
+/// same owner (uid) when that one names it otherwise (another apiVersion, say).
+fn put_owner(meta: &mut ObjectMeta, owner: OwnerReference) {
+    let refs = meta.owner_references.get_or_insert_with(Vec::new);
+    match refs.iter_mut().find(|r| r.uid == owner.uid) {
+        Some(r) => *r = owner,
+        None => refs.push(owner),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(api_version: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: "PostgresCluster".into(),
+            name: "db".into(),
+            uid: uid.into(),
+            ..OwnerReference::default()
+        }
+    }
+
+    #[test]
+    fn the_owner_is_added_once_and_renamed_in_place() {
+        let mut meta = ObjectMeta::default();
+        put_owner(&mut meta, owner("example.com/v1alpha1", "1"));
+        put_owner(&mut meta, owner("example.com/v1alpha1", "1"));
+        assert_eq!(
+            meta.owner_references.as_deref(),
+            Some(&[owner("example.com/v1alpha1", "1")][..])
+        );
+        meta.owner_references
+            .get_or_insert_with(Vec::new)
+            .push(owner("other/v1", "2"));
+        put_owner(&mut meta, owner("example.com/v1beta1", "1"));
+        assert_eq!(
+            meta.owner_references.as_deref(),
+            Some(&[owner("example.com/v1beta1", "1"), owner("other/v1", "2")][..])
+        );
+    }
 }

@@ -145,3 +145,77 @@ pub async fn storage(client: &kube::Client, name: &str) -> Result<Report, Error>
     );
     Ok(report)
 }
+
+/// Objects whose ownerReferences name a PostgresCluster in a version other than the one
+/// pgop writes ([`pgop_api::owner`]): what keeps `v1alpha1` from being retired.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OwnerScan {
+    /// `Kind namespace/name` of each such object.
+    pub outdated: Vec<String>,
+    /// The kinds that could not be listed, with the API server's answer (RBAC, say).
+    pub unreadable: Vec<String>,
+}
+
+/// Lists, in every namespace and by metadata only, every kind pgop makes children of
+/// (and the instance managers' Leases and PostgresBackups), and names the objects whose
+/// ownerReferences still name a PostgresCluster in another version than
+/// [`pgop_api::constants::CLUSTER_OWNER_API_VERSION`]. The operator renames them on its
+/// next pass of their cluster, the instance managers on their next Lease renewal.
+pub async fn outdated_owner_references(client: &kube::Client) -> OwnerScan {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let mut scan = OwnerScan::default();
+    scan_kind::<Pod>(client, &mut scan).await;
+    scan_kind::<PersistentVolumeClaim>(client, &mut scan).await;
+    scan_kind::<Service>(client, &mut scan).await;
+    scan_kind::<Secret>(client, &mut scan).await;
+    scan_kind::<ServiceAccount>(client, &mut scan).await;
+    scan_kind::<Role>(client, &mut scan).await;
+    scan_kind::<RoleBinding>(client, &mut scan).await;
+    scan_kind::<PodDisruptionBudget>(client, &mut scan).await;
+    scan_kind::<NetworkPolicy>(client, &mut scan).await;
+    scan_kind::<Lease>(client, &mut scan).await;
+    scan_kind::<pgop_api::PostgresBackup>(client, &mut scan).await;
+    scan
+}
+
+async fn scan_kind<K>(client: &kube::Client, scan: &mut OwnerScan)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&()).to_string();
+    let api: Api<K> = Api::all(client.clone());
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = match api.list_metadata(&params).await {
+            Ok(page) => page,
+            Err(e) => {
+                scan.unreadable
+                    .push(format!("{kind}: {}", crate::error_chain(&e)));
+                return;
+            }
+        };
+        for object in page.items {
+            let meta = &object.metadata;
+            if meta
+                .owner_references
+                .iter()
+                .flatten()
+                .any(pgop_api::owner::is_outdated)
+            {
+                scan.outdated.push(format!(
+                    "{kind} {}/{}",
+                    meta.namespace.as_deref().unwrap_or_default(),
+                    meta.name.as_deref().unwrap_or_default()
+                ));
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return,
+        }
+    }
+}

@@ -111,6 +111,10 @@ enum Scenario {
     /// `B1`), then `new`; the retention after `new` answers that `B1` was removed from the
     /// store, and the operator deletes the PostgresBackup `old`.
     Retention,
+    /// A one-instance cluster, then a PostgresBackup of it whose ownerReference names it in
+    /// `v1alpha1`, as a scheduled backup made before `v1beta1` does: the backup controller
+    /// renames the reference to `v1beta1`.
+    OldOwner,
 }
 
 /// A step of a scenario that the operator takes.
@@ -148,6 +152,8 @@ enum Step {
     /// The backup `new` completed and the backup `old`, which retention removed from the
     /// store, was deleted (or is being deleted).
     OldBackupGone,
+    /// The backup [`OLD_OWNER_BACKUP`]'s reference to its cluster names `v1beta1`.
+    OwnerRenamed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,6 +297,8 @@ fn cases() -> Vec<Case> {
         case("policy", "poddisruptionbudgets", "delete", PrimaryBudget, "delete poddisruptionbudgets.policy", Some(PrimaryBudgetGone)),
         // The object of a backup retention removed from the store: it stays.
         case(DB_GROUP, "postgresbackups", "delete", Retention, "delete postgresbackups.database.example.com", Some(OldBackupGone)),
+        // A backup's ownerReference naming v1alpha1: it keeps it.
+        case(DB_GROUP, "postgresbackups", "patch", OldOwner, "patch postgresbackups.database.example.com", Some(OwnerRenamed)),
     ]
 }
 
@@ -767,6 +775,17 @@ async fn happened(admin: &Client, ns: &str, step: Step) -> bool {
             .and_then(|b| b.status)
             .and_then(|s| s.phase)
             .is_some_and(|p| p == pgop_api::backup::BackupPhase::Failed),
+        Step::OwnerRenamed => Api::<PostgresBackup>::namespaced(admin.clone(), ns)
+            .get_opt(OLD_OWNER_BACKUP)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|b| {
+                b.owner_references().iter().any(|o| {
+                    o.kind == "PostgresCluster"
+                        && o.api_version == pgop_api::constants::CLUSTER_OWNER_API_VERSION
+                })
+            }),
         Step::PodGone => lost_marked(admin, ns).await && gone::<Pod>(admin, ns, LOST).await,
         Step::ClaimGone => {
             lost_marked(admin, ns).await && gone::<PersistentVolumeClaim>(admin, ns, LOST).await
@@ -779,6 +798,8 @@ const RELABELLED: &str = "test.pgop/relabelled";
 /// The annotation a driver counts its switchover requests in.
 const ASKED: &str = "test.pgop/switchover-requests";
 const BACKUP: &str = "orphan";
+/// The OldOwner scenario's backup.
+const OLD_OWNER_BACKUP: &str = "made-before-v1beta1";
 /// The cluster a restored cluster's source backup is of, and that backup.
 const SOURCE: &str = "src";
 const SOURCE_BACKUP: &str = "src-1";
@@ -1037,6 +1058,23 @@ async fn drive(admin: &Client, ns: &str, scenario: Scenario) -> Result {
                 .create(&PostParams::default(), &backup)
                 .await?;
         }
+        Scenario::OldOwner => {
+            create(admin, ns, &cluster(DB, 1)).await?;
+            let uid = clusters.get(DB).await?.metadata.uid.ok_or("no uid")?;
+            // Owned by a cluster that exists (the garbage collector would take the backup
+            // of a missing one), named in v1alpha1.
+            let backup: PostgresBackup = serde_json::from_value(serde_json::json!({
+                "apiVersion": "database.example.com/v1alpha1",
+                "kind": "PostgresBackup",
+                "metadata": {"name": OLD_OWNER_BACKUP, "ownerReferences": [{
+                    "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresCluster",
+                    "name": DB, "uid": uid, "controller": false}]},
+                "spec": {"cluster": {"name": DB}}
+            }))?;
+            Api::<PostgresBackup>::namespaced(admin.clone(), ns)
+                .create(&PostParams::default(), &backup)
+                .await?;
+        }
         Scenario::Backup => {
             let backup: PostgresBackup = serde_json::from_value(serde_json::json!({
                 "apiVersion": "database.example.com/v1alpha1",
@@ -1050,7 +1088,7 @@ async fn drive(admin: &Client, ns: &str, scenario: Scenario) -> Result {
         }
     }
     match scenario {
-        Scenario::Create | Scenario::Backup => {}
+        Scenario::Create | Scenario::Backup | Scenario::OldOwner => {}
         Scenario::Schedule => {
             if !within(STEP_TIMEOUT, || {
                 happened(admin, ns, Step::Child(Kind::Pod, "-1"))
@@ -1493,6 +1531,7 @@ async fn each_verb_of_the_cluster_role_is_needed() -> Result {
         Scenario::Recover,
         Scenario::PrimaryBudget,
         Scenario::Retention,
+        Scenario::OldOwner,
     ] {
         runs.push(run_case(
             plane,

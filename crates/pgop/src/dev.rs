@@ -220,6 +220,10 @@ async fn run_until_stopped(
         };
         let (cluster, resource) = manifest_cluster(&manifest)?;
         let name = cluster.name_any();
+        if resource.version == pgop_api::StorageVersion::V1alpha1.name() {
+            // What kubectl would print: the API server's warning, which kube does not show.
+            eprintln!("warning: {}", pgop_api::V1ALPHA1_DEPRECATION);
+        }
         Api::<DynamicObject>::namespaced_with(client.clone(), "default", &resource)
             .patch(
                 &name,

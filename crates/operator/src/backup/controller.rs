@@ -42,6 +42,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("failed to rename the owner of PostgresBackup {name} to {version}")]
+    RenameOwner {
+        name: String,
+        version: &'static str,
+        #[source]
+        source: kube::Error,
+    },
     #[error("the PostgresBackup has no namespace")]
     NoNamespace,
 }
@@ -51,6 +58,7 @@ impl Error {
         match self {
             Error::Read { .. } => "Read",
             Error::PatchStatus { .. } => "PatchStatus",
+            Error::RenameOwner { .. } => "RenameOwner",
             Error::NoNamespace => "NoNamespace",
         }
     }
@@ -96,6 +104,12 @@ pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result
     let namespace = backup.namespace().ok_or(Error::NoNamespace)?;
     let name = backup.name_any();
     let status = backup.status.clone().unwrap_or_default();
+    // A scheduled backup made before v1beta1 names its cluster in v1alpha1: renamed first,
+    // finished or not, so that v1alpha1 can stop being served (pgop_api::owner). The same
+    // owner under another name, so whichever operator manages the cluster may do it.
+    if rename_owner(&ctx, &backup, &namespace).await? {
+        return Ok(Action::await_change());
+    }
     if matches!(
         status.phase,
         Some(BackupPhase::Completed | BackupPhase::Failed)
@@ -315,6 +329,41 @@ pub fn error_policy(backup: Arc<PostgresBackup>, error: &Error, ctx: Arc<Context
     let delay = ctx.backoff.next_delay(&key);
     tracing::warn!(backup = %key, reason = error.metric_label(), error = %crate::error_chain(error), retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
+}
+
+/// Renames the backup's ownerReference to its cluster to the current version
+/// ([`pgop_api::owner::renamed`]); `true` when it wrote (the change wakes the backup again).
+/// The patch carries the resourceVersion read, so that nobody else's change of the list
+/// is lost: on a conflict the newer object comes through the watch and is looked at again.
+async fn rename_owner(
+    ctx: &Context,
+    backup: &PostgresBackup,
+    namespace: &str,
+) -> Result<bool, Error> {
+    let Some(owners) = pgop_api::owner::renamed(backup.owner_references()) else {
+        return Ok(false);
+    };
+    let api: Api<PostgresBackup> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({"metadata": {
+        "resourceVersion": backup.resource_version(),
+        "ownerReferences": owners,
+    }});
+    match api
+        .patch(
+            &backup.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(true),
+        Err(source) => Err(Error::RenameOwner {
+            name: backup.name_any(),
+            version: pgop_api::constants::CLUSTER_OWNER_API_VERSION,
+            source,
+        }),
+    }
 }
 
 async fn fail(

@@ -314,8 +314,10 @@ async fn fix_derived_keys(
     Ok(())
 }
 
-/// A merge patch setting the desired labels and adding the desired ownerReferences, or
-/// `None` when the live metadata already has them. Other labels are left alone.
+/// A merge patch setting the desired labels and ownerReferences, or `None` when the live
+/// metadata already has them. A desired reference missing from `live` is added; one whose
+/// owner (uid) `live` names differently (`v1alpha1` where `v1beta1` is built, say) replaces
+/// it. Other labels and other owners' references are left alone.
 pub fn metadata_patch(desired: &ObjectMeta, live: &ObjectMeta) -> Option<Value> {
     let live_labels = live.labels.clone().unwrap_or_default();
     let mut labels = serde_json::Map::new();
@@ -325,23 +327,22 @@ pub fn metadata_patch(desired: &ObjectMeta, live: &ObjectMeta) -> Option<Value> 
         }
     }
     let live_owners = live.owner_references.clone().unwrap_or_default();
-    let missing: Vec<_> = desired
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|o| !live_owners.iter().any(|l| l.uid == o.uid))
-        .cloned()
-        .collect();
-    if labels.is_empty() && missing.is_empty() {
+    let wanted: Vec<_> = desired.owner_references.iter().flatten().collect();
+    let owners_fit = wanted.iter().all(|o| live_owners.contains(o));
+    if labels.is_empty() && owners_fit {
         return None;
     }
     let mut meta = serde_json::Map::new();
     if !labels.is_empty() {
         meta.insert("labels".into(), Value::Object(labels));
     }
-    if !missing.is_empty() {
-        let mut all = live_owners;
-        all.extend(missing);
+    if !owners_fit {
+        // A merge patch replaces the whole list: the others' references go in unchanged.
+        let mut all: Vec<_> = live_owners
+            .into_iter()
+            .filter(|l| !wanted.iter().any(|o| o.uid == l.uid))
+            .collect();
+        all.extend(wanted.into_iter().cloned());
         meta.insert("ownerReferences".into(), serde_json::to_value(all).ok()?);
     }
     Some(serde_json::json!({ "metadata": meta }))
@@ -710,6 +711,37 @@ mod tests {
             "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "c", "uid": "1"}]
         }))
         .expect("valid meta");
+        assert_eq!(metadata_patch(&desired, &fixed), None);
+    }
+
+    #[test]
+    fn metadata_patch_renames_the_owners_version_and_keeps_other_owners() {
+        let owner = |version: &str, uid: &str| {
+            json!({"apiVersion": version, "kind": "PostgresCluster", "name": "db", "uid": uid,
+                   "controller": true, "blockOwnerDeletion": true})
+        };
+        let desired: ObjectMeta = serde_json::from_value(json!({
+            "ownerReferences": [owner("database.example.com/v1beta1", "1")]
+        }))
+        .expect("valid meta");
+        let live: ObjectMeta = serde_json::from_value(json!({
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "2"},
+                owner("database.example.com/v1alpha1", "1")
+            ]
+        }))
+        .expect("valid meta");
+        let patch = metadata_patch(&desired, &live).expect("a patch");
+        assert_eq!(patch["metadata"].get("labels"), None);
+        assert_eq!(
+            patch["metadata"]["ownerReferences"],
+            json!([
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "2"},
+                owner("database.example.com/v1beta1", "1")
+            ])
+        );
+        let fixed: ObjectMeta =
+            serde_json::from_value(patch["metadata"].clone()).expect("valid meta");
         assert_eq!(metadata_patch(&desired, &fixed), None);
     }
 }

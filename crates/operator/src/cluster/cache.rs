@@ -660,8 +660,8 @@ impl Expectations {
 }
 
 /// The cluster that controls `child`: its controller ownerReference to a PostgresCluster
-/// of pgop's group, in whichever version it names (`v1alpha1`, for every child pgop has
-/// made: [`pgop_api::constants::CLUSTER_OWNER_API_VERSION`]).
+/// of pgop's group, in whichever version it names (`v1beta1` since pgop made its children
+/// so, `v1alpha1` for children made before: [`pgop_api::owner`]).
 pub fn owning_cluster<K: kube::Resource>(
     child: K,
 ) -> Option<kube::runtime::reflector::ObjectRef<pgop_api::v1beta1::PostgresCluster>> {
@@ -670,11 +670,7 @@ pub fn owning_cluster<K: kube::Resource>(
     meta.owner_references
         .iter()
         .flatten()
-        .find(|o| {
-            o.controller == Some(true)
-                && o.kind == "PostgresCluster"
-                && o.api_version.split('/').next() == Some(pgop_api::constants::GROUP)
-        })
+        .find(|o| o.controller == Some(true) && pgop_api::owner::names_cluster(o))
         .map(|o| kube::runtime::reflector::ObjectRef::new(&o.name).within(namespace))
 }
 
@@ -685,8 +681,8 @@ impl Feeds {
         self,
         controller: kube::runtime::Controller<pgop_api::v1beta1::PostgresCluster>,
     ) -> kube::runtime::Controller<pgop_api::v1beta1::PostgresCluster> {
-        // Not `owns_stream`: kube matches an ownerReference's apiVersion exactly, and the
-        // children name `v1alpha1` while the controller watches `v1beta1`.
+        // Not `owns_stream`: kube matches an ownerReference's apiVersion exactly, and
+        // children made before `v1beta1` name `v1alpha1` until their first pass rewrites them.
         controller
             .watches_stream(self.pods, owning_cluster)
             .watches_stream(self.pvcs, owning_cluster)

@@ -58,9 +58,28 @@ pub async fn install_crds(client: &kube::Client) -> Result<(), pgop_testenv::crd
 
 /// [`start`] without the operator: for a caller that runs its own (as a process, say).
 pub async fn start_without_operator(prefix: &str) -> Result<Env> {
+    start_with_crds(prefix, Crds::Current).await
+}
+
+/// The CRDs an environment starts with.
+pub enum Crds {
+    /// pgop's, as deploy/ has them ([`install_crds`]).
+    Current,
+    /// Those of a pgop before `v1beta1`: `v1alpha1` served and stored alone
+    /// ([`pgop_api::crds_v1alpha1`]), for the upgrade from them.
+    BeforeV1beta1,
+}
+
+/// [`start_without_operator`] with the CRDs `crds`.
+pub async fn start_with_crds(prefix: &str, crds: Crds) -> Result<Env> {
     let plane = ControlPlane::start(Options::default().with_controller_manager()).await?;
     let client = plane.client()?;
-    install_crds(&client).await?;
+    match crds {
+        Crds::Current => install_crds(&client).await?,
+        Crds::BeforeV1beta1 => {
+            pgop_testenv::crds::install(&client, pgop_api::crds_v1alpha1()).await?
+        }
+    }
     let ns = TestNamespace::create(plane.config(), prefix).await?;
     let node = LocalNode::start(
         &plane,
@@ -159,7 +178,14 @@ impl Env {
         Ok(())
     }
 
+    /// The clusters in `v1beta1`, the stored version: read with no conversion, and served
+    /// after `v1alpha1` is retired.
+    pub fn clusters_v1beta1(&self) -> Api<pgop_api::v1beta1::PostgresCluster> {
+        Api::namespaced(self.client.clone(), self.n())
+    }
+
     /// Waits until the cluster satisfies `ok`; the error names `what` and the last status.
+    /// Read in `v1beta1` (the status is the same in both versions), returned in `v1alpha1`.
     pub async fn wait_cluster(
         &self,
         name: &str,
@@ -167,13 +193,13 @@ impl Env {
         timeout: Duration,
         ok: impl Fn(&pgop_api::PostgresClusterStatus) -> bool,
     ) -> Result<PostgresCluster> {
-        let api = self.clusters();
+        let api = self.clusters_v1beta1();
         let ok = &ok;
         let api = &api;
         Ok(
             wait::until(&format!("{name}: {what}"), timeout, || async move {
                 match api.get(name).await {
-                    Ok(c) if c.status.as_ref().is_some_and(ok) => Ok(c),
+                    Ok(c) if c.status.as_ref().is_some_and(ok) => Ok(PostgresCluster::from(c)),
                     other => Err(format!("{:?}", other.map(|c| c.status))),
                 }
             })
@@ -208,7 +234,7 @@ impl Env {
     }
 
     pub async fn current_primary(&self, name: &str) -> Result<String> {
-        let c = self.clusters().get(name).await?;
+        let c = self.clusters_v1beta1().get(name).await?;
         Ok(c.status
             .and_then(|s| s.current_primary)
             .ok_or("no current primary")?)
