@@ -2,7 +2,8 @@
 # Runs pgop's whole test suite: unit tests, integration tests against a real Kubernetes
 # control plane (built first by hack/install-testenv.sh if it is missing), backup tests
 # against a real S3 server (hack/install-s3-server.sh installs it), and the real-node tier
-# (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh).
+# (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh),
+# on PostgreSQL 15 (Debian's packages) and 18 (hack/install-postgres18.sh).
 # Missing Debian packages are installed by hack/install-packages.sh. Needs root.
 #
 #   hack/test.sh [extra cargo test arguments]
@@ -21,6 +22,9 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 hack/install-packages.sh test
+# PostgreSQL 18 (Debian bookworm packages 15): built once from Debian's source into
+# /var/cache/pgop/postgresql/18 (several minutes the first time).
+hack/install-postgres18.sh >/dev/null
 hack/install-testenv.sh >/dev/null
 # The backup tests start a real S3 server (s3s-fs), installed once into
 # ~/.cache/pgop/s3s-fs (a few minutes the first time).

@@ -104,7 +104,10 @@ pub fn is_reserved_name(name: &str) -> bool {
 }
 
 /// PostgreSQL major versions pgop runs (`spec.postgresVersion`).
-pub const SUPPORTED_POSTGRES_VERSIONS: &[i32] = &[15];
+pub const SUPPORTED_POSTGRES_VERSIONS: &[i32] = &[15, 18];
+/// The major version of a cluster whose `spec.postgresVersion` is unset: the one every
+/// cluster ran before the field meant anything, so that such a cluster keeps it.
+pub const DEFAULT_POSTGRES_VERSION: i32 = 15;
 
 /// Most instances a cluster may have (one primary and eight standbys).
 pub const MAX_REPLICAS: i32 = 9;
@@ -179,8 +182,10 @@ pub struct PostgresClusterSpec {
     #[schemars(length(min = 1, max = 512), pattern(formats::IMAGE_PATTERN))]
     pub image: Option<String>,
 
-    /// PostgreSQL major version the instances run; pgop runs 15 only for now, so this is
-    /// checked and must be 15 when set. The image decides the version that actually runs.
+    /// PostgreSQL major version the instances run: 15 (the default) or 18. It picks the
+    /// binaries each instance manager runs (`/usr/lib/postgresql/<version>/bin`, or where
+    /// `hack/install-postgres18.sh` puts 18 on the local node). Fixed once the cluster
+    /// exists: pgop does not upgrade a data directory to another major version yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = SUPPORTED_POSTGRES_VERSIONS))]
     pub postgres_version: Option<i32>,

@@ -166,8 +166,10 @@ fn default_instances() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresqlSpec {
-    /// PostgreSQL major version the instances run; pgop runs 15 only for now, so this is
-    /// checked and must be 15 when set. The image decides the version that actually runs.
+    /// PostgreSQL major version the instances run: 15 (the default) or 18. It picks the
+    /// binaries each instance manager runs (`/usr/lib/postgresql/<version>/bin`, or where
+    /// `hack/install-postgres18.sh` puts 18 on the local node). Fixed once the cluster
+    /// exists: pgop does not upgrade a data directory to another major version yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = SUPPORTED_POSTGRES_VERSIONS))]
     pub version: Option<i32>,

@@ -149,13 +149,18 @@ pub fn transition_errors(old: &PostgresClusterSpec, new: &PostgresClusterSpec) -
     errors.check(old.bootstrap == new.bootstrap, "spec.bootstrap", || {
         MSG_BOOTSTRAP_IMMUTABLE.to_string()
     });
-    if let (Some(before), Some(after)) = (old.postgres_version, new.postgres_version) {
-        errors.check(after >= before, "spec.postgresVersion", || {
-            format!(
-                "may not be lowered from {before} to {after}: PostgreSQL's data files cannot be downgraded (restore a logical backup into a new cluster instead)"
-            )
-        });
-    }
+    let major = |v: Option<i32>| v.unwrap_or(crate::cluster::DEFAULT_POSTGRES_VERSION);
+    let (before, after) = (major(old.postgres_version), major(new.postgres_version));
+    errors.check(after >= before, "spec.postgresVersion", || {
+        format!(
+            "may not be lowered from {before} to {after}: PostgreSQL's data files cannot be downgraded (restore a logical backup into a new cluster instead)"
+        )
+    });
+    errors.check(after <= before, "spec.postgresVersion", || {
+        format!(
+            "may not be raised from {before} to {after}: pgop does not upgrade a running cluster to another major version yet (restore a logical backup into a new cluster of {after} instead)"
+        )
+    });
     errors.0
 }
 
@@ -973,10 +978,20 @@ bootstrap:
         assert!(errors[0].message.contains("from 15 to 14"), "{errors:?}");
         let mut higher = old.clone();
         higher.postgres_version = Some(18);
-        assert!(transition_errors(&old, &higher).is_empty());
+        let errors = transition_errors(&old, &higher);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "spec.postgresVersion");
+        assert!(
+            errors[0].message.contains("raised from 15 to 18"),
+            "{errors:?}"
+        );
+        // Unset is 15: naming it, or no longer naming it, changes nothing.
         let mut unset = old.clone();
         unset.postgres_version = None;
         assert!(transition_errors(&old, &unset).is_empty());
+        assert!(transition_errors(&unset, &old).is_empty());
+        assert_eq!(transition_errors(&unset, &higher).len(), 1);
+        assert!(transition_errors(&higher, &higher).is_empty());
     }
 
     #[test]

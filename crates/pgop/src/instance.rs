@@ -71,10 +71,16 @@ struct RunArgs {
         default_value = "/var/lib/postgresql/data/pgdata"
     )]
     pgdata: PathBuf,
-    /// PostgreSQL's binary directory (default: `pg_config --bindir`, else the newest
-    /// /usr/lib/postgresql/*/bin).
+    /// PostgreSQL's binary directory (default: that of --postgres-major, see there).
     #[arg(long, env = "PGOP_PG_BIN")]
     pg_bin: Option<PathBuf>,
+    /// The PostgreSQL major version to run (the cluster's `spec.postgresql.version`, which
+    /// the operator sets). Its binaries: --pg-bin, else `PGOP_PG_BIN_<major>`, else
+    /// /usr/lib/postgresql/<major>/bin, else /var/cache/pgop/postgresql/<major>/bin.
+    /// Without it: the major of an existing data directory (its PG_VERSION), else
+    /// `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin.
+    #[arg(long, env = "PGOP_POSTGRES_MAJOR", value_parser = clap::value_parser!(u32).range(10..100))]
+    postgres_major: Option<u32>,
     #[arg(long, env = "PGOP_SOCKET_DIR", default_value = "/run/postgresql")]
     socket_dir: PathBuf,
     #[arg(long, env = "PGOP_PG_PORT", default_value_t = POSTGRES_PORT)]
@@ -148,8 +154,42 @@ async fn wal_restore(args: WalRestoreArgs) -> Result<(), Error> {
     }
 }
 
+/// The major version a data directory was made by (its `PG_VERSION`), when it has one.
+fn data_major(pgdata: &std::path::Path) -> Result<Option<u32>, Error> {
+    let path = pgdata.join("PG_VERSION");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => pgop_instance::pg::binaries::parse_major(&text)
+            .map(Some)
+            .ok_or_else(|| {
+                format!("{} holds {text:?}, not a major version", path.display()).into()
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("failed to read {}: {e}", path.display()).into()),
+    }
+}
+
+/// The binaries this instance runs: those of `--postgres-major`, which must be the major
+/// of an existing data directory (PostgreSQL cannot start another major's data, and
+/// pgop does not upgrade in place yet); without it, the data directory's major, else
+/// whatever is found.
+fn binaries_for(args: &RunArgs) -> Result<Binaries, Error> {
+    let on_disk = data_major(&args.pgdata)?;
+    match (args.postgres_major, on_disk) {
+        (Some(wanted), Some(found)) if wanted != found => Err(format!(
+            "the data directory {} was made by PostgreSQL {found}, and this instance is to run PostgreSQL {wanted} (spec.postgresql.version): \
+             pgop does not upgrade a data directory to another major version; set spec.postgresql.version back to {found}",
+            args.pgdata.display()
+        )
+        .into()),
+        (Some(major), _) | (None, Some(major)) => {
+            Ok(Binaries::for_major(major, args.pg_bin.as_deref())?)
+        }
+        (None, None) => Ok(Binaries::locate(args.pg_bin.as_deref())?),
+    }
+}
+
 async fn run_instance(args: RunArgs) -> Result<(), Error> {
-    let binaries = Binaries::locate(args.pg_bin.as_deref())?;
+    let binaries = binaries_for(&args)?;
     let run_as = RunAs::when_root(&args.pg_user)?;
     let client = crate::kube_client("instance").await?;
     // The pod IP rather than 0.0.0.0: the same in a real pod, and on the local node,

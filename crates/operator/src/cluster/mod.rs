@@ -217,6 +217,17 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         return Ok(Action::await_change());
     }
 
+    // A major version other than the one the instances run (the validating webhook
+    // refuses the change; without it, it is caught here, before any Pod is rebuilt).
+    if let Some(error) = major_change(&defaulted.spec, cluster.status.as_ref()) {
+        let message = pgop_api::validation::summary(&[error]);
+        let status = status::invalid(cluster, &message, now());
+        if patch_status(ctx, cluster, &namespace, status).await? {
+            publish(ctx, cluster, EventType::Warning, "InvalidSpec", &message).await;
+        }
+        return Ok(Action::await_change());
+    }
+
     // 4. plan
     let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed).await?;
     let named = &planned.named;
@@ -403,6 +414,39 @@ fn storage_shrink(
     Some(pgop_api::validation::FieldError {
         field: "spec.storage.size".to_string(),
         message: pgop_api::validation::msg_storage_shrink(&spec.storage.size, size),
+    })
+}
+
+/// The major version of `spec` when an instance reports running another one
+/// (`status.instances[].postgresVersion`): its data directory holds that major, and pgop
+/// does not upgrade in place.
+fn major_change(
+    spec: &pgop_api::v1beta1::PostgresClusterSpec,
+    status: Option<&PostgresClusterStatus>,
+) -> Option<pgop_api::validation::FieldError> {
+    let wanted = spec
+        .postgresql
+        .version
+        .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
+    let running = status?
+        .instances
+        .iter()
+        .filter_map(|i| {
+            let version = i.postgres_version.as_deref()?;
+            let digits: String = version.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse::<i32>().ok()
+        })
+        .find(|major| *major != wanted)?;
+    let verb = if wanted < running {
+        "lowered"
+    } else {
+        "raised"
+    };
+    Some(pgop_api::validation::FieldError {
+        field: "spec.postgresql.version".to_string(),
+        message: format!(
+            "may not be {verb} to {wanted}: the instances run PostgreSQL {running}, and pgop does not change the major version of a data directory (restore a logical backup into a new cluster of {wanted} instead)"
+        ),
     })
 }
 
@@ -1281,6 +1325,48 @@ async fn publish_about(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn another_major_than_the_instances_run_is_refused() {
+        let spec = |version: Option<i32>| -> pgop_api::v1beta1::PostgresClusterSpec {
+            serde_json::from_value(serde_json::json!({
+                "instances": 2, "storage": {"size": "1Gi"},
+                "postgresql": {"version": version}
+            }))
+            .expect("spec fixture")
+        };
+        let status = |versions: &[Option<&str>]| -> pgop_api::PostgresClusterStatus {
+            serde_json::from_value(serde_json::json!({
+                "instances": versions.iter().enumerate().map(|(i, v)| serde_json::json!({
+                    "name": format!("db-{}", i + 1), "serial": i + 1, "postgresVersion": v
+                })).collect::<Vec<_>>()
+            }))
+            .expect("status fixture")
+        };
+        let fifteen = status(&[Some("15.14 (Debian 15.14-0+deb12u1)"), None]);
+        assert_eq!(super::major_change(&spec(None), Some(&fifteen)), None);
+        assert_eq!(super::major_change(&spec(Some(15)), Some(&fifteen)), None);
+        let raised = super::major_change(&spec(Some(18)), Some(&fifteen)).expect("refused");
+        assert_eq!(raised.field, "spec.postgresql.version");
+        assert!(
+            raised.message.contains("raised to 18") && raised.message.contains("PostgreSQL 15"),
+            "{}",
+            raised.message
+        );
+        let eighteen = status(&[Some("18.6")]);
+        let lowered = super::major_change(&spec(None), Some(&eighteen)).expect("refused");
+        assert!(
+            lowered.message.contains("lowered to 15"),
+            "{}",
+            lowered.message
+        );
+        // Nothing reported yet (a new cluster): nothing to compare.
+        assert_eq!(super::major_change(&spec(Some(18)), None), None);
+        assert_eq!(
+            super::major_change(&spec(Some(18)), Some(&status(&[None]))),
+            None
+        );
+    }
+
     #[test]
     fn a_failover_is_chosen_on_fresh_probes_once_the_primary_is_lost() {
         use super::probe::Probe;

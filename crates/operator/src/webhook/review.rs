@@ -3,7 +3,7 @@
 //! rules), plus those that need the old object or other objects, which the API server
 //! cannot express in CEL:
 //! - a cluster's changes that pgop cannot carry out ([`validation::transition_errors`]:
-//!   a smaller `spec.storage.size`, another `spec.bootstrap`, a lower `spec.postgresVersion`);
+//!   a smaller `spec.storage.size`, another `spec.bootstrap`, another `spec.postgresVersion`);
 //! - the Secrets a cluster names exist (and the S3 credentials Secret holds its keys), the
 //!   PostgresBackup it restores from exists, and so does its PriorityClass;
 //! - a PostgresBackup names a PostgresCluster that exists and has a backup store.
