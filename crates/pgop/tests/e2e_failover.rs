@@ -44,27 +44,6 @@ async fn wait_event(env: &Env, cluster: &str, reason: &str) -> Result {
     Ok(())
 }
 
-/// Waits for a confirmed primary other than `old`; returns it.
-async fn wait_new_primary(env: &Env, name: &str, old: &str) -> Result<String> {
-    let c = env
-        .wait_cluster(name, &format!("a primary other than {old}"), TIMEOUT, |s| {
-            s.current_primary.as_deref().is_some_and(|p| p != old)
-                && s.target_primary == s.current_primary
-        })
-        .await?;
-    Ok(c.status
-        .and_then(|s| s.current_primary)
-        .ok_or("no primary")?)
-}
-
-/// Every instance holds exactly `rows` rows of `table`.
-async fn rows_everywhere(env: &Env, name: &str, password: &str, table: &str, rows: i64) -> Result {
-    for (pod, ip) in env.pod_ips(name).await? {
-        wait_rows(&pod, &ip, password, table, rows).await?;
-    }
-    Ok(())
-}
-
 #[tokio::test]
 async fn e2e_failover_after_the_primary_is_killed_and_after_its_pod_is_deleted() -> Result {
     let _serial = SERIAL.lock().await;
@@ -81,25 +60,8 @@ async fn e2e_failover_after_the_primary_is_killed_and_after_its_pod_is_deleted()
     .await?;
     rows_everywhere(&env, "ha", &password, "t", 100).await?;
 
-    // 1. kill -9 of the primary's postmaster.
-    let first = env.current_primary("ha").await?;
-    env.kill_postmaster(&first, &password).await?;
-    let second = wait_new_primary(&env, "ha", &first).await?;
-    write_through_rw(&env, "ha", &password, "insert into t values (101)").await?;
-    assert_eq!(
-        env.rw("ha"),
-        Some(env.pod_ip(&second).await?),
-        "-rw points at the new primary"
-    );
-    // The old primary rejoins as a standby of the new one (pg_rewind).
-    let ready = env.wait_ready("ha", 3).await?;
-    let old = ready
-        .status
-        .as_ref()
-        .and_then(|s| s.instances.iter().find(|i| i.name == first))
-        .ok_or("the old primary is gone from the status")?;
-    assert_eq!(old.role, Some(pgop_api::cluster::InstanceRole::Replica));
-    rows_everywhere(&env, "ha", &password, "t", 101).await?;
+    // 1. kill -9 of the primary's postmaster; the old primary rejoins (pg_rewind).
+    let (_, second) = fail_over_after_kill(&env, "ha", &password).await?;
     wait_event(&env, "ha", "FailoverStarted").await?;
     wait_event(&env, "ha", "FailoverCompleted").await?;
 

@@ -9,26 +9,6 @@ mod common;
 use common::*;
 use serde_json::json;
 
-/// Waits for a confirmed primary other than `old`; returns it.
-async fn wait_new_primary(env: &Env, name: &str, old: &str) -> Result<String> {
-    let c = env
-        .wait_cluster(name, &format!("a primary other than {old}"), TIMEOUT, |s| {
-            s.current_primary.as_deref().is_some_and(|p| p != old)
-                && s.target_primary == s.current_primary
-        })
-        .await?;
-    Ok(c.status
-        .and_then(|s| s.current_primary)
-        .ok_or("no primary")?)
-}
-
-async fn rows_everywhere(env: &Env, name: &str, password: &str, rows: i64) -> Result {
-    for (pod, ip) in env.pod_ips(name).await? {
-        wait_rows(&pod, &ip, password, "t", rows).await?;
-    }
-    Ok(())
-}
-
 /// Every instance runs PostgreSQL `major`: as its manager reports it in the status, and as
 /// the server itself answers.
 async fn every_instance_runs(env: &Env, name: &str, password: &str, major: &str) -> Result {
@@ -77,23 +57,11 @@ async fn e2e_a_postgresql_18_cluster_replicates_fails_over_and_rewinds() -> Resu
         "create table t(id int primary key); insert into t select generate_series(1, 100)",
     )
     .await?;
-    rows_everywhere(&env, "new", &password, 100).await?;
+    rows_everywhere(&env, "new", &password, "t", 100).await?;
 
     // kill -9 of the primary's postmaster: a standby takes over, and the old primary
     // comes back as its standby through PostgreSQL 18's pg_rewind.
-    let first = env.current_primary("new").await?;
-    env.kill_postmaster(&first, &password).await?;
-    let second = wait_new_primary(&env, "new", &first).await?;
-    write_through_rw(&env, "new", &password, "insert into t values (101)").await?;
-    assert_eq!(env.rw("new"), Some(env.pod_ip(&second).await?));
-    let ready = env.wait_ready("new", 3).await?;
-    let old = ready
-        .status
-        .as_ref()
-        .and_then(|s| s.instances.iter().find(|i| i.name == first))
-        .ok_or("the old primary is gone from the status")?;
-    assert_eq!(old.role, Some(pgop_api::cluster::InstanceRole::Replica));
-    rows_everywhere(&env, "new", &password, 101).await?;
+    fail_over_after_kill(&env, "new", &password).await?;
     every_instance_runs(&env, "new", &password, "18").await?;
 
     // The major version of a running cluster is fixed: 18 -> 15 is a downgrade, and a

@@ -334,6 +334,62 @@ impl Env {
     }
 }
 
+/// Waits for a confirmed primary other than `old`; returns it.
+pub async fn wait_new_primary(env: &Env, name: &str, old: &str) -> Result<String> {
+    let c = env
+        .wait_cluster(name, &format!("a primary other than {old}"), TIMEOUT, |s| {
+            s.current_primary.as_deref().is_some_and(|p| p != old)
+                && s.target_primary == s.current_primary
+        })
+        .await?;
+    Ok(c.status
+        .and_then(|s| s.current_primary)
+        .ok_or("no primary")?)
+}
+
+/// kill -9 of the three-instance cluster `name`'s primary postmaster, with 100 rows in
+/// table `t` everywhere: a standby takes over, `-rw` points at it and takes row 101, and
+/// the old primary rejoins as a standby of the new one (pg_rewind) with all 101 rows.
+/// Returns the old primary and the new one.
+pub async fn fail_over_after_kill(
+    env: &Env,
+    name: &str,
+    password: &str,
+) -> Result<(String, String)> {
+    let first = env.current_primary(name).await?;
+    env.kill_postmaster(&first, password).await?;
+    let second = wait_new_primary(env, name, &first).await?;
+    write_through_rw(env, name, password, "insert into t values (101)").await?;
+    assert_eq!(
+        env.rw(name),
+        Some(env.pod_ip(&second).await?),
+        "-rw points at the new primary"
+    );
+    let ready = env.wait_ready(name, 3).await?;
+    let old = ready
+        .status
+        .as_ref()
+        .and_then(|s| s.instances.iter().find(|i| i.name == first))
+        .ok_or("the old primary is gone from the status")?;
+    assert_eq!(old.role, Some(pgop_api::cluster::InstanceRole::Replica));
+    rows_everywhere(env, name, password, "t", 101).await?;
+    Ok((first, second))
+}
+
+/// Every instance holds exactly `rows` rows of `table`.
+pub async fn rows_everywhere(
+    env: &Env,
+    name: &str,
+    password: &str,
+    table: &str,
+    rows: i64,
+) -> Result {
+    for (pod, ip) in env.pod_ips(name).await? {
+        wait_rows(&pod, &ip, password, table, rows).await?;
+    }
+    Ok(())
+}
+
 pub async fn connect(host: &str, password: &str) -> Result<tokio_postgres::Client> {
     connect_within(host, password, Duration::from_secs(5)).await
 }
