@@ -12,8 +12,23 @@ use tokio_postgres::{Client, NoTls};
 
 pub type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
+/// The PostgreSQL major these scenarios run on: 18 in the `postgres18` test target, 15
+/// (Debian's) in `postgres`.
+pub fn major() -> u32 {
+    if env!("CARGO_CRATE_NAME") == "postgres18" {
+        18
+    } else {
+        15
+    }
+}
+
 pub fn binaries() -> Binaries {
-    Binaries::locate(None).expect("PostgreSQL binaries (set PGOP_PG_BIN)")
+    let major = major();
+    Binaries::for_major(major, None).unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL {major} (15: hack/install-packages.sh demo; 18: hack/install-postgres18.sh): {e}"
+        )
+    })
 }
 
 pub fn run_as() -> Option<RunAs> {
