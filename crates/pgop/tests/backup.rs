@@ -935,6 +935,8 @@ impl RunningManager {
             .env("PGOP_PG_PORT", pg_port.to_string())
             .env("PGOP_LISTEN", format!("127.0.0.1:{http_port}"))
             .env("PGOP_STOP_TIMEOUT", "3")
+            // The major of this target (the operator sets it in every Pod).
+            .env("PGOP_POSTGRES_MAJOR", common::pg::major().to_string())
             .stdout(Stdio::null())
             .stderr(if std::env::var_os("PGOP_TEST_LOGS").is_some() {
                 Stdio::inherit()
@@ -1457,4 +1459,16 @@ async fn the_restore_check_of_a_corrupt_base_object_fails_naming_it() {
         pgop_api::error_chain(&err).contains("20000101T000000Z"),
         "{err}"
     );
+}
+
+/// This target's PostgreSQL: 15, or 18 when compiled as the `*18` twin.
+#[test]
+fn the_binaries_are_those_of_this_targets_major() {
+    let expected = if env!("CARGO_CRATE_NAME").ends_with("18") {
+        18
+    } else {
+        15
+    };
+    assert_eq!(common::pg::major(), expected);
+    assert_eq!(common::pg::binaries().major().ok(), Some(expected));
 }

@@ -21,8 +21,24 @@ pub fn owner() -> Option<(u32, u32)> {
     run_as().map(|u| (u.uid, u.gid))
 }
 
+/// The PostgreSQL major a test binary runs on: 18 in the targets named `*18`
+/// (`backup18.rs`, `logical18.rs`: the same scenarios compiled again), else 15 (Debian's).
+/// Read from the target's name, never from the environment.
+pub fn major() -> u32 {
+    if env!("CARGO_CRATE_NAME").ends_with("18") {
+        18
+    } else {
+        15
+    }
+}
+
 pub fn binaries() -> Binaries {
-    Binaries::locate(None).expect("PostgreSQL binaries (set PGOP_PG_BIN)")
+    let major = major();
+    Binaries::for_major(major, None).unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL {major} (15: hack/install-packages.sh demo; 18: hack/install-postgres18.sh): {e}"
+        )
+    })
 }
 
 pub fn tools() -> PgTools {
