@@ -219,7 +219,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // A major version other than the one the instances run (the validating webhook
     // refuses the change; without it, it is caught here, before any Pod is rebuilt).
-    if let Some(error) = major_change(&defaulted.spec, cluster.status.as_ref()) {
+    if let Some(error) = major_change(&defaulted.spec, cluster.status.as_ref(), &observed.pods) {
         let message = pgop_api::validation::summary(&[error]);
         let status = status::invalid(cluster, &message, now());
         if patch_status(ctx, cluster, &namespace, status).await? {
@@ -417,26 +417,36 @@ fn storage_shrink(
     })
 }
 
-/// The major version of `spec` when an instance reports running another one
-/// (`status.instances[].postgresVersion`): its data directory holds that major, and pgop
-/// does not upgrade in place.
+/// The major version of `spec` when an instance runs another one: what its Pod was built
+/// to run (`PGOP_POSTGRES_MAJOR`), or what it reported running
+/// (`status.instances[].postgresVersion`; Pods made before the variable carry none, and a
+/// failed probe reports nothing, so either source alone could miss it). Its data directory
+/// holds that major, and pgop does not upgrade in place.
 fn major_change(
     spec: &pgop_api::v1beta1::PostgresClusterSpec,
     status: Option<&PostgresClusterStatus>,
+    pods: &[k8s_openapi::api::core::v1::Pod],
 ) -> Option<pgop_api::validation::FieldError> {
     let wanted = spec
         .postgresql
         .version
         .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
-    let running = status?
-        .instances
+    let leading_number = |text: &str| -> Option<i32> {
+        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let reported = status
+        .into_iter()
+        .flat_map(|s| &s.instances)
+        .filter_map(|i| leading_number(i.postgres_version.as_deref()?));
+    let built_for = pods
         .iter()
-        .filter_map(|i| {
-            let version = i.postgres_version.as_deref()?;
-            let digits: String = version.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse::<i32>().ok()
-        })
-        .find(|major| *major != wanted)?;
+        .filter_map(|p| p.spec.as_ref())
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.env.iter().flatten())
+        .filter(|e| e.name == build::pod::env::POSTGRES_MAJOR)
+        .filter_map(|e| leading_number(e.value.as_deref()?));
+    let running = reported.chain(built_for).find(|major| *major != wanted)?;
     let verb = if wanted < running {
         "lowered"
     } else {
@@ -1343,9 +1353,12 @@ mod tests {
             .expect("status fixture")
         };
         let fifteen = status(&[Some("15.14 (Debian 15.14-0+deb12u1)"), None]);
-        assert_eq!(super::major_change(&spec(None), Some(&fifteen)), None);
-        assert_eq!(super::major_change(&spec(Some(15)), Some(&fifteen)), None);
-        let raised = super::major_change(&spec(Some(18)), Some(&fifteen)).expect("refused");
+        assert_eq!(super::major_change(&spec(None), Some(&fifteen), &[]), None);
+        assert_eq!(
+            super::major_change(&spec(Some(15)), Some(&fifteen), &[]),
+            None
+        );
+        let raised = super::major_change(&spec(Some(18)), Some(&fifteen), &[]).expect("refused");
         assert_eq!(raised.field, "spec.postgresql.version");
         assert!(
             raised.message.contains("raised to 18") && raised.message.contains("PostgreSQL 15"),
@@ -1353,16 +1366,37 @@ mod tests {
             raised.message
         );
         let eighteen = status(&[Some("18.6")]);
-        let lowered = super::major_change(&spec(None), Some(&eighteen)).expect("refused");
+        let lowered = super::major_change(&spec(None), Some(&eighteen), &[]).expect("refused");
         assert!(
             lowered.message.contains("lowered to 15"),
             "{}",
             lowered.message
         );
-        // Nothing reported yet (a new cluster): nothing to compare.
-        assert_eq!(super::major_change(&spec(Some(18)), None), None);
+        // A Pod built for 15 whose instance reports nothing (a failed probe): still 15.
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "db-1"},
+            "spec": {"containers": [{"name": "postgres", "env": [
+                {"name": "PGOP_POSTGRES_MAJOR", "value": "15"}
+            ]}]}
+        }))
+        .expect("pod fixture");
+        let silent = status(&[None]);
+        let from_pod =
+            super::major_change(&spec(Some(18)), Some(&silent), std::slice::from_ref(&pod))
+                .expect("refused");
+        assert!(
+            from_pod.message.contains("PostgreSQL 15"),
+            "{}",
+            from_pod.message
+        );
         assert_eq!(
-            super::major_change(&spec(Some(18)), Some(&status(&[None]))),
+            super::major_change(&spec(Some(15)), Some(&silent), &[pod]),
+            None
+        );
+        // Nothing reported yet (a new cluster): nothing to compare.
+        assert_eq!(super::major_change(&spec(Some(18)), None, &[]), None);
+        assert_eq!(
+            super::major_change(&spec(Some(18)), Some(&status(&[None])), &[]),
             None
         );
     }

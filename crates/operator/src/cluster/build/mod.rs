@@ -5,7 +5,7 @@
 mod network;
 mod pdb;
 pub use pdb::Budgets;
-mod pod;
+pub(crate) mod pod;
 mod pvc;
 pub use pgop_api::quantity;
 mod rbac;
