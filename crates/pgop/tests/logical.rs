@@ -493,11 +493,5 @@ async fn a_failing_pg_dump_fails_the_backup_and_leaves_nothing_listed() {
 /// This target's PostgreSQL: 15, or 18 when compiled as the `*18` twin.
 #[test]
 fn the_binaries_are_those_of_this_targets_major() {
-    let expected = if env!("CARGO_CRATE_NAME").ends_with("18") {
-        18
-    } else {
-        15
-    };
-    assert_eq!(common::pg::major(), expected);
-    assert_eq!(common::pg::binaries().major().ok(), Some(expected));
+    common::pg::check_binaries_of_this_target();
 }

@@ -41,6 +41,18 @@ pub fn binaries() -> Binaries {
     })
 }
 
+/// Asserts that this target runs the binaries of the major its name says (15, or 18 for
+/// the `*18` twins), as `postgres --version` reports them.
+pub fn check_binaries_of_this_target() {
+    let expected = if env!("CARGO_CRATE_NAME").ends_with("18") {
+        18
+    } else {
+        15
+    };
+    assert_eq!(major(), expected);
+    assert_eq!(binaries().major().ok(), Some(expected));
+}
+
 pub fn tools() -> PgTools {
     PgTools {
         bin_dir: binaries().dir().to_path_buf(),
