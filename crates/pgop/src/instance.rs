@@ -232,3 +232,68 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
     tracing::info!("instance manager stopped");
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// `pgop instance run` arguments for a data directory `pgdata`, at `--postgres-major`
+    /// `major` when given.
+    fn args(pgdata: &std::path::Path, major: Option<&str>) -> RunArgs {
+        let mut argv = vec![
+            "run".to_string(),
+            "--pod-name=db-1".into(),
+            "--namespace=ns".into(),
+            "--cluster=db".into(),
+            format!("--pgdata={}", pgdata.display()),
+        ];
+        if let Some(major) = major {
+            argv.push(format!("--postgres-major={major}"));
+        }
+        Cli::try_parse_from(argv).expect("valid arguments").run
+    }
+
+    fn data_dir(name: &str, pg_version: Option<&str>) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("pgop-instance-args-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        if let Some(version) = pg_version {
+            std::fs::write(dir.join("PG_VERSION"), version).expect("PG_VERSION");
+        }
+        dir
+    }
+
+    #[test]
+    fn the_data_directorys_major_decides_and_another_is_refused() {
+        let none = data_dir("none", None);
+        assert_eq!(data_major(&none).ok().flatten(), None);
+        let fifteen = data_dir("fifteen", Some("15\n"));
+        assert_eq!(data_major(&fifteen).ok().flatten(), Some(15));
+        let garbage = data_dir("garbage", Some("fifteen\n"));
+        assert!(data_major(&garbage).is_err());
+
+        let refused = binaries_for(&args(&fifteen, Some("18"))).expect_err("15's data, 18 asked");
+        let text = refused.to_string();
+        assert!(
+            text.contains("made by PostgreSQL 15") && text.contains("to run PostgreSQL 18"),
+            "{text}"
+        );
+        // Debian's 15 (hack/install-packages.sh), with or without the flag.
+        for major in [Some("15"), None] {
+            let found = binaries_for(&args(&fifteen, major)).expect("PostgreSQL 15 installed");
+            assert_eq!(found.major().ok(), Some(15));
+        }
+        assert!(Cli::try_parse_from(["run", "--postgres-major=9", "--pod-name=a"]).is_err());
+        for dir in [none, fifteen, garbage] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
