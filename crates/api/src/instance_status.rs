@@ -4,6 +4,21 @@
 use crate::backup::BackupMethod;
 use serde::{Deserialize, Serialize};
 
+/// The major version in `postgres --version`'s line ("postgres (PostgreSQL) 18.6",
+/// "postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"), or in a data directory's
+/// `PG_VERSION` ("18"), or in `postgresVersion` as `/pg/status` reports it. Shared by the
+/// instance manager (which binaries) and the operator (which major an instance runs).
+pub fn parse_major(text: &str) -> Option<u32> {
+    let version = match text.find("(PostgreSQL)") {
+        Some(at) => text[at + "(PostgreSQL)".len()..]
+            .split_whitespace()
+            .next()?,
+        None => text.trim(),
+    };
+    let major = version.split(['.', 'b', 'r', 'd']).next()?;
+    major.parse().ok().filter(|m| *m >= 10)
+}
+
 /// A user parameter (or `pgHba` for the pg_hba rules) the server would not accept, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -371,5 +386,30 @@ mod compatibility {
         with.manager_version = Some("0.1.0".into());
         let json = serde_json::to_value(&with).expect("json");
         assert_eq!(json["managerVersion"], "0.1.0");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_major_version_is_read_from_postgres_and_from_pg_version() {
+        assert_eq!(super::parse_major("postgres (PostgreSQL) 18.6"), Some(18));
+        assert_eq!(
+            super::parse_major("postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"),
+            Some(15)
+        );
+        assert_eq!(
+            super::parse_major("postgres (PostgreSQL) 19devel"),
+            Some(19)
+        );
+        assert_eq!(
+            super::parse_major("postgres (PostgreSQL) 18beta1"),
+            Some(18)
+        );
+        assert_eq!(super::parse_major("18\n"), Some(18));
+        // Before 10 a major had two parts; pgop never ran those.
+        assert_eq!(super::parse_major("9.6"), None);
+        assert_eq!(super::parse_major("postgres (PostgreSQL)"), None);
+        assert_eq!(super::parse_major("not postgres"), None);
     }
 }

@@ -136,19 +136,7 @@ impl Binaries {
     }
 }
 
-/// The major version in `postgres --version`'s line ("postgres (PostgreSQL) 18.6",
-/// "postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"), or in a data directory's
-/// `PG_VERSION` ("18").
-pub fn parse_major(text: &str) -> Option<u32> {
-    let version = match text.find("(PostgreSQL)") {
-        Some(at) => text[at + "(PostgreSQL)".len()..]
-            .split_whitespace()
-            .next()?,
-        None => text.trim(),
-    };
-    let major = version.split(['.', 'b', 'r', 'd']).next()?;
-    major.parse().ok().filter(|m| *m >= 10)
-}
+pub use pgop_api::instance_status::parse_major;
 
 /// `pg_config --bindir` when pg_config is on PATH, else the newest Debian-style directory.
 fn discover() -> Option<PathBuf> {
@@ -230,22 +218,6 @@ pub fn command(binaries: &Binaries, program: &str, run_as: Option<RunAs>) -> Com
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_major_version_is_read_from_postgres_and_from_pg_version() {
-        assert_eq!(parse_major("postgres (PostgreSQL) 18.6"), Some(18));
-        assert_eq!(
-            parse_major("postgres (PostgreSQL) 15.14 (Debian 15.14-0+deb12u1)"),
-            Some(15)
-        );
-        assert_eq!(parse_major("postgres (PostgreSQL) 19devel"), Some(19));
-        assert_eq!(parse_major("postgres (PostgreSQL) 18beta1"), Some(18));
-        assert_eq!(parse_major("18\n"), Some(18));
-        // Before 10 a major had two parts; pgop never ran those.
-        assert_eq!(parse_major("9.6"), None);
-        assert_eq!(parse_major("postgres (PostgreSQL)"), None);
-        assert_eq!(parse_major("not postgres"), None);
-    }
 
     #[test]
     fn another_majors_directory_is_passed_over() {

@@ -431,21 +431,20 @@ fn major_change(
         .postgresql
         .version
         .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
-    let leading_number = |text: &str| -> Option<i32> {
-        let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok()
+    let major = |text: &str| {
+        pgop_api::instance_status::parse_major(text).and_then(|m| i32::try_from(m).ok())
     };
     let reported = status
         .into_iter()
         .flat_map(|s| &s.instances)
-        .filter_map(|i| leading_number(i.postgres_version.as_deref()?));
+        .filter_map(|i| major(i.postgres_version.as_deref()?));
     let built_for = pods
         .iter()
         .filter_map(|p| p.spec.as_ref())
         .flat_map(|s| &s.containers)
         .flat_map(|c| c.env.iter().flatten())
         .filter(|e| e.name == build::pod::env::POSTGRES_MAJOR)
-        .filter_map(|e| leading_number(e.value.as_deref()?));
+        .filter_map(|e| major(e.value.as_deref()?));
     let running = reported.chain(built_for).find(|major| *major != wanted)?;
     let verb = if wanted < running {
         "lowered"
