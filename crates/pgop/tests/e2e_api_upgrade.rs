@@ -62,6 +62,29 @@ async fn owned(client: &kube::Client, ns: &str, uid: &str) -> Result<Vec<(String
     Ok(found)
 }
 
+/// Waits until the references to the owner `uid` in the test's namespace ([`owned`])
+/// satisfy `done`; the error names `what` and the last ones seen.
+async fn wait_owned(
+    env: &Env,
+    uid: &str,
+    what: &str,
+    done: impl Fn(&[(String, String)]) -> bool,
+) -> Result {
+    let done = &done;
+    wait::until(what, TIMEOUT, || async move {
+        let refs = owned(&env.client, env.n(), uid)
+            .await
+            .map_err(|e| e.to_string())?;
+        if done(&refs) {
+            Ok(())
+        } else {
+            Err(format!("{refs:?}"))
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 /// Rewrites every reference to the owner `uid` in `ns` to name `api_version`: the children
 /// as a pgop before `v1beta1` made them. Returns the kinds rewritten.
 async fn name_owner_as(
@@ -234,22 +257,11 @@ async fn e2e_a_running_cluster_moves_to_v1beta1_and_v1alpha1_is_retired() -> Res
     // The operator of this release renames every one of them (the instance managers
     // their Lease).
     env.start_operator();
-    let client = &env.client;
-    let (n_ref, uid_ref) = (&n, &uid);
-    wait::until(
+    wait_owned(
+        &env,
+        &uid,
         "every reference to the cluster to name v1beta1",
-        TIMEOUT,
-        || async move {
-            let refs = owned(client, n_ref, uid_ref)
-                .await
-                .map_err(|e| e.to_string())?;
-            let old: Vec<_> = refs.iter().filter(|(_, v)| v != V1BETA1).collect();
-            if old.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{old:?}"))
-            }
-        },
+        |refs| refs.iter().all(|(_, v)| v == V1BETA1),
     )
     .await?;
 
@@ -339,20 +351,11 @@ async fn e2e_a_running_cluster_moves_to_v1beta1_and_v1alpha1_is_retired() -> Res
     env.clusters_v1beta1()
         .delete("db", &DeleteParams::default())
         .await?;
-    let (client, n_ref, uid_ref) = (&env.client, &n, &uid);
-    wait::until(
+    wait_owned(
+        &env,
+        &uid,
         "every child of the cluster to be gone",
-        TIMEOUT,
-        || async move {
-            let left = owned(client, n_ref, uid_ref)
-                .await
-                .map_err(|e| e.to_string())?;
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
+        |refs| refs.is_empty(),
     )
     .await?;
     assert!(children.len() >= 10, "{children:?}");
