@@ -148,6 +148,41 @@ pub fn cluster_name() -> Rule {
     .reason(Reason::FieldValueInvalid)
 }
 
+/// What is wrong with an entry of `spec.fencedInstances` that names no instance of this
+/// cluster.
+pub fn msg_fenced_instance() -> String {
+    "must name an instance of this cluster: <cluster name>-<serial>, as in status.instances"
+        .to_string()
+}
+
+/// Whether `instance` is an instance name of the cluster `cluster`: `<cluster>-<serial>`.
+pub fn is_instance_of(cluster: &str, instance: &str) -> bool {
+    instance
+        .strip_prefix(cluster)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|serial| {
+            (1..=10).contains(&serial.len())
+                && !serial.starts_with('0')
+                && serial.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
+/// spec.fencedInstances: every entry is `<cluster>-<serial>` of this cluster (the items'
+/// pattern checks the shape; this, the cluster's name).
+pub fn fenced_instances_of_cluster() -> Rule {
+    Rule::new(
+        "!has(self.spec.fencedInstances) || self.spec.fencedInstances.all(n, \
+         n.startsWith(self.metadata.name + '-') && \
+         n.substring(size(self.metadata.name) + 1).matches('^[1-9][0-9]{0,9}$'))",
+    )
+    .message(Message::Message(format!(
+        "spec.fencedInstances {}",
+        msg_fenced_instance()
+    )))
+    .field_path(".spec.fencedInstances")
+    .reason(Reason::FieldValueInvalid)
+}
+
 /// What is wrong with naming one of the cluster's own Secrets where the spec names a user's.
 pub fn msg_own_secret() -> String {
     let own: Vec<String> = OWN_SECRET_SUFFIXES

@@ -164,7 +164,8 @@ pub const MAX_CLUSTER_NAME_LENGTH: usize = 50;
     validation = cel::not_own_secret("tls.serverSecret"),
     validation = cel::not_own_secret("tls.clientCASecret"),
     validation = cel::not_own_secret("credentials.appSecret"),
-    validation = cel::not_own_secret("credentials.superuserSecret")
+    validation = cel::not_own_secret("credentials.superuserSecret"),
+    validation = cel::fenced_instances_of_cluster()
 )]
 #[x_kube(validation = cel::synchronous_below_replicas())]
 #[serde(rename_all = "camelCase")]
@@ -255,7 +256,31 @@ pub struct PostgresClusterSpec {
     /// false again. Nothing is deleted.
     #[serde(default)]
     pub paused: bool,
+
+    /// Hibernate the cluster: its instance Pods are deleted (the primary first, once no
+    /// backup runs), while the volumes, Services, Secrets and status stay. Set it back to
+    /// false to resume: the Pods are created again on the same volumes and the instance
+    /// that was the primary is the primary again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hibernate: bool,
+
+    /// Instances to fence, by name (`<cluster>-<serial>`, at most 9): each stops
+    /// PostgreSQL (a clean shutdown) and keeps it stopped while its Pod keeps running, for
+    /// inspection. A fenced primary is not failed over (the cluster takes no writes until
+    /// it is unfenced); a fenced standby is never promoted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_REPLICAS), extend("x-kubernetes-list-type" = "set", "items" = {
+        "type": "string",
+        "maxLength": MAX_INSTANCE_NAME_LENGTH,
+        "pattern": INSTANCE_NAME_PATTERN,
+    }))]
+    pub fenced_instances: Vec<String>,
 }
+
+/// Longest instance name: the longest cluster name, `-` and a serial of up to 10 digits.
+pub const MAX_INSTANCE_NAME_LENGTH: usize = MAX_CLUSTER_NAME_LENGTH + 11;
+/// An instance name: a cluster name, `-`, a serial.
+pub const INSTANCE_NAME_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?-[1-9][0-9]{0,9}$";
 
 fn default_replicas() -> i32 {
     1
@@ -776,7 +801,8 @@ impl Default for PostgresClusterStatus {
 }
 
 /// What the cluster is doing, in one word: Pending, Creating, Ready, Degraded,
-/// FailingOver, SwitchingOver, Invalid (see the SpecValid condition) or Deleting.
+/// FailingOver, SwitchingOver, Hibernating, Hibernated, Resuming, Invalid (see the
+/// SpecValid condition) or Deleting.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterPhase {
     /// Accepted; nothing created yet.
@@ -795,6 +821,14 @@ pub enum ClusterPhase {
     Invalid,
     /// The cluster is being deleted.
     Deleting,
+    /// `spec.hibernate`: the instance Pods are being deleted (see the Hibernated
+    /// condition).
+    Hibernating,
+    /// `spec.hibernate`: no instance Pod is left; the volumes are kept.
+    Hibernated,
+    /// Back from hibernation: the instances start again on their volumes; the primary is
+    /// not failed over until it has served again.
+    Resuming,
 }
 
 /// The state of one instance as reported by its instance manager.
@@ -832,6 +866,11 @@ pub struct InstanceStatus {
     /// predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manager_version: Option<String>,
+
+    /// The instance is fenced (`spec.fencedInstances`): its manager keeps PostgreSQL
+    /// stopped, as it reports.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fenced: bool,
 
     /// The version of the PostgreSQL server the instance runs (`server_version`, e.g.
     /// `15.14 (Debian 15.14-0+deb12u1)`), as its manager reports it while PostgreSQL

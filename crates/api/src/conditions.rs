@@ -45,6 +45,10 @@ pub const ROLLOUT_BLOCKED: &str = "RolloutBlocked";
 /// is placed, or the Pod is gone.
 pub const INSTANCES_SCHEDULED: &str = "InstancesScheduled";
 
+/// True while `spec.hibernate` holds the cluster down (reason `Hibernating` while Pods
+/// are still being deleted, `Hibernated` once none is left); False after it resumed.
+pub const HIBERNATED: &str = "Hibernated";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

@@ -21,8 +21,9 @@
 use crate::affinity::AffinitySpec;
 use crate::cel;
 use crate::cluster::{
-    self as v1alpha1, BackupStore, BootstrapSpec, DataDurability, MAX_PARAMETERS,
-    PostgresClusterStatus, SUPPORTED_POSTGRES_VERSIONS, StorageSpec, TlsSpec,
+    self as v1alpha1, BackupStore, BootstrapSpec, DataDurability, INSTANCE_NAME_PATTERN,
+    MAX_INSTANCE_NAME_LENGTH, MAX_PARAMETERS, MAX_REPLICAS, PostgresClusterStatus,
+    SUPPORTED_POSTGRES_VERSIONS, StorageSpec, TlsSpec,
 };
 use crate::credentials::CredentialsSpec;
 use crate::formats;
@@ -84,7 +85,8 @@ pub const API_VERSION: &str = "database.example.com/v1beta1";
     validation = cel::not_own_secret("tls.serverSecret"),
     validation = cel::not_own_secret("tls.clientCASecret"),
     validation = cel::not_own_secret("credentials.appSecret"),
-    validation = cel::not_own_secret("credentials.superuserSecret")
+    validation = cel::not_own_secret("credentials.superuserSecret"),
+    validation = cel::fenced_instances_of_cluster()
 )]
 #[x_kube(validation = cel::standbys_below_instances())]
 #[serde(rename_all = "camelCase")]
@@ -156,6 +158,25 @@ pub struct PostgresClusterSpec {
     /// false again. Nothing is deleted.
     #[serde(default)]
     pub paused: bool,
+
+    /// Hibernate the cluster: its instance Pods are deleted (the primary first, once no
+    /// backup runs), while the volumes, Services, Secrets and status stay. Set it back to
+    /// false to resume: the Pods are created again on the same volumes and the instance
+    /// that was the primary is the primary again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hibernate: bool,
+
+    /// Instances to fence, by name (`<cluster>-<serial>`, at most 9): each stops
+    /// PostgreSQL (a clean shutdown) and keeps it stopped while its Pod keeps running, for
+    /// inspection. A fenced primary is not failed over (the cluster takes no writes until
+    /// it is unfenced); a fenced standby is never promoted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_REPLICAS), extend("x-kubernetes-list-type" = "set", "items" = {
+        "type": "string",
+        "maxLength": MAX_INSTANCE_NAME_LENGTH,
+        "pattern": INSTANCE_NAME_PATTERN,
+    }))]
+    pub fenced_instances: Vec<String>,
 }
 
 fn default_instances() -> i32 {
@@ -386,6 +407,8 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             }),
             bootstrap: s.bootstrap,
             paused: s.paused,
+            hibernate: s.hibernate,
+            fenced_instances: s.fenced_instances,
         }
     }
 }
@@ -422,6 +445,8 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             }),
             bootstrap: s.bootstrap,
             paused: s.paused,
+            hibernate: s.hibernate,
+            fenced_instances: s.fenced_instances,
         }
     }
 }
@@ -736,6 +761,11 @@ mod tests {
             }
         }
         g.maybe(v, "paused", |g| json!(g.coin()));
+        g.maybe(v, "hibernate", |g| json!(g.coin()));
+        g.maybe(v, "fencedInstances", |g| match g.below(2) {
+            0 => json!(["demo-1"]),
+            _ => json!(["demo-2", "demo-3"]),
+        });
     }
 
     fn alpha(g: &mut Gen) -> v1alpha1::PostgresClusterSpec {

@@ -15,8 +15,9 @@ use crate::backup::PostgresBackupSpec;
 use crate::cel;
 use crate::cluster::{
     BackupSpec, BackupStore, BootstrapSpec, DataDurability, MAX_CLUSTER_NAME_LENGTH,
-    MAX_PARAMETERS, MAX_REPLICAS, PostgresCluster, PostgresClusterSpec, RecoverySpec, S3Store,
-    SUPPORTED_POSTGRES_VERSIONS, is_owned_parameter, is_reserved_name, is_unsupported_parameter,
+    MAX_INSTANCE_NAME_LENGTH, MAX_PARAMETERS, MAX_REPLICAS, PostgresCluster, PostgresClusterSpec,
+    RecoverySpec, S3Store, SUPPORTED_POSTGRES_VERSIONS, is_owned_parameter, is_reserved_name,
+    is_unsupported_parameter,
 };
 use crate::formats;
 use crate::quantity;
@@ -193,6 +194,13 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
         errors.0.push(e);
     }
     validate_spec(&cluster.spec, &mut errors);
+    for name in &cluster.spec.fenced_instances {
+        errors.check(
+            cel::is_instance_of(&cluster.name_any(), name),
+            "spec.fencedInstances",
+            || format!("{}, got {name:?}", cel::msg_fenced_instance()),
+        );
+    }
     for (field, secret) in user_secrets(&cluster.spec) {
         errors.check(
             !cel::is_own_secret(&cluster.name_any(), secret),
@@ -201,6 +209,34 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
         );
     }
     errors.into_result()
+}
+
+/// `spec.fencedInstances` on its own (the schema's twin): at most [`MAX_REPLICAS`] distinct
+/// instance names, each `<name>-<serial>`.
+fn validate_fenced_instances(fenced: &[String], errors: &mut Errors) {
+    let max = usize::try_from(MAX_REPLICAS).unwrap_or(9);
+    errors.check(fenced.len() <= max, "spec.fencedInstances", || {
+        format!("must have at most {max} items, got {}", fenced.len())
+    });
+    for (i, name) in fenced.iter().enumerate() {
+        let field = format!("spec.fencedInstances[{i}]");
+        let shaped = name.len() <= MAX_INSTANCE_NAME_LENGTH
+            && name.rsplit_once('-').is_some_and(|(cluster, serial)| {
+                formats::is_dns_label(cluster)
+                    && (1..=10).contains(&serial.len())
+                    && !serial.starts_with('0')
+                    && serial.bytes().all(|b| b.is_ascii_digit())
+            });
+        errors.check(shaped, &field, || {
+            format!(
+                "must be an instance name, <cluster name>-<serial> (at most \
+                 {MAX_INSTANCE_NAME_LENGTH} characters), got {name:?}"
+            )
+        });
+        errors.check(!fenced[..i].contains(name), &field, || {
+            format!("duplicate value {name:?}")
+        });
+    }
 }
 
 /// The Secrets a spec names that belong to the user, by field.
@@ -241,6 +277,7 @@ pub fn validate_backup_update(
 
 fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.replicas", spec.replicas, 1, Some(MAX_REPLICAS));
+    validate_fenced_instances(&spec.fenced_instances, errors);
     if let Some(image) = &spec.image {
         errors.format(
             "spec.image",

@@ -612,6 +612,23 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "fenced instance",
+        set: |s, v| s["fencedInstances"] = json!([v]),
+        rust: |v| pgop_api::cel::is_instance_of("formats", v),
+        samples: &[
+            "formats-1",
+            "formats-42",
+            "formats-2147483647",
+            "formats-01",
+            "formats-",
+            "formats-x",
+            "Formats-1",
+            "formats-1-",
+            "formats-12345678901",
+        ],
+        strict: true,
+    },
+    Format {
         name: "source cluster",
         set: |s, v| s["bootstrap"]["recovery"]["sourceCluster"] = json!(v),
         rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),

@@ -418,6 +418,26 @@ const BAD: &[Case] = &[
         "spec.credentials.superuserSecret",
     ),
     case(
+        "fenced instance of another cluster",
+        "storage: {size: 1Gi}\nfencedInstances: [other-1]",
+        "spec.fencedInstances",
+    ),
+    case(
+        "fenced instance with a newline and a command",
+        "storage: {size: 1Gi}\nfencedInstances: [\"bad-1\\n$(id)\"]",
+        "spec.fencedInstances",
+    ),
+    case(
+        "fenced instance named twice",
+        "storage: {size: 1Gi}\nfencedInstances: [bad-1, bad-1]",
+        "spec.fencedInstances[1]",
+    ),
+    case(
+        "ten fenced instances",
+        "storage: {size: 1Gi}\nfencedInstances: [bad-1, bad-2, bad-3, bad-4, bad-5, bad-6, bad-7, bad-8, bad-9, bad-10]",
+        "spec.fencedInstances",
+    ),
+    case(
         "app Secret is the cluster's own app Secret",
         "storage: {size: 1Gi}\ncredentials: {appSecret: bad-app}",
         "spec.credentials.appSecret",
@@ -758,6 +778,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 replayed_lsn: None,
                 manager_version: Some("0.1.0".into()),
                 postgres_version: Some("15.14 (Debian 15.14-0+deb12u1)".into()),
+                fenced: false,
             },
             InstanceStatus {
                 name: "main-2".into(),
@@ -769,6 +790,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 replayed_lsn: Some("0/3000060".into()),
                 manager_version: None,
                 postgres_version: None,
+                fenced: true,
             },
         ],
         recovery_source: None,

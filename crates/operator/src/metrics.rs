@@ -279,7 +279,7 @@ fn epoch_seconds(time: &Time) -> f64 {
     time.0.as_microsecond() as f64 / 1e6
 }
 
-const CLUSTER_PHASES: [ClusterPhase; 8] = [
+const CLUSTER_PHASES: [ClusterPhase; 11] = [
     ClusterPhase::Pending,
     ClusterPhase::Creating,
     ClusterPhase::Ready,
@@ -288,6 +288,9 @@ const CLUSTER_PHASES: [ClusterPhase; 8] = [
     ClusterPhase::SwitchingOver,
     ClusterPhase::Invalid,
     ClusterPhase::Deleting,
+    ClusterPhase::Hibernating,
+    ClusterPhase::Hibernated,
+    ClusterPhase::Resuming,
 ];
 
 fn cluster_phase_name(phase: ClusterPhase) -> &'static str {
@@ -300,6 +303,9 @@ fn cluster_phase_name(phase: ClusterPhase) -> &'static str {
         ClusterPhase::SwitchingOver => "SwitchingOver",
         ClusterPhase::Invalid => "Invalid",
         ClusterPhase::Deleting => "Deleting",
+        ClusterPhase::Hibernating => "Hibernating",
+        ClusterPhase::Hibernated => "Hibernated",
+        ClusterPhase::Resuming => "Resuming",
     }
 }
 
@@ -813,12 +819,13 @@ mod tests {
             has_line(&text, line);
         }
         let samples = parse(&text);
-        // Eight phases, one of them current.
+        // Every phase, one of them current.
         let phases: Vec<_> = samples
             .iter()
             .filter(|(n, _, _)| n == "pgop_cluster_phase")
             .collect();
-        assert_eq!(phases.len(), 8, "{text}");
+        assert_eq!(phases.len(), CLUSTER_PHASES.len(), "{text}");
+        assert_eq!(CLUSTER_PHASES.len(), 11);
         assert_eq!(phases.iter().map(|(_, _, v)| v).sum::<f64>(), 1.0);
         // Exactly the three conditions.
         let conditions = samples

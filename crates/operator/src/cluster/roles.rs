@@ -29,7 +29,7 @@ use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 
 use super::probe::Probe;
-use super::status::pod_ready;
+use super::status::{REASON_FENCED, REASON_UNFENCING, pod_ready};
 
 /// An Event to publish once the status is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +66,23 @@ pub struct Roles {
 impl Roles {
     pub fn in_transition(&self) -> bool {
         self.current != self.target
+    }
+
+    /// The roles of a hibernating cluster: `primary` stays the primary, unavailable, and
+    /// nothing is decided.
+    pub fn hibernated(primary: &str) -> Self {
+        Roles {
+            current: primary.to_string(),
+            target: primary.to_string(),
+            phase: None,
+            primary: Availability {
+                available: false,
+                reason: "Hibernated",
+                message: "spec.hibernate: the cluster is hibernated".to_string(),
+            },
+            notes: Vec::new(),
+            clear_switchover_request: false,
+        }
     }
 }
 
@@ -144,8 +161,11 @@ pub fn decide(input: &Input) -> Roles {
             // A failover target whose Pod is gone never promotes, nor does one whose manager
             // has not answered for switchoverTimeout: choose again among the others (it may
             // hold the Lease; the next target then waits for it to be released or expire).
-            let target_gone = pod_of(input, &roles.target)
-                .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+            // A target fenced on request (spec.fencedInstances) never promotes either.
+            let target_fenced = fenced(input, &roles.target);
+            let target_gone = target_fenced
+                || pod_of(input, &roles.target)
+                    .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
             let timed_out = waited_for_target(input, &old) > switchover_timeout(input);
             let silent = timed_out
                 && matches!(
@@ -159,7 +179,9 @@ pub fn decide(input: &Input) -> Roles {
             };
             if roles.in_transition() && kind == ClusterPhase::FailingOver && (target_gone || silent)
             {
-                let what = if target_gone {
+                let what = if target_fenced {
+                    "is fenced (spec.fencedInstances)"
+                } else if target_gone {
                     "is gone"
                 } else {
                     "has not answered within switchoverTimeout"
@@ -198,10 +220,56 @@ pub fn decide(input: &Input) -> Roles {
         return roles;
     }
 
+    // A primary fenced on request (spec.fencedInstances) is down on purpose: no failover,
+    // and no switchover (its standbys no longer stream); unfencing it brings it back.
+    if !roles.primary.available && fenced(input, &roles.current) {
+        roles.primary = Availability {
+            available: false,
+            reason: REASON_FENCED,
+            message: format!(
+                "spec.fencedInstances names the primary {}: PostgreSQL stays stopped and no \
+                 standby takes over until it is unfenced",
+                roles.current
+            ),
+        };
+        if input.switchover_to.is_some() {
+            roles.notes.push(refused(
+                input,
+                format!(
+                    "the primary {} is fenced (spec.fencedInstances)",
+                    roles.current
+                ),
+            ));
+        }
+        return roles;
+    }
+
+    // A primary unfenced a moment ago starts again on purpose: like a restart in place
+    // (below), it gets switchoverTimeout from the end of the fence (when PrimaryAvailable
+    // left reason Fenced, see status.rs) before a failover, unless its manager says
+    // PostgreSQL failed to start.
+    let old_reason = find_condition(&old.conditions, conditions::PRIMARY_AVAILABLE)
+        .filter(|c| c.status == conditions::FALSE)
+        .map(|c| c.reason.as_str());
+    let unfencing = !roles.primary.available
+        && matches!(old_reason, Some(REASON_FENCED | REASON_UNFENCING))
+        && matches!(input.probes.get(&roles.current), Some(Probe::Status(s)) if s.last_error.is_none());
+    if unfencing {
+        roles.primary = Availability {
+            available: false,
+            reason: REASON_UNFENCING,
+            message: format!(
+                "{} is no longer fenced and starts PostgreSQL again",
+                roles.current
+            ),
+        };
+    }
+
     // 2. The primary failed: fail over once it has been unavailable for failoverDelay.
     if !roles.primary.available && ever_served {
+        // Unfenced in this pass: the clock starts now (status.rs moves lastTransitionTime).
         let since = find_condition(&old.conditions, conditions::PRIMARY_AVAILABLE)
-            .filter(|c| c.status == conditions::FALSE)
+            .filter(|c| c.status == conditions::FALSE && c.reason != REASON_FENCED)
             .map(|c| c.last_transition_time.0)
             .unwrap_or(input.now.0);
         let waited = input.now.0.duration_since(since).as_secs_f64();
@@ -212,7 +280,7 @@ pub fn decide(input: &Input) -> Roles {
         // after failoverDelay, as after a crash.
         let restarting = old.restart_instance.as_deref() == Some(roles.current.as_str())
             && matches!(input.probes.get(&roles.current), Some(Probe::Status(s)) if s.last_error.is_none());
-        if restarting {
+        if restarting || unfencing {
             delay = delay.max(switchover_timeout(input));
         }
         if waited < delay {
@@ -391,7 +459,7 @@ fn availability(input: &Input, primary: &str) -> Availability {
             reason: "PrimaryRunning",
             message: format!("{primary} runs as the primary"),
         },
-        Some(Probe::Status(s)) if s.fenced => down("Fenced", format!("{primary} is fenced")),
+        Some(Probe::Status(s)) if s.fenced => down(REASON_FENCED, format!("{primary} is fenced")),
         Some(Probe::Status(s)) => down(
             "NotRunning",
             format!(
@@ -410,6 +478,9 @@ fn availability(input: &Input, primary: &str) -> Availability {
 fn promotable<'a>(input: &'a Input, name: &str) -> Option<&'a PgStatus> {
     let pod = pod_of(input, name)?;
     if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    if fenced(input, name) {
         return None;
     }
     status_of(input, name).filter(|s| s.role == PgRole::Replica && !s.fenced)
@@ -473,9 +544,22 @@ fn candidate(input: &Input, exclude: &[&str]) -> Result<(String, String), String
     ))
 }
 
+/// Whether `spec.fencedInstances` names `instance`.
+fn fenced(input: &Input, instance: &str) -> bool {
+    input
+        .cluster
+        .spec
+        .fenced_instances
+        .iter()
+        .any(|f| f == instance)
+}
+
 fn switchover_target(input: &Input, primary: &str, to: &str) -> Result<(), String> {
     if to == primary {
         return Err(format!("{to} is already the primary"));
+    }
+    if fenced(input, to) {
+        return Err(format!("{to} is fenced (spec.fencedInstances)"));
     }
     if !input.instances.iter().any(|(n, _)| n == to) {
         let names: Vec<&str> = input.instances.iter().map(|(n, _)| n.as_str()).collect();
@@ -628,6 +712,90 @@ mod tests {
             .insert("db-1".into(), Probe::Unreachable("refused".into()));
         assert_eq!(w.decide(None, 110).target, "db-1");
         assert_eq!(w.decide(None, 131).target, "db-3");
+    }
+
+    #[test]
+    fn a_fenced_primary_is_not_failed_over_and_a_fenced_standby_is_never_chosen() {
+        let fenced = |names: &str| {
+            format!("{{instances: 3, storage: {{size: 1Gi}}, fencedInstances: [{names}]}}")
+        };
+        // The primary fenced on request: down on purpose, no failover however long.
+        let mut stopped = PgStatus::stopped("db-1", true);
+        stopped.fenced = true;
+        let mut w = World::new(&fenced("db-1"), READY3);
+        w.probes
+            .insert("db-1".into(), Probe::Status(Box::new(stopped)));
+        let r = w.decide(None, 10_000);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-1"));
+        assert_eq!(r.primary.reason, "Fenced");
+        assert_eq!(r.phase, None);
+        // Nor a switchover away from it (its standbys no longer stream).
+        let r = w.decide(Some("db-3"), 10_000);
+        assert_eq!(r.target, "db-1");
+        assert_eq!(r.notes[0].reason, "SwitchoverRefused");
+        assert!(r.notes[0].message.contains("fenced"), "{:?}", r.notes);
+        // A standby fenced (still running, its manager not there yet): never the target.
+        let mut w = World::new(&fenced("db-3"), READY3);
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        assert_eq!(w.decide(None, 100).target, "db-2");
+        let r = World::new(&fenced("db-3"), READY3).decide(Some("db-3"), 100);
+        assert_eq!(r.target, "db-1");
+        assert!(r.notes[0].message.contains("fenced"), "{:?}", r.notes);
+        // A failover whose target is fenced meanwhile chooses again.
+        let mut w = World::new(
+            &fenced("db-3"),
+            "{phase: FailingOver, currentPrimary: db-1, targetPrimary: db-3}",
+        );
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        let r = w.decide(None, 100);
+        assert_eq!(r.target, "db-2");
+        assert!(r.notes[0].message.contains("is fenced"), "{:?}", r.notes);
+    }
+
+    #[test]
+    fn an_unfenced_primary_gets_switchover_timeout_to_start_again() {
+        // Fenced until a moment ago (PrimaryAvailable False, reason Fenced, since long
+        // ago); its manager answers, PostgreSQL not started yet.
+        let spec =
+            "{instances: 3, storage: {size: 1Gi}, ha: {failoverDelay: 1, switchoverTimeout: 30}}";
+        let status = |reason: &str, since: &str| {
+            format!(
+                "{{phase: Degraded, currentPrimary: db-1, targetPrimary: db-1, conditions: [{{type: PrimaryAvailable, status: 'False', reason: {reason}, message: x, lastTransitionTime: '{since}'}}]}}"
+            )
+        };
+        let mut w = World::new(spec, &status("Fenced", "1970-01-01T00:00:10Z"));
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/5000000"));
+        let r = w.decide(None, 1_000);
+        assert_eq!(r.target, "db-1");
+        assert_eq!(r.primary.reason, "Unfencing");
+        // The next passes count from the end of the fence (lastTransitionTime moved).
+        let mut w = World::new(spec, &status("Unfencing", "1970-01-01T00:16:40Z"));
+        w.probes
+            .insert("db-1".into(), pg("db-1", PgRole::Stopped, "0/5000000"));
+        assert_eq!(w.decide(None, 1_020).target, "db-1");
+        assert_eq!(w.decide(None, 1_031).target, "db-3");
+        // A start that failed: failoverDelay as after a crash.
+        let mut failed = PgStatus::stopped("db-1", false);
+        failed.last_error = Some("could not start".into());
+        w.probes
+            .insert("db-1".into(), Probe::Status(Box::new(failed)));
+        assert_eq!(w.decide(None, 1_002).target, "db-3");
+    }
+
+    #[test]
+    fn a_cluster_resuming_from_hibernation_does_not_fail_over() {
+        let mut w = World::new(
+            SPEC,
+            "{phase: Resuming, currentPrimary: db-1, targetPrimary: db-1}",
+        );
+        w.probes
+            .insert("db-1".into(), Probe::Unreachable("refused".into()));
+        let r = w.decide(None, 10_000);
+        assert_eq!((r.current.as_str(), r.target.as_str()), ("db-1", "db-1"));
+        assert_eq!(r.phase, None);
     }
 
     #[test]

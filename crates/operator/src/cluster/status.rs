@@ -53,6 +53,12 @@ pub fn unschedulable_since(pod: &Pod) -> Option<jiff::Timestamp> {
         .map(|t| t.0)
 }
 
+/// The reason of `PrimaryAvailable=False` while the primary is fenced
+/// (`spec.fencedInstances`, or its manager reports it so).
+pub const REASON_FENCED: &str = "Fenced";
+/// The reason of `PrimaryAvailable=False` while a primary no longer fenced starts again.
+pub const REASON_UNFENCING: &str = "Unfencing";
+
 /// The reason of `InstancesScheduled=False`, and of the Pod condition it comes from.
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
@@ -202,6 +208,7 @@ pub fn compute(
                 // another manager, which says its version once it answers.
                 manager_version: pg.and_then(|s| s.manager_version.clone()),
                 postgres_version: pg.and_then(|s| s.postgres_version.clone()),
+                fenced: pg.is_some_and(|s| s.fenced),
                 name: instance,
                 serial: *serial,
             }
@@ -240,6 +247,11 @@ pub fn compute(
                 | ClusterPhase::SwitchingOver
         )
     );
+    // Back from hibernation: Resuming until the primary is available again (no failover
+    // meanwhile, see roles.rs), then Ready, or Degraded while short of instances.
+    let back_from_hibernation = super::hibernation::resuming_from(old.phase);
+    let was_ready = was_ready || back_from_hibernation;
+    let resuming = back_from_hibernation && !roles.primary.available;
     let all_ready = ready == desired && existing == desired && !roles.in_transition();
     let unplaced = unschedulable_instances(&name, plan, pods);
     // A cluster whose primary serves while an instance waits for a node that may never
@@ -249,6 +261,7 @@ pub fn compute(
     status.phase = Some(match roles.phase {
         Some(phase) => phase,
         None if all_ready => ClusterPhase::Ready,
+        None if resuming => ClusterPhase::Resuming,
         None if short => ClusterPhase::Degraded,
         None => ClusterPhase::Creating,
     });
@@ -299,6 +312,21 @@ pub fn compute(
         ),
         now.clone(),
     );
+    // A cluster that hibernated says it resumed (clusters that never did have no such
+    // condition).
+    if conditions::find_condition(c, conditions::HIBERNATED).is_some() {
+        let message = if resuming {
+            "spec.hibernate is false: the instances start again on their volumes".to_string()
+        } else {
+            "spec.hibernate is false: the cluster resumed".to_string()
+        };
+        let reason = if resuming { "Resuming" } else { "Resumed" };
+        set_condition(
+            c,
+            cond(conditions::HIBERNATED, false, reason, message),
+            now.clone(),
+        );
+    }
     set_condition(
         c,
         if all_ready {
@@ -349,6 +377,8 @@ pub fn compute(
         now.clone(),
     );
     let primary = &roles.primary;
+    let was_fenced = conditions::find_condition(c, conditions::PRIMARY_AVAILABLE)
+        .is_some_and(|p| p.reason == REASON_FENCED);
     set_condition(
         c,
         cond(
@@ -359,6 +389,18 @@ pub fn compute(
         ),
         now.clone(),
     );
+    // The failover delay counts from lastTransitionTime: an outage that is no longer on
+    // purpose (the primary unfenced, still down) starts its clock now, not when the fence
+    // began.
+    if was_fenced
+        && !primary.available
+        && primary.reason != REASON_FENCED
+        && let Some(p) = c
+            .iter_mut()
+            .find(|p| p.type_ == conditions::PRIMARY_AVAILABLE)
+    {
+        p.last_transition_time = conditions::whole_seconds(now.clone());
+    }
     set_condition(
         c,
         match &unplaced {
@@ -555,6 +597,7 @@ mod tests {
             replayed_lsn: Some(received.into()),
             manager_version: None,
             postgres_version: None,
+            fenced: false,
         };
         let with = |instances: Vec<InstanceStatus>, observed: Option<Time>| PostgresClusterStatus {
             instances,
@@ -658,6 +701,54 @@ mod tests {
 
     fn at(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).expect("valid time"))
+    }
+
+    #[test]
+    fn a_cluster_back_from_hibernation_resumes_until_its_primary_runs() {
+        let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
+        let hibernated: PostgresClusterStatus = serde_yaml::from_str(
+            "{phase: Hibernated, currentPrimary: main-1, targetPrimary: main-1, conditions: [{type: Hibernated, status: 'True', reason: Hibernated, message: x, lastTransitionTime: '1970-01-01T00:00:10Z'}]}",
+        )
+        .expect("status");
+        let mut down = running("main-1");
+        down.primary.available = false;
+        down.primary.reason = "NotProbed";
+        let probes = BTreeMap::new();
+        let pods = [pod("main-1", false), pod("main-2", true)];
+        let seen = Observations {
+            pods: &pods,
+            probes: &probes,
+            roles: &down,
+        };
+        let resuming = compute(&cluster(Some(hibernated)), &p, &seen, at(100)).0;
+        assert_eq!(resuming.phase, Some(ClusterPhase::Resuming));
+        let c = conditions::find_condition(&resuming.conditions, conditions::HIBERNATED)
+            .expect("Hibernated");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "Resuming")
+        );
+        // The primary runs, a standby is not ready yet: Degraded; all ready: Ready.
+        let degraded = compute_with(
+            &cluster(Some(resuming.clone())),
+            &p,
+            &[pod("main-1", true), pod("main-2", false)],
+            at(110),
+        );
+        assert_eq!(degraded.phase, Some(ClusterPhase::Degraded));
+        let ready = compute_with(
+            &cluster(Some(resuming)),
+            &p,
+            &[pod("main-1", true), pod("main-2", true)],
+            at(110),
+        );
+        assert_eq!(ready.phase, Some(ClusterPhase::Ready));
+        let c = conditions::find_condition(&ready.conditions, conditions::HIBERNATED)
+            .expect("Hibernated");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Resumed"));
+        // A cluster that never hibernated gets no such condition.
+        let plain = compute_with(&cluster(None), &p, &pods, at(100));
+        assert!(conditions::find_condition(&plain.conditions, conditions::HIBERNATED).is_none());
     }
 
     #[test]
