@@ -725,6 +725,14 @@ pub struct PostgresClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_requested: Option<RestartRequest>,
 
+    /// Restarts of single instances asked for with the annotation
+    /// `database.example.com/restart-instance` (which pgop removes once recorded here):
+    /// each instance, and when pgop saw the request. An instance whose postmaster started
+    /// before then is restarted through the rolling restart (a primary after a
+    /// switchover); its entry goes once it has.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instance_restarts: Vec<InstanceRestart>,
+
     /// When the last base backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_time: Option<Time>,
@@ -754,6 +762,16 @@ pub struct RestartRequest {
     pub value: String,
     /// When pgop first saw this value: RFC 3339 with microseconds (a `Time` would keep
     /// whole seconds only, and a postmaster started in the same second would look restarted).
+    pub requested_at: String,
+}
+
+/// A restart of one instance asked for with `database.example.com/restart-instance`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceRestart {
+    /// The instance to restart.
+    pub instance: String,
+    /// When pgop saw the request: RFC 3339 with microseconds, as in `restartRequested`.
     pub requested_at: String,
 }
 
@@ -792,6 +810,7 @@ impl Default for PostgresClusterStatus {
             recovery_source: None,
             restart_instance: None,
             restart_requested: None,
+            instance_restarts: Vec::new(),
             last_backup_time: None,
             first_recoverability_point: None,
             last_logical_backup_time: None,

@@ -26,6 +26,10 @@ pub const CLUSTER_FINALIZER: &str = "database.example.com/finalizer";
 pub const ANNOTATION_SWITCHOVER_TO: &str = "database.example.com/switchover-to";
 /// Annotation on a PostgresCluster: set to any new value to ask the instances to restart.
 pub const ANNOTATION_RESTART: &str = "database.example.com/restart";
+/// Annotation on a PostgresCluster: instance names (one, or several separated by commas)
+/// to restart, one at a time through the rolling restart; removed by pgop once recorded in
+/// `status.instanceRestarts`.
+pub const ANNOTATION_RESTART_INSTANCE: &str = "database.example.com/restart-instance";
 /// Annotation on a child: a hash of the spec it was built from, to detect drift cheaply.
 pub const ANNOTATION_SPEC_HASH: &str = "database.example.com/spec-hash";
 /// Annotation on a PostgresBackup created by the schedule (value: the schedule that made it).

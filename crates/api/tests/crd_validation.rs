@@ -797,6 +797,10 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         next_serial: 3,
         restart_instance: Some("main-2".into()),
         restart_requested: None,
+        instance_restarts: vec![pgop_api::cluster::InstanceRestart {
+            instance: "main-2".into(),
+            requested_at: "2026-12-03T10:00:00.123456Z".into(),
+        }],
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,
         last_logical_backup_time: None,

@@ -1,9 +1,10 @@
-//! Fencing and hibernation on request, end to end on the local node with real
-//! PostgreSQL: `spec.fencedInstances` stops PostgreSQL in the named instances while their
-//! Pods keep running, a fenced primary is not failed over, and unfencing brings every
-//! instance back with no row lost; `spec.hibernate` deletes the Pods (the volumes,
-//! Services and Secrets stay) and resuming brings the same data back with the same
-//! primary.
+//! Fencing, restarts of single instances and hibernation on request, end to end on the
+//! local node with real PostgreSQL: `spec.fencedInstances` stops PostgreSQL in the named
+//! instances while their Pods keep running, a fenced primary is not failed over, and
+//! unfencing brings every instance back with no row lost; the restart-instance annotation
+//! restarts a standby alone, and a primary after a switchover; `spec.hibernate` deletes the
+//! Pods (the volumes, Services and Secrets stay) and resuming brings the same data back
+//! with the same primary.
 
 mod common;
 
@@ -26,8 +27,19 @@ fn fenced(s: &pgop_api::PostgresClusterStatus, instance: &str) -> bool {
         .any(|i| i.name == instance && i.fenced && !i.ready)
 }
 
+/// Asks for a restart of `instances` (the annotation's value).
+async fn annotate_restart(env: &Env, name: &str, instances: &str) -> Result {
+    env.patch(
+        name,
+        json!({"metadata": {"annotations": {
+            pgop_api::constants::ANNOTATION_RESTART_INSTANCE: instances
+        }}}),
+    )
+    .await
+}
+
 #[tokio::test]
-async fn e2e_fenced_instances_stop_and_a_hibernated_cluster_resumes_with_its_data() -> Result {
+async fn e2e_fencing_instance_restarts_and_hibernation_keep_every_row() -> Result {
     let _serial = SERIAL.lock().await;
     let env = start("lifecycle").await?;
     let name = "life";
@@ -105,6 +117,49 @@ async fn e2e_fenced_instances_stop_and_a_hibernated_cluster_resumes_with_its_dat
     env.wait_ready(name, 2).await?;
     assert_eq!(env.current_primary(name).await?, primary);
     rows_everywhere(&env, name, &password, "t", 200).await?;
+
+    // Restart one instance on request: the standby alone, in place; a name that is no
+    // instance is refused; the annotation is removed once recorded.
+    let before = start_times(&env, name, &password).await?;
+    annotate_restart(&env, name, &format!("{standby}, {name}-9")).await?;
+    eventually("the standby restarted", TIMEOUT, || async {
+        let now = start_times(&env, name, &password).await.ok()?;
+        (now.get(standby)? > before.get(standby)?).then_some(())
+    })
+    .await;
+    env.wait_event("RestartRequested").await?;
+    let refused = env.wait_event("RestartRefused").await?;
+    assert!(refused.contains(&format!("\"{name}-9\"")), "{refused}");
+    env.wait_ready(name, 2).await?;
+    let after = start_times(&env, name, &password).await?;
+    assert_eq!(
+        after.get(&primary),
+        before.get(&primary),
+        "the primary was restarted"
+    );
+    let c = env.clusters_v1beta1().get(name).await?;
+    assert!(
+        !c.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(pgop_api::constants::ANNOTATION_RESTART_INSTANCE)
+    );
+    // The primary: a switchover first, then it restarts as a standby.
+    annotate_restart(&env, name, &primary).await?;
+    let new_primary = wait_new_primary(&env, name, &primary).await?;
+    assert_eq!(new_primary, standby);
+    eventually("the old primary restarted", TIMEOUT, || async {
+        let now = start_times(&env, name, &password).await.ok()?;
+        (now.get(&primary)? > after.get(&primary)?).then_some(())
+    })
+    .await;
+    env.wait_ready(name, 2).await?;
+    env.wait_cluster(name, "no restart left to do", TIMEOUT, |s| {
+        s.instance_restarts.is_empty() && s.restart_instance.is_none()
+    })
+    .await?;
+    rows_everywhere(&env, name, &password, "t", 200).await?;
+    let primary = new_primary;
 
     // Hibernate: the Pods go, the primary's first; the volumes and Services stay.
     env.patch(name, json!({"spec": {"hibernate": true}}))

@@ -287,6 +287,7 @@ pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
         recovery_source: &'a Option<RecoverySource>,
         restart_instance: &'a Option<String>,
         restart_requested: &'a Option<pgop_api::cluster::RestartRequest>,
+        instance_restarts: &'a [pgop_api::cluster::InstanceRestart],
     }
     #[derive(serde::Serialize)]
     struct Concerns<'a> {
@@ -307,6 +308,7 @@ pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
             recovery_source: &s.recovery_source,
             restart_instance: &s.restart_instance,
             restart_requested: &s.restart_requested,
+            instance_restarts: &s.instance_restarts,
         }),
     })
 }
@@ -864,7 +866,7 @@ async fn reconcile(
     // annotation too goes through the operator).
     if status.restart_instance.as_deref() == Some(me) {
         let started = instance.status().await.postmaster_start_time;
-        let requested = restart_requested(&status, started.as_deref());
+        let requested = restart_requested(&status, me, started.as_deref());
         if !report.pending_restart.is_empty() || requested {
             tracing::info!(pending = ?report.pending_restart, requested, "restarting PostgreSQL: the rolling restart names this instance");
             instance.restart().await.map_err(manage)?;
@@ -873,20 +875,30 @@ async fn reconcile(
     Ok(next)
 }
 
-/// Whether the cluster's restart annotation asks this instance to restart: it was set
-/// (as the operator recorded in `status.restartRequested`) after the running postmaster
-/// started.
-pub fn restart_requested(status: &PostgresClusterStatus, postmaster_started: Option<&str>) -> bool {
-    let Some(request) = &status.restart_requested else {
+/// Whether a restart annotation asks this instance (`me`) to restart: the cluster's
+/// (`status.restartRequested`) or one naming it (`status.instanceRestarts`) was recorded
+/// after the running postmaster started.
+pub fn restart_requested(
+    status: &PostgresClusterStatus,
+    me: &str,
+    postmaster_started: Option<&str>,
+) -> bool {
+    let Some(started) = postmaster_started.and_then(|t| t.parse::<jiff::Timestamp>().ok()) else {
         return false;
     };
-    let Ok(requested_at) = request.requested_at.parse::<jiff::Timestamp>() else {
-        return false;
+    let before = |requested_at: &str| {
+        requested_at
+            .parse::<jiff::Timestamp>()
+            .is_ok_and(|at| started < at)
     };
-    match postmaster_started.and_then(|t| t.parse::<jiff::Timestamp>().ok()) {
-        Some(started) => started < requested_at,
-        None => false,
-    }
+    status
+        .restart_requested
+        .as_ref()
+        .is_some_and(|r| before(&r.requested_at))
+        || status
+            .instance_restarts
+            .iter()
+            .any(|r| r.instance == me && before(&r.requested_at))
 }
 
 /// WAL archiving as `spec.backup.store` asks: the store with its credentials read from the
@@ -1265,16 +1277,49 @@ status:
     #[test]
     fn the_restart_annotation_asks_postmasters_started_before_it() {
         let mut status = PostgresClusterStatus::default();
-        assert!(!restart_requested(&status, Some("2026-01-01T00:00:00Z")));
+        assert!(!restart_requested(
+            &status,
+            "db-1",
+            Some("2026-01-01T00:00:00Z")
+        ));
         status.restart_requested = Some(pgop_api::cluster::RestartRequest {
             value: "1".into(),
             requested_at: "2026-01-01T00:00:10Z".into(),
         });
-        assert!(restart_requested(&status, Some("2026-01-01T00:00:09.5Z")));
-        assert!(!restart_requested(&status, Some("2026-01-01T00:00:10.5Z")));
+        assert!(restart_requested(
+            &status,
+            "db-1",
+            Some("2026-01-01T00:00:09.5Z")
+        ));
+        assert!(!restart_requested(
+            &status,
+            "db-1",
+            Some("2026-01-01T00:00:10.5Z")
+        ));
         assert!(
-            !restart_requested(&status, None),
+            !restart_requested(&status, "db-1", None),
             "a stopped one starts anyway"
         );
+        // One instance's request: that instance only.
+        status.restart_requested = None;
+        status.instance_restarts = vec![pgop_api::cluster::InstanceRestart {
+            instance: "db-2".into(),
+            requested_at: "2026-01-01T00:00:10Z".into(),
+        }];
+        assert!(restart_requested(
+            &status,
+            "db-2",
+            Some("2026-01-01T00:00:09Z")
+        ));
+        assert!(!restart_requested(
+            &status,
+            "db-1",
+            Some("2026-01-01T00:00:09Z")
+        ));
+        assert!(!restart_requested(
+            &status,
+            "db-2",
+            Some("2026-01-01T00:00:11Z")
+        ));
     }
 }

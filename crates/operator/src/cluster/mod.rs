@@ -64,7 +64,8 @@ use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{
-    ANNOTATION_RESTART, ANNOTATION_SPEC_HASH, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
+    ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SPEC_HASH,
+    ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
 };
 use pgop_api::instance_status::PgRole;
 use pgop_api::v1beta1::PostgresCluster;
@@ -91,8 +92,8 @@ pub enum Error {
     Apply(#[from] apply::Error),
     #[error("failed to patch the cluster's status")]
     PatchStatus(#[source] kube::Error),
-    #[error("failed to remove the switchover annotation")]
-    ClearSwitchover(#[source] kube::Error),
+    #[error("failed to remove the request annotation {0}")]
+    ClearAnnotation(&'static str, #[source] kube::Error),
     #[error("failed to read a PersistentVolume")]
     ReadVolume(#[source] kube::Error),
     #[error("failed to list the cluster's PostgresBackups")]
@@ -115,7 +116,7 @@ impl Error {
             Error::Build(_) => "Build",
             Error::Apply(_) => "Apply",
             Error::PatchStatus(_) => "PatchStatus",
-            Error::ClearSwitchover(_) => "ClearSwitchover",
+            Error::ClearAnnotation(..) => "ClearAnnotation",
             Error::ReadVolume(_) => "ReadVolume",
             Error::ListBackups(_) => "ListBackups",
             Error::ScheduleBackup(_) => "ScheduleBackup",
@@ -313,6 +314,24 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
     }
+    if let Some(request) = &rollout.instance_restart_request {
+        clear_annotation(ctx, cluster, &namespace, ANNOTATION_RESTART_INSTANCE).await?;
+        if !request.accepted.is_empty() {
+            let note = format!(
+                "restart of {} requested: one instance at a time, a standby in place, the \
+                 primary after a switchover",
+                request.accepted.join(", ")
+            );
+            publish(ctx, cluster, EventType::Normal, "RestartRequested", &note).await;
+        }
+        if !request.refused.is_empty() {
+            let note = format!(
+                "annotation {ANNOTATION_RESTART_INSTANCE} refused in part: {}",
+                request.refused.join("; ")
+            );
+            publish(ctx, cluster, EventType::Warning, "RestartRefused", &note).await;
+        }
+    }
     let old_restart = cluster
         .status
         .as_ref()
@@ -321,7 +340,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         && old_restart != Some(instance)
     {
         let note = format!(
-            "rolling restart: {instance} restarts PostgreSQL for parameters pending a restart"
+            "rolling restart: {instance} restarts PostgreSQL (parameters pending a restart, or a restart requested)"
         );
         let about = Some(instance.as_str());
         publish_about(
@@ -694,6 +713,11 @@ struct Rollout {
     restart_instance: Option<String>,
     /// The restart annotation, with the moment it was first seen.
     restart_requested: Option<pgop_api::cluster::RestartRequest>,
+    /// `status.instanceRestarts` for this pass.
+    instance_restarts: Vec<pgop_api::cluster::InstanceRestart>,
+    /// The restart-instance annotation, read in this pass: remove it once the status
+    /// holds what it asked, and say so.
+    instance_restart_request: Option<rollout::InstanceRestartRequest>,
     /// Why the rollout is blocked, if it is.
     blocked: Option<rollout::Blocked>,
     /// The roles changed (a switchover started): the children must be built again.
@@ -737,6 +761,22 @@ fn rollout_step(
         }),
         (None, known) => known.clone(),
     };
+    // The restart-instance annotation: its instances recorded (it is removed once the
+    // status holds them), the restarted ones pruned.
+    let (instance_restarts, instance_restart_request) = rollout::instance_restarts(
+        &old_status.instance_restarts,
+        cluster
+            .annotations()
+            .get(ANNOTATION_RESTART_INSTANCE)
+            .map(String::as_str),
+        named,
+        probes,
+        now().0,
+    );
+    let restarts_by_instance: BTreeMap<String, jiff::Timestamp> = instance_restarts
+        .iter()
+        .filter_map(|e| Some((e.instance.clone(), e.requested_at.parse().ok()?)))
+        .collect();
     let unplaced = rollout::unplaced(&observed.pods, now().0);
     let input = rollout::Input {
         instances: named,
@@ -749,6 +789,7 @@ fn rollout_step(
         restart_requested_at: restart_requested
             .as_ref()
             .and_then(|r| r.requested_at.parse().ok()),
+        instance_restarts: &restarts_by_instance,
         unplaced: &unplaced,
     };
     let step = rollout::next(&input);
@@ -772,6 +813,8 @@ fn rollout_step(
         replace: None,
         restart_instance: None,
         restart_requested,
+        instance_restarts,
+        instance_restart_request,
         blocked,
         rebuild: false,
     };
@@ -843,6 +886,7 @@ async fn write_status(
     let (mut status, positions_due) = status::compute(cluster, plan, &seen, now());
     status.restart_instance = rollout.restart_instance.clone();
     status.restart_requested = rollout.restart_requested.clone();
+    status.instance_restarts = rollout.instance_restarts.clone();
     status::set_rollout_blocked(
         &mut status,
         rollout.blocked.clone(),
@@ -1291,9 +1335,19 @@ async fn clear_switchover_request(
     cluster: &PostgresCluster,
     namespace: &str,
 ) -> Result<(), Error> {
+    clear_annotation(ctx, cluster, namespace, ANNOTATION_SWITCHOVER_TO).await
+}
+
+/// Removes a request annotation once it was read (a merge patch of the cluster).
+async fn clear_annotation(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    annotation: &'static str,
+) -> Result<(), Error> {
     let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = serde_json::json!({
-        "metadata": {"annotations": {ANNOTATION_SWITCHOVER_TO: null}}
+        "metadata": {"annotations": {annotation: null}}
     });
     api.patch(
         &cluster.name_any(),
@@ -1301,7 +1355,7 @@ async fn clear_switchover_request(
         &Patch::Merge(&patch),
     )
     .await
-    .map_err(Error::ClearSwitchover)?;
+    .map_err(|e| Error::ClearAnnotation(annotation, e))?;
     Ok(())
 }
 

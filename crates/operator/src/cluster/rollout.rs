@@ -32,6 +32,9 @@
 //! - The restart annotation (`database.example.com/restart`) is a restart like any other:
 //!   the operator records when it saw the value (`status.restartRequested`), and every
 //!   instance whose postmaster started before then needs a restart, in the same order.
+//!   `database.example.com/restart-instance` does the same for the instances it names
+//!   (`status.instanceRestarts`), each one alone: a standby restarts in place, a primary
+//!   after a switchover.
 //! - Health-gated: a step that does not come back blocks the rollout. Nothing else moves
 //!   while an instance is not ready; once that has lasted `switchoverTimeout`, or when the
 //!   instance refused its restart (its dry run failed), [`blocked`] says so
@@ -54,7 +57,7 @@ pub enum Step {
     Idle,
     /// Delete this instance's Pod: its spec changed.
     Replace { instance: String },
-    /// This instance restarts PostgreSQL for parameters pending a restart.
+    /// This instance restarts PostgreSQL: parameters pending a restart, or a restart requested.
     Restart { instance: String },
     /// Move the primary to this standby first, so the old primary can be updated.
     Switchover { to: String },
@@ -75,6 +78,9 @@ pub struct Input<'a> {
     /// When the restart annotation's current value was first seen
     /// (`status.restartRequested`): postmasters started before need a restart.
     pub restart_requested_at: Option<jiff::Timestamp>,
+    /// Restarts of single instances on request (`status.instanceRestarts`): the instance
+    /// needs a restart if its postmaster started before its time.
+    pub instance_restarts: &'a BTreeMap<String, jiff::Timestamp>,
     /// Instances whose Pod the scheduler has found no node for since at least
     /// [`UNPLACED_GRACE`] ([`unplaced`]): they hold nothing back.
     pub unplaced: &'a BTreeSet<String>,
@@ -104,17 +110,111 @@ pub fn unplaced(pods: &[Pod], now: jiff::Timestamp) -> BTreeSet<String> {
         .collect()
 }
 
+/// Longest instance list read from `database.example.com/restart-instance`.
+const MAX_RESTART_NAMES: usize = 16;
+/// Longest part of a refused name quoted back in an Event.
+const MAX_QUOTED_NAME: usize = 80;
+
+/// What `database.example.com/restart-instance` asked for, once read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InstanceRestartRequest {
+    /// Instances of the cluster now recorded for a restart.
+    pub accepted: Vec<String>,
+    /// What was refused, each quoted with the reason.
+    pub refused: Vec<String>,
+}
+
+/// `status.instanceRestarts` for this pass: the old entries of instances still planned
+/// that have not restarted since (their manager reports a later postmaster start, or does
+/// not answer), and the instances the annotation names (`annotation`: its value), each
+/// recorded at `now` (a second request for an instance moves its time). A name that is not
+/// an instance of the cluster is refused, quoted and cut short.
+pub fn instance_restarts(
+    old: &[pgop_api::cluster::InstanceRestart],
+    annotation: Option<&str>,
+    instances: &[(String, i32)],
+    probes: &BTreeMap<String, Probe>,
+    now: jiff::Timestamp,
+) -> (
+    Vec<pgop_api::cluster::InstanceRestart>,
+    Option<InstanceRestartRequest>,
+) {
+    let planned = |name: &str| instances.iter().any(|(n, _)| n == name);
+    let restarted = |entry: &pgop_api::cluster::InstanceRestart| {
+        let at = entry.requested_at.parse::<jiff::Timestamp>().ok();
+        let started = probes
+            .get(&entry.instance)
+            .and_then(Probe::status)
+            .and_then(|s| s.postmaster_start_time.as_deref())
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        matches!((at, started), (Some(at), Some(started)) if started >= at)
+    };
+    let mut kept: Vec<pgop_api::cluster::InstanceRestart> = old
+        .iter()
+        .filter(|e| planned(&e.instance) && !restarted(e))
+        .cloned()
+        .collect();
+    let Some(value) = annotation else {
+        return (kept, None);
+    };
+    let mut request = InstanceRestartRequest::default();
+    let names: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    if names.is_empty() {
+        request
+            .refused
+            .push("an empty value (name one or more instances, separated by commas)".into());
+    }
+    if names.len() > MAX_RESTART_NAMES {
+        request.refused.push(format!(
+            "{} names (at most {MAX_RESTART_NAMES})",
+            names.len()
+        ));
+        return (kept, Some(request));
+    }
+    for name in names {
+        if !planned(name) {
+            let quoted: String = name.chars().take(MAX_QUOTED_NAME).collect();
+            request
+                .refused
+                .push(format!("{quoted:?}: not an instance of this cluster"));
+            continue;
+        }
+        kept.retain(|e| e.instance != name);
+        kept.push(pgop_api::cluster::InstanceRestart {
+            instance: name.to_string(),
+            requested_at: now.to_string(),
+        });
+        if !request.accepted.iter().any(|a| a == name) {
+            request.accepted.push(name.to_string());
+        }
+    }
+    kept.sort_by(|a, b| a.instance.cmp(&b.instance));
+    (kept, Some(request))
+}
+
 impl Input<'_> {
     /// Whether an instance needs a restart: parameters pending one, or a restart requested
     /// after its postmaster started.
     pub fn needs_restart(&self, s: &PgStatus) -> bool {
+        let started_before = |at: &jiff::Timestamp| {
+            s.postmaster_start_time
+                .as_deref()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                .is_some_and(|started| started < *at)
+        };
         s.pending_restart
-            || self.restart_requested_at.is_some_and(|at| {
-                s.postmaster_start_time
-                    .as_deref()
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                    .is_some_and(|started| started < at)
-            })
+            || self
+                .restart_requested_at
+                .as_ref()
+                .is_some_and(started_before)
+            || self
+                .instance_restarts
+                .get(&s.instance)
+                .is_some_and(started_before)
     }
 
     /// Whether this instance's Pod is built from an older spec than now.
@@ -397,6 +497,7 @@ mod tests {
         generation: Option<i64>,
         restarting: Option<String>,
         requested_at: Option<jiff::Timestamp>,
+        instance_restarts: BTreeMap<String, jiff::Timestamp>,
         unplaced: BTreeSet<String>,
     }
 
@@ -422,6 +523,7 @@ mod tests {
                 generation: Some(1),
                 restarting: None,
                 requested_at: None,
+                instance_restarts: BTreeMap::new(),
                 unplaced: BTreeSet::new(),
             }
         }
@@ -440,6 +542,7 @@ mod tests {
                 generation: self.generation,
                 restarting: self.restarting.as_deref(),
                 restart_requested_at: self.requested_at,
+                instance_restarts: &self.instance_restarts,
                 unplaced: &self.unplaced,
             }
         }
@@ -595,6 +698,79 @@ mod tests {
         );
         w.started_at("db-1", "2026-01-01T00:01:20Z");
         assert_eq!(w.next(&r), Step::Idle);
+    }
+
+    #[test]
+    fn an_instance_restart_restarts_that_instance_only_and_a_primary_after_a_switchover() {
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        for n in ["db-1", "db-2", "db-3"] {
+            w.started_at(n, "2026-01-01T00:00:00Z");
+        }
+        w.instance_restarts
+            .insert("db-2".into(), t("2026-01-01T00:01:00Z"));
+        assert_eq!(
+            w.next(&r),
+            Step::Restart {
+                instance: "db-2".into()
+            }
+        );
+        w.started_at("db-2", "2026-01-01T00:01:05Z");
+        assert_eq!(
+            w.next(&r),
+            Step::Idle,
+            "db-3 and the primary are left alone"
+        );
+        // The primary: moved first, then restarted as a standby.
+        w.instance_restarts
+            .insert("db-1".into(), t("2026-01-01T00:02:00Z"));
+        assert_eq!(w.next(&r), Step::Switchover { to: "db-3".into() });
+        w.started_at("db-1", "2026-01-01T00:02:10Z");
+        assert_eq!(w.next(&r), Step::Idle);
+    }
+
+    #[test]
+    fn the_restart_instance_annotation_is_recorded_checked_and_pruned() {
+        let w = World::new();
+        let now = t("2026-01-01T00:05:00Z");
+        // Names checked, trimmed, deduplicated; hostile ones refused, quoted and cut.
+        let (entries, request) = instance_restarts(
+            &[],
+            Some(" db-2 ,db-2, db-9,$(id)\nx,"),
+            &w.instances,
+            &w.probes,
+            now,
+        );
+        let request = request.expect("read");
+        assert_eq!(request.accepted, ["db-2"]);
+        assert_eq!(request.refused.len(), 2, "{:?}", request.refused);
+        assert!(request.refused[0].starts_with("\"db-9\""));
+        assert!(request.refused[1].contains("\\n"), "{:?}", request.refused);
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].instance, "db-2");
+        assert_eq!(entries[0].requested_at, now.to_string());
+        let (_, request) = instance_restarts(&[], Some(" , "), &w.instances, &w.probes, now);
+        assert!(request.expect("read").accepted.is_empty());
+        let many = vec!["db-1"; 17].join(",");
+        let (entries, request) = instance_restarts(&[], Some(&many), &w.instances, &w.probes, now);
+        assert!(entries.is_empty());
+        assert!(request.expect("read").refused[0].contains("at most 16"));
+
+        // Kept while not restarted or not answering; gone once restarted, or with its
+        // instance.
+        let entry = |i: &str| pgop_api::cluster::InstanceRestart {
+            instance: i.into(),
+            requested_at: "2026-01-01T00:01:00Z".into(),
+        };
+        let mut w = World::new();
+        w.started_at("db-2", "2026-01-01T00:00:30Z");
+        w.started_at("db-3", "2026-01-01T00:01:30Z");
+        w.probes.remove("db-1");
+        let old = [entry("db-1"), entry("db-2"), entry("db-3"), entry("db-7")];
+        let (entries, request) = instance_restarts(&old, None, &w.instances, &w.probes, now);
+        assert_eq!(request, None);
+        let names: Vec<&str> = entries.iter().map(|e| e.instance.as_str()).collect();
+        assert_eq!(names, ["db-1", "db-2"]);
     }
 
     #[test]
