@@ -183,6 +183,35 @@ pub fn fenced_instances_of_cluster() -> Rule {
     .reason(Reason::FieldValueInvalid)
 }
 
+/// What is wrong with a membership in `postgres` or `streaming_replica`.
+pub fn msg_forbidden_membership() -> String {
+    format!(
+        "may not name {}: membership would hand over their objects and privileges",
+        crate::roles::FORBIDDEN_MEMBERSHIPS.join(" or ")
+    )
+}
+
+/// spec.roles[].inRoles: never the superuser or the replication role.
+pub fn no_forbidden_memberships() -> Rule {
+    Rule::new(format!(
+        "self.all(r, !(r in {}))",
+        cel_list(crate::roles::FORBIDDEN_MEMBERSHIPS)
+    ))
+    .message(Message::Message(msg_forbidden_membership()))
+    .reason(Reason::FieldValueForbidden)
+}
+
+/// What is wrong with a role listed among its own `inRoles`.
+pub const MSG_MEMBER_OF_ITSELF: &str = "may not name the role itself";
+
+/// spec.roles[]: a role is not a member of itself.
+pub fn not_member_of_itself() -> Rule {
+    Rule::new("!has(self.inRoles) || !(self.name in self.inRoles)")
+        .message(MSG_MEMBER_OF_ITSELF)
+        .field_path(".inRoles")
+        .reason(Reason::FieldValueInvalid)
+}
+
 /// What is wrong with naming one of the cluster's own Secrets where the spec names a user's.
 pub fn msg_own_secret() -> String {
     let own: Vec<String> = OWN_SECRET_SUFFIXES

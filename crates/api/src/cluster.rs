@@ -275,6 +275,14 @@ pub struct PostgresClusterSpec {
         "pattern": INSTANCE_NAME_PATTERN,
     }))]
     pub fenced_instances: Vec<String>,
+
+    /// PostgreSQL roles the primary's instance manager keeps as declared, at most 32 (see
+    /// [`crate::roles`]): created, altered, their memberships granted and revoked, dropped
+    /// with `ensure: absent`. Roles not named here are left alone; a role removed from
+    /// the list is kept. `status.roles` says how each was applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::roles::MAX_ROLES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub roles: Vec<crate::roles::RoleSpec>,
 }
 
 /// Longest instance name: the longest cluster name, `-` and a serial of up to 10 digits.
@@ -733,6 +741,10 @@ pub struct PostgresClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instance_restarts: Vec<InstanceRestart>,
 
+    /// How each role of `spec.roles` was applied by the primary's manager (and why not).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<crate::roles::RoleStatus>,
+
     /// When the last base backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_time: Option<Time>,
@@ -811,6 +823,7 @@ impl Default for PostgresClusterStatus {
             restart_instance: None,
             restart_requested: None,
             instance_restarts: Vec::new(),
+            roles: Vec::new(),
             last_backup_time: None,
             first_recoverability_point: None,
             last_logical_backup_time: None,

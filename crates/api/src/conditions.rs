@@ -49,6 +49,11 @@ pub const INSTANCES_SCHEDULED: &str = "InstancesScheduled";
 /// are still being deleted, `Hibernated` once none is left); False after it resumed.
 pub const HIBERNATED: &str = "Hibernated";
 
+/// Whether every role of `spec.roles` is as declared on the primary: False (reason
+/// `RoleFailed`) names each role PostgreSQL refused and quotes its error; absent while
+/// the spec declares no role.
+pub const ROLES_APPLIED: &str = "RolesApplied";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

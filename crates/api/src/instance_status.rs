@@ -100,6 +100,9 @@ pub struct PgStatus {
     pub postgres_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version_num: Option<i32>,
+    /// Primary: how each role of `spec.roles` was last applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<crate::roles::RoleStatus>,
     /// WAL archiving to the backup store (`pg_stat_archiver`); unset while PostgreSQL does
     /// not answer (and from managers that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -198,6 +201,7 @@ impl PgStatus {
             invalid_parameters: Vec::new(),
             postgres_version: None,
             postgres_version_num: None,
+            roles: Vec::new(),
             archiving: None,
             bootstrap_error: None,
             postmaster_start_time: None,

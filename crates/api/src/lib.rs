@@ -20,6 +20,7 @@ pub mod labels;
 pub mod network;
 pub mod owner;
 pub mod quantity;
+pub mod roles;
 pub mod v1beta1;
 pub mod validation;
 

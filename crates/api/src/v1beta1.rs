@@ -177,6 +177,14 @@ pub struct PostgresClusterSpec {
         "pattern": INSTANCE_NAME_PATTERN,
     }))]
     pub fenced_instances: Vec<String>,
+
+    /// PostgreSQL roles the primary's instance manager keeps as declared, at most 32 (see
+    /// [`crate::roles`]): created, altered, their memberships granted and revoked, dropped
+    /// with `ensure: absent`. Roles not named here are left alone; a role removed from
+    /// the list is kept. `status.roles` says how each was applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::roles::MAX_ROLES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub roles: Vec<crate::roles::RoleSpec>,
 }
 
 fn default_instances() -> i32 {
@@ -409,6 +417,7 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             paused: s.paused,
             hibernate: s.hibernate,
             fenced_instances: s.fenced_instances,
+            roles: s.roles,
         }
     }
 }
@@ -447,6 +456,7 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             paused: s.paused,
             hibernate: s.hibernate,
             fenced_instances: s.fenced_instances,
+            roles: s.roles,
         }
     }
 }
@@ -762,6 +772,10 @@ mod tests {
         }
         g.maybe(v, "paused", |g| json!(g.coin()));
         g.maybe(v, "hibernate", |g| json!(g.coin()));
+        g.maybe(v, "roles", |g| {
+            json!([{"name": "reporting", "login": g.coin(), "inRoles": ["pg_monitor"],
+                "connectionLimit": g.int(-1, 20), "passwordSecret": {"name": "reporting"}}])
+        });
         g.maybe(v, "fencedInstances", |g| match g.below(2) {
             0 => json!(["demo-1"]),
             _ => json!(["demo-2", "demo-3"]),

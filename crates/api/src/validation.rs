@@ -201,6 +201,17 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
             || format!("{}, got {name:?}", cel::msg_fenced_instance()),
         );
     }
+    // Not in CEL: a rule at the root over 32 roles and the cluster's name costs more than
+    // the API server's budget; the webhook and the operator hold it.
+    for role in &cluster.spec.roles {
+        if let Some(secret) = &role.password_secret {
+            errors.check(
+                !cel::is_own_secret(&cluster.name_any(), &secret.name),
+                "spec.roles",
+                || format!("spec.roles[].passwordSecret.name {}", cel::msg_own_secret()),
+            );
+        }
+    }
     for (field, secret) in user_secrets(&cluster.spec) {
         errors.check(
             !cel::is_own_secret(&cluster.name_any(), secret),
@@ -236,6 +247,96 @@ fn validate_fenced_instances(fenced: &[String], errors: &mut Errors) {
         errors.check(!fenced[..i].contains(name), &field, || {
             format!("duplicate value {name:?}")
         });
+    }
+}
+
+/// `spec.roles` (the schema's and CEL's twins), and a rule only the webhook and the
+/// operator hold: no declared role may be the application owner of
+/// `spec.bootstrap.initdb` (default `app`), whose password pgop keeps.
+fn validate_roles(spec: &PostgresClusterSpec, errors: &mut Errors) {
+    use crate::roles::{FORBIDDEN_MEMBERSHIPS, MAX_CONNECTION_LIMIT, MAX_IN_ROLES, MAX_ROLES};
+    errors.check(spec.roles.len() <= MAX_ROLES, "spec.roles", || {
+        format!(
+            "must have at most {MAX_ROLES} items, got {}",
+            spec.roles.len()
+        )
+    });
+    let owner = match &spec.bootstrap {
+        None => Some("app".to_string()),
+        Some(b) => b.initdb.as_ref().map(|i| i.owner.clone()),
+    };
+    for (i, role) in spec.roles.iter().enumerate() {
+        let at = format!("spec.roles[{i}]");
+        let name_field = format!("{at}.name");
+        errors.format(
+            &name_field,
+            &role.name,
+            formats::is_identifier,
+            "a lower-case identifier (^[a-z_][a-z0-9_]{0,62}$)",
+        );
+        errors.check(
+            !is_reserved_name(&role.name),
+            &name_field,
+            cel::msg_reserved_name,
+        );
+        errors.check(owner.as_deref() != Some(role.name.as_str()), &name_field, || {
+            format!(
+                "may not be the application owner {:?}: pgop keeps its password (spec.credentials.appSecret)",
+                role.name
+            )
+        });
+        errors.check(
+            !spec.roles[..i].iter().any(|r| r.name == role.name),
+            &at,
+            || format!("duplicate value {:?}", role.name),
+        );
+        errors.range(
+            &format!("{at}.connectionLimit"),
+            role.connection_limit,
+            -1,
+            Some(MAX_CONNECTION_LIMIT),
+        );
+        if let Some(until) = &role.valid_until {
+            errors.format(
+                &format!("{at}.validUntil"),
+                until,
+                formats::is_timestamp,
+                "an RFC 3339 time with a time zone, e.g. 2027-01-31T00:00:00Z",
+            );
+        }
+        let in_roles = format!("{at}.inRoles");
+        errors.check(role.in_roles.len() <= MAX_IN_ROLES, &in_roles, || {
+            format!(
+                "must have at most {MAX_IN_ROLES} items, got {}",
+                role.in_roles.len()
+            )
+        });
+        errors.check(!role.in_roles.contains(&role.name), &in_roles, || {
+            cel::MSG_MEMBER_OF_ITSELF.to_string()
+        });
+        errors.check(
+            !role
+                .in_roles
+                .iter()
+                .any(|r| FORBIDDEN_MEMBERSHIPS.contains(&r.as_str())),
+            &in_roles,
+            cel::msg_forbidden_membership,
+        );
+        for (j, member_of) in role.in_roles.iter().enumerate() {
+            let field = format!("{in_roles}[{j}]");
+            errors.format(
+                &field,
+                member_of,
+                formats::is_identifier,
+                "a lower-case identifier (^[a-z_][a-z0-9_]{0,62}$)",
+            );
+            errors.check(!role.in_roles[..j].contains(member_of), &field, || {
+                format!("duplicate value {member_of:?}")
+            });
+        }
+        if let Some(secret) = &role.password_secret {
+            errors.name(&format!("{at}.passwordSecret.name"), &secret.name);
+        }
     }
 }
 
@@ -278,6 +379,7 @@ pub fn validate_backup_update(
 fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.replicas", spec.replicas, 1, Some(MAX_REPLICAS));
     validate_fenced_instances(&spec.fenced_instances, errors);
+    validate_roles(spec, errors);
     if let Some(image) = &spec.image {
         errors.format(
             "spec.image",
@@ -827,6 +929,29 @@ mod tests {
     }
 
     const MINIMAL: &str = "storage: {size: 1Gi}";
+
+    #[test]
+    fn declared_roles_may_not_be_the_owner_nor_read_the_clusters_own_secrets() {
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi}\nroles: [{name: app}, {name: reporting, inRoles: [pg_monitor]}]"
+            ))),
+            ["spec.roles[0].name"]
+        );
+        // The owner is the one initdb creates; a restore brings its own.
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi}\nbootstrap: {initdb: {owner: shop}}\nroles: [{name: app}, {name: shop}]"
+            ))),
+            ["spec.roles[1].name"]
+        );
+        let cluster: PostgresCluster = serde_yaml::from_str(
+            "apiVersion: database.example.com/v1alpha1\nkind: PostgresCluster\nmetadata: {name: db}\n\
+             spec: {storage: {size: 1Gi}, roles: [{name: reporting, passwordSecret: {name: db-superuser}}]}",
+        )
+        .expect("cluster");
+        assert_eq!(fields(validate_cluster(&cluster)), ["spec.roles"]);
+    }
 
     #[test]
     fn a_minimal_spec_is_valid_and_defaulted() {

@@ -612,6 +612,46 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "role name",
+        set: |s, v| s["roles"] = json!([{"name": v}]),
+        rust: |v| formats::is_identifier(v) && !is_reserved_name(v),
+        samples: &[
+            "reporting",
+            "_etl",
+            "pg_monitor",
+            "postgres",
+            "Reporting",
+            "a-b",
+            "r1",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "role membership",
+        set: |s, v| s["roles"] = json!([{"name": "reporting", "inRoles": [v]}]),
+        rust: |v| {
+            formats::is_identifier(v)
+                && !pgop_api::roles::FORBIDDEN_MEMBERSHIPS.contains(&v)
+                && v != "reporting"
+        },
+        samples: &[
+            "pg_monitor",
+            "readers",
+            "postgres",
+            "streaming_replica",
+            "reporting",
+            "PG_MONITOR",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "role password Secret",
+        set: |s, v| s["roles"] = json!([{"name": "reporting", "passwordSecret": {"name": v}}]),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["reporting-password", "a.b", "Reporting", "a_b"],
+        strict: true,
+    },
+    Format {
         name: "fenced instance",
         set: |s, v| s["fencedInstances"] = json!([v]),
         rust: |v| pgop_api::cel::is_instance_of("formats", v),

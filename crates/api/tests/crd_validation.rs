@@ -438,6 +438,41 @@ const BAD: &[Case] = &[
         "spec.fencedInstances",
     ),
     case(
+        "role named postgres",
+        "storage: {size: 1Gi}\nroles: [{name: postgres}]",
+        "spec.roles[0].name",
+    ),
+    case(
+        "role name with a quote and a statement",
+        "storage: {size: 1Gi}\nroles: [{name: \"x\\\"; drop role app; --\"}]",
+        "spec.roles[0].name",
+    ),
+    case(
+        "role a member of the superuser",
+        "storage: {size: 1Gi}\nroles: [{name: reporting, inRoles: [postgres]}]",
+        "spec.roles[0].inRoles",
+    ),
+    case(
+        "role a member of itself",
+        "storage: {size: 1Gi}\nroles: [{name: reporting, inRoles: [reporting]}]",
+        "spec.roles[0].inRoles",
+    ),
+    case(
+        "role declared twice",
+        "storage: {size: 1Gi}\nroles: [{name: reporting}, {name: reporting}]",
+        "spec.roles[1]",
+    ),
+    case(
+        "role connection limit below -1",
+        "storage: {size: 1Gi}\nroles: [{name: reporting, connectionLimit: -2}]",
+        "spec.roles[0].connectionLimit",
+    ),
+    case(
+        "role valid until a day that does not exist",
+        "storage: {size: 1Gi}\nroles: [{name: reporting, validUntil: \"2026-02-30T00:00:00Z\"}]",
+        "spec.roles[0].validUntil",
+    ),
+    case(
         "app Secret is the cluster's own app Secret",
         "storage: {size: 1Gi}\ncredentials: {appSecret: bad-app}",
         "spec.credentials.appSecret",
@@ -800,6 +835,11 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         instance_restarts: vec![pgop_api::cluster::InstanceRestart {
             instance: "main-2".into(),
             requested_at: "2026-12-03T10:00:00.123456Z".into(),
+        }],
+        roles: vec![pgop_api::roles::RoleStatus {
+            name: "reporting".into(),
+            applied: false,
+            message: Some("role \"reporting\" cannot be dropped".into()),
         }],
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,

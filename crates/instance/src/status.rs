@@ -77,6 +77,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         pending_restart_decreases: decreases,
         applied_generation: None,
         invalid_parameters: Vec::new(),
+        roles: Vec::new(),
         archiving: Some(archiving(client).await?),
         bootstrap_error: None,
         postmaster_start_time: row.try_get(11).map_err(e)?,

@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 
 mod floors;
 mod passwords;
+mod roles;
+
+pub use roles::Password as RolePassword;
 mod store;
 
 pub use store::{
@@ -156,6 +159,8 @@ struct Desired {
     /// PostgreSQL's TLS material, once the cluster's Secrets gave it (see
     /// [`Instance::set_tls`]); without it PostgreSQL runs without TLS.
     tls: Option<config::Tls>,
+    /// `spec.roles` as last applied on this primary ([`Instance::apply_roles`]).
+    roles: roles::Applied,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -218,6 +223,7 @@ impl Instance {
                 passwords,
                 passwords_set: None,
                 tls: None,
+                roles: roles::Applied::default(),
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -1042,6 +1048,9 @@ impl Instance {
         status.bootstrap_error = bootstrap_error;
         status.applied_generation = applied_generation;
         status.restart_refused = restart_refused;
+        if status.role == PgRole::Primary {
+            status.roles = self.desired().roles.report.clone();
+        }
         if status.role == PgRole::Stopped {
             status.last_error = start_error;
         }

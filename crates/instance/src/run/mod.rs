@@ -850,6 +850,11 @@ async fn reconcile(
         instance.ensure_slots(&plan.slots).await.map_err(manage)?;
         if instance.mode() == Mode::Primary {
             instance.apply_passwords().await.map_err(manage)?;
+            let passwords = role_passwords(inputs, &cluster.spec.roles).await;
+            instance
+                .apply_roles(&cluster.spec.roles, &passwords)
+                .await
+                .map_err(manage)?;
         }
     }
     let spec = &cluster.spec;
@@ -1045,6 +1050,26 @@ async fn read_secret(inputs: &Inputs, name: String) -> Result<(String, Arc<Secre
         Ok(None) => Err(Error::NoSecret { name }),
         Err(source) => Err(Error::ReadSecret { name, source }),
     }
+}
+
+/// The password of each role of `spec.roles` with a `passwordSecret`, or why it could
+/// not be read (reported for that role).
+async fn role_passwords(
+    inputs: &Inputs,
+    roles: &[pgop_api::roles::RoleSpec],
+) -> std::collections::BTreeMap<String, crate::instance::RolePassword> {
+    let mut out = std::collections::BTreeMap::new();
+    for role in roles {
+        let Some(secret) = &role.password_secret else {
+            continue;
+        };
+        let password = read_secret(inputs, secret.name.clone())
+            .await
+            .and_then(|s| secret_text(&s, "password"))
+            .map_err(|e| error_chain(&e));
+        out.insert(role.name.clone(), password);
+    }
+    out
 }
 
 /// The text of `key` in a Secret read by [`read_secret`].

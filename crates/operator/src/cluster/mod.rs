@@ -497,6 +497,19 @@ fn hibernation_event(
     Some((reason, after.message.clone()))
 }
 
+/// The Warning Event when PostgreSQL refuses a declared role (the `RolesApplied`
+/// condition turns to, or stays with another message at, reason `RoleFailed`).
+fn role_event(old: Option<&PostgresClusterStatus>, new: &PostgresClusterStatus) -> Option<String> {
+    use pgop_api::conditions::{ROLES_APPLIED, find_condition};
+    let after = find_condition(&new.conditions, ROLES_APPLIED)?;
+    if after.reason != status::REASON_ROLE_FAILED {
+        return None;
+    }
+    let before = old.and_then(|s| find_condition(&s.conditions, ROLES_APPLIED));
+    let same = before.is_some_and(|b| b.reason == after.reason && b.message == after.message);
+    (!same).then(|| format!("spec.roles: {}", after.message))
+}
+
 /// When to look at the cluster again if nothing wakes it first (a change of the cluster
 /// or a child, from the watches; a significant change of an instance, from the prober):
 /// - during a failover or switchover, every [`POLL_TRANSITION`];
@@ -927,12 +940,23 @@ async fn write_status(
         ),
     ];
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
+    let role_failed = role_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status.clone()).await?;
     for (kind, reason, message) in events.into_iter().flatten() {
         publish(ctx, cluster, kind, reason, &message).await;
     }
     if let Some((reason, message)) = resumed {
         publish(ctx, cluster, EventType::Normal, reason, &message).await;
+    }
+    if let Some(message) = role_failed {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            status::REASON_ROLE_FAILED,
+            &message,
+        )
+        .await;
     }
     for note in &roles.notes {
         let kind = if note.warning {

@@ -118,6 +118,81 @@ pub fn publish_positions_at_most_every(
     }
 }
 
+/// The reason of `RolesApplied=False` when PostgreSQL refused a declared role.
+pub const REASON_ROLE_FAILED: &str = "RoleFailed";
+
+/// `status.roles` and the `RolesApplied` condition from the primary's report: each
+/// declared role with how it was applied (a role the report does not name yet is
+/// pending). Without declared roles both are removed; while no primary answers, both stay
+/// as they were.
+fn set_roles(
+    out: &mut Vec<pgop_api::roles::RoleStatus>,
+    c: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    declared: &[pgop_api::roles::RoleSpec],
+    primary: Option<&pgop_api::instance_status::PgStatus>,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    if declared.is_empty() {
+        out.clear();
+        c.retain(|x| x.type_ != conditions::ROLES_APPLIED);
+        return;
+    }
+    let Some(primary) = primary else {
+        return;
+    };
+    *out = declared
+        .iter()
+        .map(|d| {
+            primary
+                .roles
+                .iter()
+                .find(|r| r.name == d.name)
+                .cloned()
+                .unwrap_or_else(|| pgop_api::roles::RoleStatus {
+                    name: d.name.clone(),
+                    applied: false,
+                    message: None,
+                })
+        })
+        .collect();
+    let failed: Vec<String> = out
+        .iter()
+        .filter_map(|r| Some(format!("{}: {}", r.name, r.message.as_deref()?)))
+        .collect();
+    let pending = out
+        .iter()
+        .filter(|r| !r.applied && r.message.is_none())
+        .count();
+    let (ok, reason, message) = if !failed.is_empty() {
+        (false, REASON_ROLE_FAILED, failed.join("; "))
+    } else if pending > 0 {
+        (
+            false,
+            "Pending",
+            format!("{pending} of {} declared roles not applied yet", out.len()),
+        )
+    } else {
+        (
+            true,
+            "Applied",
+            format!("every declared role ({}) is as declared", out.len()),
+        )
+    };
+    set_condition(
+        c,
+        new_condition(
+            conditions::ROLES_APPLIED,
+            ok,
+            reason,
+            message,
+            generation,
+            now.clone(),
+        ),
+        now.clone(),
+    );
+}
+
 /// Longest part of a scheduler's message quoted per Pod.
 const MAX_SCHEDULER_MESSAGE: usize = 400;
 
@@ -311,6 +386,18 @@ pub fn compute(
             "the spec is valid".into(),
         ),
         now.clone(),
+    );
+    // spec.roles, as the primary's manager last applied them.
+    set_roles(
+        &mut status.roles,
+        c,
+        &cluster.spec.roles,
+        probes
+            .get(&roles.current)
+            .and_then(Probe::status)
+            .filter(|s| s.role == PgRole::Primary),
+        generation,
+        &now,
     );
     // A cluster that hibernated says it resumed (clusters that never did have no such
     // condition).

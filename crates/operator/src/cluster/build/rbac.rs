@@ -77,6 +77,14 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
             secrets.push(s3.credentials_secret.name.clone());
         }
     }
+    // The passwords of spec.roles, which the primary's manager sets.
+    for role in &spec.roles {
+        if let Some(secret) = &role.password_secret
+            && !secrets.contains(&secret.name)
+        {
+            secrets.push(secret.name.clone());
+        }
+    }
     Role {
         metadata: c.meta(&c.cluster, &[]),
         rules: Some(vec![
