@@ -181,16 +181,7 @@ pub fn status(
         ),
         now.clone(),
     );
-    set_condition(
-        c,
-        cond(
-            conditions::SPEC_VALID,
-            true,
-            "Valid",
-            "the spec is valid".into(),
-        ),
-        now.clone(),
-    );
+    super::status::set_spec_valid(c, generation, &now);
     status
 }
 

@@ -118,6 +118,26 @@ pub fn publish_positions_at_most_every(
     }
 }
 
+/// `SpecValid=True`: the spec passed validation in this pass.
+pub fn set_spec_valid(
+    c: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    generation: Option<i64>,
+    now: &Time,
+) {
+    set_condition(
+        c,
+        new_condition(
+            conditions::SPEC_VALID,
+            true,
+            "Valid",
+            "the spec is valid".to_string(),
+            generation,
+            now.clone(),
+        ),
+        now.clone(),
+    );
+}
+
 /// The reason of `RolesApplied=False` when PostgreSQL refused a declared role.
 pub const REASON_ROLE_FAILED: &str = "RoleFailed";
 
@@ -377,16 +397,7 @@ pub fn compute(
     } else {
         ""
     };
-    set_condition(
-        c,
-        cond(
-            conditions::SPEC_VALID,
-            true,
-            "Valid",
-            "the spec is valid".into(),
-        ),
-        now.clone(),
-    );
+    set_spec_valid(c, generation, &now);
     // spec.roles, as the primary's manager last applied them.
     set_roles(
         &mut status.roles,
