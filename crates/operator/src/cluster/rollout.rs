@@ -292,12 +292,11 @@ pub fn blocked(
             !(pod.is_some_and(pod_ready) && running)
         })
         .map(|(name, _)| {
-            let words = input
-                .probes
-                .get(name)
-                .and_then(Probe::status)
-                .and_then(|s| s.last_error.clone());
-            match words {
+            let pg = input.probes.get(name).and_then(Probe::status);
+            if pg.is_some_and(|s| s.fenced) {
+                return format!("{name} (fenced: spec.fencedInstances; unfence it to go on)");
+            }
+            match pg.and_then(|s| s.last_error.clone()) {
                 Some(words) => format!("{name} ({})", words.replace('\n', " | ")),
                 None => name.clone(),
             }
@@ -860,6 +859,14 @@ mod tests {
             b.message
         );
         assert!(!b.message.contains("db-3"), "{}", b.message);
+
+        // A fenced instance holds the rollout, and is named as fenced.
+        w.probes.insert(
+            "db-2".into(),
+            Probe::Status(Box::new(PgStatus::stopped("db-2", true))),
+        );
+        let b = blocked(&w.input(&r), Some("db-2"), since, now, bound).expect("blocked");
+        assert!(b.message.contains("db-2 (fenced"), "{}", b.message);
 
         // Not ready, but nothing to roll out: no rollout to block.
         w.restarting = None;
