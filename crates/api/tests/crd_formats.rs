@@ -71,6 +71,27 @@ const HOSTILE: &[&str] = &[
     "a>b",
 ];
 
+/// RFC 3339 times with a zone, good and bad (days that do not exist included).
+const TIMESTAMP_SAMPLES: &[&str] = &[
+    "2025-01-31T12:00:00Z",
+    "2025-01-31T23:59:59.123456+01:00",
+    "2025-12-01T00:00:00-05:30",
+    "2025-01-31",
+    "2025-01-31 12:00:00Z",
+    "2025-13-01T00:00:00Z",
+    "2025-01-32T00:00:00Z",
+    "2025-01-31T24:00:00Z",
+    "2025-01-31T12:00:00",
+    "2025-01-31T12:00:00.Z",
+    "2025-01-31T12:00:00+1:00",
+    "2024-02-29T00:00:00Z",
+    "2026-02-29T00:00:00Z",
+    "2026-02-30T00:00:00Z",
+    "2026-04-31T12:00:00+02:00",
+    "1900-02-29T00:00:00Z",
+    "2000-02-29T00:00:00Z",
+];
+
 /// A value far past every field's length limit.
 fn overlong() -> String {
     "a".repeat(5000)
@@ -296,25 +317,7 @@ const FORMATS: &[Format] = &[
         name: "target time",
         set: |s, v| s["bootstrap"]["recovery"]["targetTime"] = json!(v),
         rust: formats::is_timestamp,
-        samples: &[
-            "2025-01-31T12:00:00Z",
-            "2025-01-31T23:59:59.123456+01:00",
-            "2025-12-01T00:00:00-05:30",
-            "2025-01-31",
-            "2025-01-31 12:00:00Z",
-            "2025-13-01T00:00:00Z",
-            "2025-01-32T00:00:00Z",
-            "2025-01-31T24:00:00Z",
-            "2025-01-31T12:00:00",
-            "2025-01-31T12:00:00.Z",
-            "2025-01-31T12:00:00+1:00",
-            "2024-02-29T00:00:00Z",
-            "2026-02-29T00:00:00Z",
-            "2026-02-30T00:00:00Z",
-            "2026-04-31T12:00:00+02:00",
-            "1900-02-29T00:00:00Z",
-            "2000-02-29T00:00:00Z",
-        ],
+        samples: TIMESTAMP_SAMPLES,
         strict: true,
     },
     Format {
@@ -642,6 +645,13 @@ const FORMATS: &[Format] = &[
             "reporting",
             "PG_MONITOR",
         ],
+        strict: true,
+    },
+    Format {
+        name: "role valid until",
+        set: |s, v| s["roles"] = json!([{"name": "reporting", "validUntil": v}]),
+        rust: formats::is_timestamp,
+        samples: TIMESTAMP_SAMPLES,
         strict: true,
     },
     Format {
