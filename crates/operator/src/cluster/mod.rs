@@ -270,20 +270,9 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     // 6. build: only a confirmed primary carries the primary role label
     let credentials = credentials(ctx, cluster, &defaulted, &namespace, named, &observed).await?;
     let build = |roles: &roles::Roles| {
-        let wanted: Vec<build::InstanceSpec> = named
-            .iter()
-            .map(|(instance, _)| build::InstanceSpec {
-                name: instance.clone(),
-                primary: *instance == roles.current && !roles.in_transition(),
-            })
-            .collect();
-        build::children(
-            &defaulted,
-            &wanted,
-            &credentials,
-            &ctx.settings,
-            &build::Budgets::new(named.len(), roles.in_transition(), primary_budget),
-        )
+        let labelled = (!roles.in_transition()).then_some(roles.current.as_str());
+        let budgets = build::Budgets::new(named.len(), roles.in_transition(), primary_budget);
+        build_children(ctx, &defaulted, named, &credentials, labelled, &budgets)
     };
     let mut children = build(&roles)?;
 
@@ -427,23 +416,16 @@ async fn hibernate(
         .unwrap_or_default();
     let step = hibernation::next(&observed.pods, &primary, &backups);
 
-    let roles = roles::Roles::hibernated(&primary);
     let credentials =
         credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
-    let wanted: Vec<build::InstanceSpec> = planned
-        .named
-        .iter()
-        .map(|(instance, _)| build::InstanceSpec {
-            name: instance.clone(),
-            primary: *instance == roles.current,
-        })
-        .collect();
-    let mut children = build::children(
+    let budgets = build::Budgets::new(planned.named.len(), false, false);
+    let mut children = build_children(
+        ctx,
         defaulted,
-        &wanted,
+        &planned.named,
         &credentials,
-        &ctx.settings,
-        &build::Budgets::new(planned.named.len(), false, false),
+        Some(&primary),
+        &budgets,
     )?;
     children.pods.clear();
 
@@ -451,7 +433,7 @@ async fn hibernate(
     let changed = hibernation_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status).await?;
     if let Some((reason, message)) = changed {
-        publish(ctx, cluster, EventType::Normal, reason, &message).await;
+        publish(ctx, cluster, EventType::Normal, &reason, &message).await;
     }
 
     ctx.expectations.writing(namespace, &name);
@@ -476,25 +458,39 @@ async fn hibernate(
     }))
 }
 
+/// Step 6's children (pure): every planned instance, the one named `labelled` carrying the
+/// primary role label (none during a change of primary).
+fn build_children(
+    ctx: &Context,
+    defaulted: &PostgresCluster,
+    named: &[(String, i32)],
+    credentials: &build::Credentials,
+    labelled: Option<&str>,
+    budgets: &build::Budgets,
+) -> Result<build::Children, build::Error> {
+    let wanted: Vec<build::InstanceSpec> = named
+        .iter()
+        .map(|(instance, _)| build::InstanceSpec {
+            name: instance.clone(),
+            primary: labelled == Some(instance.as_str()),
+        })
+        .collect();
+    build::children(defaulted, &wanted, credentials, &ctx.settings, budgets)
+}
+
 /// The Event for a change of the Hibernated condition's reason (Hibernating, Hibernated,
-/// Resuming, Resumed): Normal, with the condition's message.
+/// Resuming, Resumed): Normal, the reason and message of the condition.
 fn hibernation_event(
     old: Option<&PostgresClusterStatus>,
     new: &PostgresClusterStatus,
-) -> Option<(&'static str, String)> {
+) -> Option<(String, String)> {
     use pgop_api::conditions::{HIBERNATED, find_condition};
     let before = old.and_then(|s| find_condition(&s.conditions, HIBERNATED));
     let after = find_condition(&new.conditions, HIBERNATED)?;
     if before.is_some_and(|b| b.reason == after.reason) {
         return None;
     }
-    let reason = match after.reason.as_str() {
-        "Hibernating" => "Hibernating",
-        "Hibernated" => "Hibernated",
-        "Resuming" => "Resuming",
-        _ => "Resumed",
-    };
-    Some((reason, after.message.clone()))
+    Some((after.reason.clone(), after.message.clone()))
 }
 
 /// The Warning Event when PostgreSQL refuses a declared role (the `RolesApplied`
@@ -946,7 +942,7 @@ async fn write_status(
         publish(ctx, cluster, kind, reason, &message).await;
     }
     if let Some((reason, message)) = resumed {
-        publish(ctx, cluster, EventType::Normal, reason, &message).await;
+        publish(ctx, cluster, EventType::Normal, &reason, &message).await;
     }
     if let Some(message) = role_failed {
         publish(

@@ -67,23 +67,6 @@ impl Roles {
     pub fn in_transition(&self) -> bool {
         self.current != self.target
     }
-
-    /// The roles of a hibernating cluster: `primary` stays the primary, unavailable, and
-    /// nothing is decided.
-    pub fn hibernated(primary: &str) -> Self {
-        Roles {
-            current: primary.to_string(),
-            target: primary.to_string(),
-            phase: None,
-            primary: Availability {
-                available: false,
-                reason: "Hibernated",
-                message: "spec.hibernate: the cluster is hibernated".to_string(),
-            },
-            notes: Vec::new(),
-            clear_switchover_request: false,
-        }
-    }
 }
 
 /// What the decision reads.
