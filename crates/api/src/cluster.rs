@@ -764,6 +764,12 @@ pub struct PostgresClusterStatus {
     /// `/pg/status` and in its metrics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub positions_observed_at: Option<Time>,
+
+    /// The PostgreSQL major version the cluster's data directories hold, which its
+    /// instance Pods run: recorded when the first instance is built, or for a cluster
+    /// made before the field, from what its instances run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version: Option<i32>,
 }
 
 /// A restart asked for with the annotation `database.example.com/restart`.
@@ -828,6 +834,7 @@ impl Default for PostgresClusterStatus {
             first_recoverability_point: None,
             last_logical_backup_time: None,
             positions_observed_at: None,
+            postgres_version: None,
         }
     }
 }

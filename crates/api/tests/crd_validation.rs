@@ -845,6 +845,7 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         first_recoverability_point: None,
         last_logical_backup_time: None,
         positions_observed_at: Some(now.clone()),
+        postgres_version: Some(15),
     };
     let patch = json!({
         "apiVersion": pgop_api::constants::API_VERSION,

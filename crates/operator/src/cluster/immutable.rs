@@ -1,6 +1,6 @@
 //! What a running cluster cannot change, caught by the controller when the validating
 //! webhook did not (it was down, or the change predates it): a `spec.storage.size` below
-//! the volumes', and a PostgreSQL major other than the one the instances run. Each is a
+//! the volumes', and a PostgreSQL major other than the one the data holds. Each is a
 //! field error; the reconcile turns it into phase Invalid before any child is touched.
 
 /// `spec.storage.size` below the size a volume of the cluster asks for already (the
@@ -31,20 +31,18 @@ pub fn storage_shrink(
     })
 }
 
-/// The major version of `spec` when an instance runs another one: what its Pod was built
-/// to run (`PGOP_POSTGRES_MAJOR`), or what it reported running
-/// (`status.instances[].postgresVersion`; Pods made before the variable carry none, and a
-/// failed probe reports nothing, so either source alone could miss it). Its data directory
-/// holds that major, and pgop does not upgrade in place.
-pub fn major_change(
-    spec: &pgop_api::v1beta1::PostgresClusterSpec,
+/// The PostgreSQL major version the cluster's data holds: `status.postgresVersion` once
+/// pgop recorded it; before that (a cluster made before the field) what an instance
+/// reported running (`status.instances[].postgresVersion`) or what its Pod was built to run
+/// (`PGOP_POSTGRES_MAJOR`; a failed probe reports nothing, so either source alone could
+/// miss it). `None` while no instance ever ran: the spec's major is then the one to make.
+pub fn held_major(
     status: Option<&pgop_api::PostgresClusterStatus>,
     pods: &[k8s_openapi::api::core::v1::Pod],
-) -> Option<pgop_api::validation::FieldError> {
-    let wanted = spec
-        .postgresql
-        .version
-        .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
+) -> Option<i32> {
+    if let Some(major) = status.and_then(|s| s.postgres_version) {
+        return Some(major);
+    }
     let major = |text: &str| {
         pgop_api::instance_status::parse_major(text).and_then(|m| i32::try_from(m).ok())
     };
@@ -59,16 +57,29 @@ pub fn major_change(
         .flat_map(|c| c.env.iter().flatten())
         .filter(|e| e.name == super::build::pod::env::POSTGRES_MAJOR)
         .filter_map(|e| major(e.value.as_deref()?));
-    let running = reported.chain(built_for).find(|major| *major != wanted)?;
-    let verb = if wanted < running {
-        "lowered"
-    } else {
-        "raised"
+    reported.chain(built_for).next()
+}
+
+/// `spec.postgresql.version` other than the major the data holds (the validating webhook
+/// refuses the change; without it, it is caught here, before any Pod is rebuilt):
+/// PostgreSQL's data files cannot be downgraded, and pgop does not upgrade them in place.
+pub fn major_change(
+    spec: &pgop_api::v1beta1::PostgresClusterSpec,
+    held: i32,
+) -> Option<pgop_api::validation::FieldError> {
+    let wanted = spec
+        .postgresql
+        .version
+        .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
+    let verb = match wanted.cmp(&held) {
+        std::cmp::Ordering::Equal => return None,
+        std::cmp::Ordering::Less => "lowered",
+        std::cmp::Ordering::Greater => "raised",
     };
     Some(pgop_api::validation::FieldError {
         field: "spec.postgresql.version".to_string(),
         message: format!(
-            "may not be {verb} to {wanted}: the instances run PostgreSQL {running}, and pgop does not change the major version of a data directory (restore a logical backup into a new cluster of {wanted} instead)"
+            "may not be {verb} to {wanted}: the instances run PostgreSQL {held}, and pgop does not change the major version of a data directory (restore a logical backup into a new cluster of {wanted} instead)"
         ),
     })
 }
@@ -98,7 +109,7 @@ mod tests {
     }
 
     #[test]
-    fn another_major_than_the_instances_run_is_refused() {
+    fn the_major_the_data_holds_is_recorded_else_reported_else_built_for() {
         let spec = |version: Option<i32>| -> pgop_api::v1beta1::PostgresClusterSpec {
             serde_json::from_value(serde_json::json!({
                 "instances": 2, "storage": {"size": "1Gi"},
@@ -115,51 +126,42 @@ mod tests {
             .expect("status fixture")
         };
         let fifteen = status(&[Some("15.14 (Debian 15.14-0+deb12u1)"), None]);
-        assert_eq!(super::major_change(&spec(None), Some(&fifteen), &[]), None);
-        assert_eq!(
-            super::major_change(&spec(Some(15)), Some(&fifteen), &[]),
-            None
-        );
-        let raised = super::major_change(&spec(Some(18)), Some(&fifteen), &[]).expect("refused");
-        assert_eq!(raised.field, "spec.postgresql.version");
+        assert_eq!(super::held_major(Some(&fifteen), &[]), Some(15));
+        // A Pod built for 15 whose instance reports nothing (a failed probe): still 15.
+        let pod = |major: &str| -> k8s_openapi::api::core::v1::Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db-1"},
+                "spec": {"containers": [{"name": "postgres", "env": [
+                    {"name": "PGOP_POSTGRES_MAJOR", "value": major}
+                ]}]}
+            }))
+            .expect("pod fixture")
+        };
+        let silent = status(&[None]);
+        assert_eq!(super::held_major(Some(&silent), &[pod("15")]), Some(15));
+        // Nothing reported yet (a new cluster): nothing held.
+        assert_eq!(super::held_major(None, &[]), None);
+        assert_eq!(super::held_major(Some(&silent), &[]), None);
+        // Once recorded, the record wins: the primary's Pod built for 18 while pg_upgrade
+        // runs does not make the data 18.
+        let mut recorded = fifteen.clone();
+        recorded.postgres_version = Some(15);
+        assert_eq!(super::held_major(Some(&recorded), &[pod("18")]), Some(15));
+
+        assert_eq!(super::major_change(&spec(None), 15), None);
+        assert_eq!(super::major_change(&spec(Some(15)), 15), None);
+        let raised = super::major_change(&spec(Some(18)), 15).expect("refused");
         assert!(
             raised.message.contains("raised to 18") && raised.message.contains("PostgreSQL 15"),
             "{}",
             raised.message
         );
-        let eighteen = status(&[Some("18.6")]);
-        let lowered = super::major_change(&spec(None), Some(&eighteen), &[]).expect("refused");
+        let lowered = super::major_change(&spec(None), 18).expect("refused");
+        assert_eq!(lowered.field, "spec.postgresql.version");
         assert!(
-            lowered.message.contains("lowered to 15"),
+            lowered.message.contains("lowered to 15") && lowered.message.contains("PostgreSQL 18"),
             "{}",
             lowered.message
-        );
-        // A Pod built for 15 whose instance reports nothing (a failed probe): still 15.
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "db-1"},
-            "spec": {"containers": [{"name": "postgres", "env": [
-                {"name": "PGOP_POSTGRES_MAJOR", "value": "15"}
-            ]}]}
-        }))
-        .expect("pod fixture");
-        let silent = status(&[None]);
-        let from_pod =
-            super::major_change(&spec(Some(18)), Some(&silent), std::slice::from_ref(&pod))
-                .expect("refused");
-        assert!(
-            from_pod.message.contains("PostgreSQL 15"),
-            "{}",
-            from_pod.message
-        );
-        assert_eq!(
-            super::major_change(&spec(Some(15)), Some(&silent), &[pod]),
-            None
-        );
-        // Nothing reported yet (a new cluster): nothing to compare.
-        assert_eq!(super::major_change(&spec(Some(18)), None, &[]), None);
-        assert_eq!(
-            super::major_change(&spec(Some(18)), Some(&status(&[None])), &[]),
-            None
         );
     }
 }

@@ -221,11 +221,17 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         return Ok(Action::await_change());
     }
 
-    // A major version other than the one the instances run (the validating webhook
-    // refuses the change; without it, it is caught here, before any Pod is rebuilt).
-    if let Some(error) =
-        immutable::major_change(&defaulted.spec, cluster.status.as_ref(), &observed.pods)
-    {
+    // A major version other than the one the data holds (the validating webhook refuses
+    // the change; without it, it is caught here, before any Pod is rebuilt). A cluster
+    // whose instances never ran is made with the spec's major.
+    let wanted_major = defaulted
+        .spec
+        .postgresql
+        .version
+        .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
+    let major =
+        immutable::held_major(cluster.status.as_ref(), &observed.pods).unwrap_or(wanted_major);
+    if let Some(error) = immutable::major_change(&defaulted.spec, major) {
         let message = pgop_api::validation::summary(&[error]);
         let status = status::invalid(cluster, &message, now());
         if patch_status(ctx, cluster, &namespace, status).await? {
@@ -245,7 +251,10 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         .as_ref()
         .is_some_and(|s| s.target_primary != s.current_primary);
     if defaulted.spec.hibernate && !changing_primary {
-        return hibernate(ctx, cluster, &defaulted, &namespace, &planned, &observed).await;
+        return hibernate(
+            ctx, cluster, &defaulted, &namespace, &planned, &observed, major,
+        )
+        .await;
     }
 
     // 5. probe the instances and decide the roles
@@ -272,7 +281,15 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     let build = |roles: &roles::Roles| {
         let labelled = (!roles.in_transition()).then_some(roles.current.as_str());
         let budgets = build::Budgets::new(named.len(), roles.in_transition(), primary_budget);
-        build_children(ctx, &defaulted, named, &credentials, labelled, &budgets)
+        build_children(
+            ctx,
+            &defaulted,
+            named,
+            &credentials,
+            labelled,
+            major,
+            &budgets,
+        )
     };
     let mut children = build(&roles)?;
 
@@ -298,6 +315,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         &roles,
         &rollout,
         backups.as_deref(),
+        major,
     )
     .await?;
     if roles.clear_switchover_request {
@@ -400,6 +418,7 @@ async fn hibernate(
     namespace: &str,
     planned: &Planned,
     observed: &dereference::Observed,
+    major: i32,
 ) -> Result<Action, Error> {
     let name = cluster.name_any();
     let primary = cluster
@@ -425,11 +444,13 @@ async fn hibernate(
         &planned.named,
         &credentials,
         Some(&primary),
+        major,
         &budgets,
     )?;
     children.pods.clear();
 
-    let status = hibernation::status(cluster, &planned.plan, &observed.pods, &step, now());
+    let mut status = hibernation::status(cluster, &planned.plan, &observed.pods, &step, now());
+    status.postgres_version = Some(major);
     let changed = hibernation_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status).await?;
     if let Some((reason, message)) = changed {
@@ -459,13 +480,14 @@ async fn hibernate(
 }
 
 /// Step 6's children (pure): every planned instance, the one named `labelled` carrying the
-/// primary role label (none during a change of primary).
+/// primary role label (none during a change of primary), each running PostgreSQL `major`.
 fn build_children(
     ctx: &Context,
     defaulted: &PostgresCluster,
     named: &[(String, i32)],
     credentials: &build::Credentials,
     labelled: Option<&str>,
+    major: i32,
     budgets: &build::Budgets,
 ) -> Result<build::Children, build::Error> {
     let wanted: Vec<build::InstanceSpec> = named
@@ -473,6 +495,7 @@ fn build_children(
         .map(|(instance, _)| build::InstanceSpec {
             name: instance.clone(),
             primary: labelled == Some(instance.as_str()),
+            major,
         })
         .collect();
     build::children(defaulted, &wanted, credentials, &ctx.settings, budgets)
@@ -886,6 +909,7 @@ async fn write_status(
     roles: &roles::Roles,
     rollout: &Rollout,
     backups: Option<&[pgop_api::backup::PostgresBackup]>,
+    major: i32,
 ) -> Result<(PostgresClusterStatus, Option<Duration>), Error> {
     let seen = status::Observations {
         pods: &observed.pods,
@@ -893,6 +917,7 @@ async fn write_status(
         roles,
     };
     let (mut status, positions_due) = status::compute(cluster, plan, &seen, now());
+    status.postgres_version = Some(major);
     status.restart_instance = rollout.restart_instance.clone();
     status.restart_requested = rollout.restart_requested.clone();
     status.instance_restarts = rollout.instance_restarts.clone();

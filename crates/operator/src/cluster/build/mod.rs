@@ -50,11 +50,14 @@ impl Default for Settings {
     }
 }
 
-/// One instance to build: its name, and whether it is the primary.
+/// One instance to build: its name, whether it is the primary, and the PostgreSQL it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceSpec {
     pub name: String,
     pub primary: bool,
+    /// The PostgreSQL major version the instance runs: the one the cluster's data holds
+    /// (`status.postgresVersion`).
+    pub major: i32,
 }
 
 /// The passwords of the credentials Secrets (see `cluster::credentials`), and the

@@ -39,7 +39,8 @@ pub mod env {
     pub const CLUSTER: &str = "PGOP_CLUSTER";
     pub const PGDATA: &str = "PGDATA";
     pub const SOCKET_DIR: &str = "PGOP_SOCKET_DIR";
-    /// The PostgreSQL major version to run (`spec.postgresql.version`).
+    /// The PostgreSQL major version to run: the one the cluster's data holds
+    /// (`status.postgresVersion`).
     pub const POSTGRES_MAJOR: &str = "PGOP_POSTGRES_MAJOR";
 }
 
@@ -234,14 +235,7 @@ pub fn pod(
             value_env(env::CLUSTER, &c.cluster),
             value_env(env::PGDATA, PGDATA),
             value_env(env::SOCKET_DIR, RUN_MOUNT),
-            value_env(
-                env::POSTGRES_MAJOR,
-                &spec
-                    .postgresql
-                    .version
-                    .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION)
-                    .to_string(),
-            ),
+            value_env(env::POSTGRES_MAJOR, &instance.major.to_string()),
         ]),
         ports: Some(vec![
             ContainerPort {

@@ -17,14 +17,17 @@ fn instances() -> Vec<InstanceSpec> {
         InstanceSpec {
             name: "main-1".into(),
             primary: true,
+            major: 15,
         },
         InstanceSpec {
             name: "main-2".into(),
             primary: false,
+            major: 15,
         },
         InstanceSpec {
             name: "main-4".into(),
             primary: false,
+            major: 15,
         },
     ]
 }
@@ -667,4 +670,31 @@ fn the_network_policy_admits_the_selected_clients_and_the_operator_or_is_left_ou
 
     cluster.spec.network_policy.enabled = false;
     assert!(build(&cluster).network_policy.is_none());
+}
+
+#[test]
+fn each_instance_runs_the_major_it_is_built_for() {
+    let mut wanted = instances();
+    wanted[1].major = 18;
+    let built = children(
+        &fixture(),
+        &wanted,
+        &passwords(),
+        &Settings::default(),
+        &Budgets::new(3, false, true),
+    )
+    .expect("builds");
+    let major_of = |p: &Pod| {
+        p.spec.as_ref().expect("spec").containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "PGOP_POSTGRES_MAJOR")
+            .and_then(|e| e.value.clone())
+    };
+    let majors: Vec<_> = built.pods.iter().map(major_of).collect();
+    assert_eq!(
+        majors,
+        vec![Some("15".into()), Some("18".into()), Some("15".into())]
+    );
 }
