@@ -126,6 +126,12 @@ pub struct PgStatus {
     /// the old values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_refused: Option<String>,
+    /// Why this instance does not run its PostgreSQL major: the error chain of a failed
+    /// in-place major upgrade (pg_upgrade; the old data directory is left as it was and
+    /// PostgreSQL stays stopped), or, on the instance the status names primary, that its
+    /// data directory holds an older major and no upgrade was requested. Unset otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_upgrade_error: Option<String>,
 }
 
 /// WAL archiving as PostgreSQL reports it (`pg_stat_archiver`, since the server started
@@ -207,6 +213,7 @@ impl PgStatus {
             postmaster_start_time: None,
             last_error: None,
             restart_refused: None,
+            major_upgrade_error: None,
         }
     }
 

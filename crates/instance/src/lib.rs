@@ -17,6 +17,7 @@ pub mod status;
 pub mod supervisor;
 pub mod sync;
 pub mod tls;
+pub mod upgrade;
 
 pub use bootstrap::{Credentials, DataState};
 pub use config::{InvalidParameter, Layout, Mode};

@@ -83,6 +83,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         postmaster_start_time: row.try_get(11).map_err(e)?,
         last_error: None,
         restart_refused: None,
+        major_upgrade_error: None,
     };
     if !in_recovery {
         let rows = client

@@ -2,6 +2,7 @@
 
 use pgop_api::constants::{MANAGER_PORT, MANAGER_TLS_PORT, POSTGRES_PORT};
 use pgop_instance::run::Settings;
+use pgop_instance::upgrade::{self, UpgradeRequest};
 use pgop_instance::{Binaries, RunAs};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -81,6 +82,15 @@ struct RunArgs {
     /// `pg_config --bindir`, else the newest /usr/lib/postgresql/*/bin.
     #[arg(long, env = "PGOP_POSTGRES_MAJOR", value_parser = clap::value_parser!(u32).range(10..100))]
     postgres_major: Option<u32>,
+    /// The major version whose data directory this instance may upgrade in place to
+    /// --postgres-major with pg_upgrade (set by the operator on the primary's Pod during a
+    /// major upgrade). Its binaries are found as --postgres-major's are, without --pg-bin.
+    #[arg(long, env = "PGOP_UPGRADE_FROM", value_parser = clap::value_parser!(u32).range(10..100))]
+    upgrade_from: Option<u32>,
+    /// How pg_upgrade carries the data files over: `link` (hard links: fast, no second
+    /// copy) or `copy`.
+    #[arg(long, env = "PGOP_UPGRADE_MODE", value_enum, default_value_t = UpgradeMode::Link)]
+    upgrade_mode: UpgradeMode,
     #[arg(long, env = "PGOP_SOCKET_DIR", default_value = "/run/postgresql")]
     socket_dir: PathBuf,
     #[arg(long, env = "PGOP_PG_PORT", default_value_t = POSTGRES_PORT)]
@@ -111,6 +121,24 @@ struct RunArgs {
         default_value = "/var/lib/postgresql/backup"
     )]
     backup_volume: PathBuf,
+}
+
+/// pg_upgrade's mode (`PGOP_UPGRADE_MODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UpgradeMode {
+    /// `pg_upgrade --link`.
+    Link,
+    /// `pg_upgrade --copy`.
+    Copy,
+}
+
+impl From<UpgradeMode> for upgrade::Mode {
+    fn from(mode: UpgradeMode) -> Self {
+        match mode {
+            UpgradeMode::Link => upgrade::Mode::Link,
+            UpgradeMode::Copy => upgrade::Mode::Copy,
+        }
+    }
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -168,28 +196,66 @@ fn data_major(pgdata: &std::path::Path) -> Result<Option<u32>, Error> {
     }
 }
 
-/// The binaries this instance runs: those of `--postgres-major`, which must be the major
-/// of an existing data directory (PostgreSQL cannot start another major's data, and
-/// pgop does not upgrade in place yet); without it, the data directory's major, else
-/// whatever is found.
-fn binaries_for(args: &RunArgs) -> Result<Binaries, Error> {
+/// What this instance runs: the binaries, and the upgrade to run first.
+#[derive(Debug)]
+struct Chosen {
+    binaries: Binaries,
+    upgrade: Option<UpgradeRequest>,
+    /// The data directory's major when it is older than the binaries' and no upgrade was
+    /// requested (the manager re-clones a standby, and keeps the primary stopped).
+    stale_data_major: Option<u32>,
+}
+
+/// The binaries this instance runs: those of `--postgres-major`; without it, the data
+/// directory's major, else whatever is found. A data directory of an older major than
+/// `--postgres-major` is upgraded in place first when `--upgrade-from` names its major,
+/// else left to the manager (a standby re-clones it, a primary waits); one of a newer
+/// major is refused (PostgreSQL cannot run it).
+fn binaries_for(args: &RunArgs) -> Result<Chosen, Error> {
     let on_disk = data_major(&args.pgdata)?;
+    let chosen = |binaries, upgrade, stale_data_major| Chosen {
+        binaries,
+        upgrade,
+        stale_data_major,
+    };
     match (args.postgres_major, on_disk) {
-        (Some(wanted), Some(found)) if wanted != found => Err(format!(
+        (Some(wanted), Some(found)) if found > wanted => Err(format!(
             "the data directory {} was made by PostgreSQL {found}, and this instance is to run PostgreSQL {wanted} (spec.postgresql.version): \
-             pgop does not upgrade a data directory to another major version; set spec.postgresql.version back to {found}",
+             PostgreSQL cannot run the data of a newer major; set spec.postgresql.version back to {found}",
             args.pgdata.display()
         )
         .into()),
-        (Some(major), _) | (None, Some(major)) => {
-            Ok(Binaries::for_major(major, args.pg_bin.as_deref())?)
+        (Some(wanted), Some(found)) if found < wanted => {
+            let binaries = Binaries::for_major(wanted, args.pg_bin.as_deref())?;
+            Ok(if args.upgrade_from == Some(found) {
+                let mode = args.upgrade_mode.into();
+                chosen(binaries, Some(UpgradeRequest { from: found, mode }), None)
+            } else {
+                chosen(binaries, None, Some(found))
+            })
         }
-        (None, None) => Ok(Binaries::locate(args.pg_bin.as_deref())?),
+        (Some(major), _) | (None, Some(major)) => Ok(chosen(
+            Binaries::for_major(major, args.pg_bin.as_deref())?,
+            None,
+            None,
+        )),
+        (None, None) => Ok(chosen(Binaries::locate(args.pg_bin.as_deref())?, None, None)),
     }
 }
 
 async fn run_instance(args: RunArgs) -> Result<(), Error> {
-    let binaries = binaries_for(&args)?;
+    let Chosen {
+        binaries,
+        upgrade,
+        stale_data_major,
+    } = binaries_for(&args)?;
+    if let Some(found) = stale_data_major {
+        tracing::warn!(
+            found,
+            pgdata = %args.pgdata.display(),
+            "the data directory holds an older PostgreSQL major and no upgrade was requested (PGOP_UPGRADE_FROM): a standby re-clones it from the primary, a primary stays stopped"
+        );
+    }
     let run_as = RunAs::when_root(&args.pg_user)?;
     let client = crate::kube_client("instance").await?;
     // The pod IP rather than 0.0.0.0: the same in a real pod, and on the local node,
@@ -226,8 +292,9 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
             .map_err(|e| format!("failed to find the pgop binary's own path: {e}"))?,
         backup_volume_path: args.backup_volume,
         version: crate::VERSION.to_string(),
+        upgrade,
     };
-    tracing::info!(version = crate::VERSION, instance = %settings.pod_name, cluster = %settings.cluster, bin = %settings.binaries.dir().display(), "starting the instance manager");
+    tracing::info!(version = crate::VERSION, instance = %settings.pod_name, cluster = %settings.cluster, bin = %settings.binaries.dir().display(), upgrade = ?settings.upgrade, "starting the instance manager");
     pgop_instance::run::run(client, settings, crate::operator::shutdown_signal()).await?;
     tracing::info!("instance manager stopped");
     Ok(())
@@ -245,8 +312,8 @@ mod tests {
     }
 
     /// `pgop instance run` arguments for a data directory `pgdata`, at `--postgres-major`
-    /// `major` when given.
-    fn args(pgdata: &std::path::Path, major: Option<&str>) -> RunArgs {
+    /// `major` when given, with `extra` arguments.
+    fn args(pgdata: &std::path::Path, major: Option<&str>, extra: &[&str]) -> RunArgs {
         let mut argv = vec![
             "run".to_string(),
             "--pod-name=db-1".into(),
@@ -257,6 +324,7 @@ mod tests {
         if let Some(major) = major {
             argv.push(format!("--postgres-major={major}"));
         }
+        argv.extend(extra.iter().map(|a| a.to_string()));
         Cli::try_parse_from(argv).expect("valid arguments").run
     }
 
@@ -272,27 +340,74 @@ mod tests {
     }
 
     #[test]
-    fn the_data_directorys_major_decides_and_another_is_refused() {
+    fn the_data_directorys_major_decides_and_a_newer_one_is_refused() {
         let none = data_dir("none", None);
         assert_eq!(data_major(&none).ok().flatten(), None);
         let fifteen = data_dir("fifteen", Some("15\n"));
         assert_eq!(data_major(&fifteen).ok().flatten(), Some(15));
+        let eighteen = data_dir("eighteen", Some("18\n"));
         let garbage = data_dir("garbage", Some("fifteen\n"));
         assert!(data_major(&garbage).is_err());
 
-        let refused = binaries_for(&args(&fifteen, Some("18"))).expect_err("15's data, 18 asked");
+        let refused =
+            binaries_for(&args(&eighteen, Some("15"), &[])).expect_err("18's data, 15 asked");
         let text = refused.to_string();
         assert!(
-            text.contains("made by PostgreSQL 15") && text.contains("to run PostgreSQL 18"),
+            text.contains("made by PostgreSQL 18") && text.contains("to run PostgreSQL 15"),
             "{text}"
         );
         // Debian's 15 (hack/install-packages.sh), with or without the flag.
         for major in [Some("15"), None] {
-            let found = binaries_for(&args(&fifteen, major)).expect("PostgreSQL 15 installed");
-            assert_eq!(found.major().ok(), Some(15));
+            let found = binaries_for(&args(&fifteen, major, &[])).expect("PostgreSQL 15 installed");
+            assert_eq!(found.binaries.major().ok(), Some(15));
+            assert_eq!((found.upgrade, found.stale_data_major), (None, None));
         }
         assert!(Cli::try_parse_from(["run", "--postgres-major=9", "--pod-name=a"]).is_err());
-        for dir in [none, fifteen, garbage] {
+        for dir in [none, fifteen, eighteen, garbage] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    #[test]
+    fn older_data_is_upgraded_when_asked_and_else_left_to_the_manager() {
+        if Binaries::for_major(18, None).is_err() {
+            panic!("PostgreSQL 18 is missing: run hack/install-postgres18.sh");
+        }
+        let fifteen = data_dir("upgrade-fifteen", Some("15\n"));
+        let asked = binaries_for(&args(&fifteen, Some("18"), &["--upgrade-from=15"]))
+            .expect("15's data, 18 asked, upgrade from 15");
+        assert_eq!(asked.binaries.major().ok(), Some(18));
+        assert_eq!(
+            asked.upgrade,
+            Some(UpgradeRequest {
+                from: 15,
+                mode: upgrade::Mode::Link
+            }),
+            "link by default"
+        );
+        assert_eq!(asked.stale_data_major, None);
+        let copy = binaries_for(&args(
+            &fifteen,
+            Some("18"),
+            &["--upgrade-from=15", "--upgrade-mode=copy"],
+        ))
+        .expect("copy");
+        assert_eq!(copy.upgrade.map(|u| u.mode), Some(upgrade::Mode::Copy));
+        // Not asked (a standby), or asked from another major: the manager sees old data.
+        for extra in [&[][..], &["--upgrade-from=14"][..]] {
+            let stale = binaries_for(&args(&fifteen, Some("18"), extra)).expect("stale data");
+            assert_eq!(stale.binaries.major().ok(), Some(18));
+            assert_eq!((stale.upgrade, stale.stale_data_major), (None, Some(15)));
+        }
+        // No data yet (a new cluster, or a swap under way): the wanted major, nothing else.
+        let none = data_dir("upgrade-none", None);
+        let fresh = binaries_for(&args(&none, Some("18"), &["--upgrade-from=15"])).expect("none");
+        assert_eq!((fresh.upgrade, fresh.stale_data_major), (None, None));
+        for bad in ["--upgrade-mode=move", "--upgrade-from=9"] {
+            let argv = ["run", "--pod-name=a", "--namespace=ns", "--cluster=db", bad];
+            assert!(Cli::try_parse_from(argv).is_err(), "{bad}");
+        }
+        for dir in [fifteen, none] {
             let _ = std::fs::remove_dir_all(dir);
         }
     }

@@ -27,6 +27,8 @@ struct Manager {
     ip: String,
     pg_port: u16,
     http_port: u16,
+    /// More environment for the next (re)start (the major to run, an upgrade).
+    env: Vec<(&'static str, String)>,
 }
 
 impl Manager {
@@ -37,6 +39,18 @@ impl Manager {
         name: &str,
         ip: &str,
         pg_port: u16,
+    ) -> Result<Self> {
+        Self::spawn_with(plane, namespace, name, ip, pg_port, Vec::new())
+    }
+
+    /// [`Manager::spawn`] with more environment (`env`, kept for restarts).
+    fn spawn_with(
+        plane: &pgop_testenv::ControlPlane,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+        pg_port: u16,
+        env: Vec<(&'static str, String)>,
     ) -> Result<Self> {
         let dir = std::env::temp_dir().join(format!("pgop-{namespace}-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
@@ -50,6 +64,7 @@ impl Manager {
             ip: ip.to_string(),
             pg_port,
             http_port: free_port()?,
+            env,
         };
         manager.child.wait()?;
         manager.restart(plane, namespace)?;
@@ -70,6 +85,7 @@ impl Manager {
             .env("PGOP_PG_PORT", self.pg_port.to_string())
             .env("PGOP_LISTEN", format!("127.0.0.1:{}", self.http_port))
             .env("PGOP_STOP_TIMEOUT", "3")
+            .envs(self.env.iter().map(|(k, v)| (*k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -869,6 +885,7 @@ impl InProcess {
             pgop_binary: PathBuf::from(env!("CARGO_BIN_EXE_pgop")),
             backup_volume_path: dir.join("backup"),
             version: "test".to_string(),
+            upgrade: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(pgop_instance::run::run(client, settings, async move {
@@ -1049,6 +1066,132 @@ async fn managers_in_their_steady_state_send_no_reads_and_still_follow_the_statu
     .await;
     primary.stop().await?;
     standby.stop().await?;
+    ns.delete().await?;
+    Ok(())
+}
+
+/// The major upgrade as the operator drives it, through `pgop instance run`: 15's data
+/// with a column pg_upgrade refuses is not upgraded (the refusal on `/pg/status`, alive,
+/// not ready, PostgreSQL stopped); without an upgrade request 18 never starts 15's data;
+/// 15 still runs it; once the column is gone the upgrade (by copy) runs before the first
+/// start and the primary runs 18 with its data, on the next timeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_run_upgrades_the_primary_in_place_or_reports_why_not() -> Result {
+    if pgop_instance::Binaries::for_major(18, None).is_err() {
+        panic!("PostgreSQL 18 is missing: run hack/install-postgres18.sh");
+    }
+    let plane = pgop_testenv::shared().await?;
+    let client = plane.client()?;
+    common::install_crds(&client).await?;
+    let ns = pgop_testenv::TestNamespace::create(plane.config(), "instance-upgrade").await?;
+    let clusters = cluster(
+        &client,
+        ns.name(),
+        serde_json::json!({"replicas": 1, "storage": {"size": "1Gi"}}),
+    )
+    .await?;
+    set_status(
+        &clusters,
+        serde_json::json!({"targetPrimary": "demo-1", "currentPrimary": "demo-1"}),
+    )
+    .await?;
+    let on = |major: u32, upgrade: Option<&str>| {
+        let mut env = vec![("PGOP_POSTGRES_MAJOR", major.to_string())];
+        if let Some(mode) = upgrade {
+            env.push(("PGOP_UPGRADE_FROM", "15".to_string()));
+            env.push(("PGOP_UPGRADE_MODE", mode.to_string()));
+        }
+        env
+    };
+    let mut manager = Manager::spawn_with(
+        plane,
+        ns.name(),
+        "demo-1",
+        "127.0.0.1",
+        free_port()?,
+        on(15, None),
+    )?;
+    let pg_port = manager.pg_port;
+    let wait = Duration::from_secs(60);
+    eventually("the primary on 15", wait, || ready_primary(&manager)).await;
+    let app15 = app("127.0.0.1", pg_port).await.ok_or("no app connection")?;
+    app15
+        .batch_execute(
+            "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 100);
+             CREATE TABLE grants (a aclitem); INSERT INTO grants VALUES ('app=r/app')",
+        )
+        .await?;
+    drop(app15);
+    manager.terminate().await?;
+
+    // Refused by pg_upgrade: reported, the manager stays up, PostgreSQL stays stopped.
+    manager.env = on(18, Some("link"));
+    manager.restart(plane, ns.name())?;
+    let status = eventually("majorUpgradeError", wait, || async {
+        let status = manager.pg_status()?;
+        status["majorUpgradeError"].is_string().then_some(status)
+    })
+    .await;
+    let error = status["majorUpgradeError"].as_str().unwrap_or_default();
+    assert!(error.contains("aclitem"), "{status}");
+    assert_eq!(status["running"], false, "{status}");
+    assert_eq!(manager.get("/healthz").map(|(c, _)| c), Some(200));
+    assert_eq!(manager.get("/readyz").map(|(c, _)| c), Some(503));
+    assert!(
+        manager.child.try_wait()?.is_none(),
+        "the manager keeps running"
+    );
+    manager.terminate().await?;
+    assert_eq!(
+        std::fs::read_to_string(manager.pgdata().join("PG_VERSION"))?.trim(),
+        "15"
+    );
+
+    // 18 without an upgrade request: 15's data is never started, and the primary says so.
+    manager.env = on(18, None);
+    manager.restart(plane, ns.name())?;
+    let status = eventually("majorUpgradeError", wait, || async {
+        let status = manager.pg_status()?;
+        status["majorUpgradeError"].is_string().then_some(status)
+    })
+    .await;
+    assert!(
+        status["majorUpgradeError"]
+            .as_str()
+            .is_some_and(|e| e.contains("no major upgrade was requested")),
+        "{status}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(manager.pg_status().ok_or("no status")?["running"], false);
+    manager.terminate().await?;
+
+    // Back on 15 to drop the column, then the upgrade.
+    manager.env = on(15, None);
+    manager.restart(plane, ns.name())?;
+    eventually("the primary on 15 again", wait, || ready_primary(&manager)).await;
+    let app15 = app("127.0.0.1", pg_port).await.ok_or("no app connection")?;
+    app15.batch_execute("DROP TABLE grants").await?;
+    drop(app15);
+    manager.terminate().await?;
+
+    manager.env = on(18, Some("copy"));
+    manager.restart(plane, ns.name())?;
+    eventually("the primary on 18", Duration::from_secs(120), || {
+        ready_primary(&manager)
+    })
+    .await;
+    let status = manager.pg_status().ok_or("no status")?;
+    assert!(
+        status["postgresVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("18")),
+        "{status}"
+    );
+    assert_eq!(status["timeline"], 2, "{status}");
+    assert!(status.get("majorUpgradeError").is_none(), "{status}");
+    assert_eq!(count("127.0.0.1", pg_port).await, Some(100));
+    let exit = manager.terminate().await?;
+    assert!(exit.success(), "{exit:?}");
     ns.delete().await?;
     Ok(())
 }

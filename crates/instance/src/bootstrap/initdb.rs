@@ -8,15 +8,38 @@ use crate::pg::{Binaries, RunAs, binaries};
 use std::path::Path;
 use tokio_postgres::Client;
 
-/// Runs initdb into the (empty) PGDATA.
+/// Runs initdb into the (empty) PGDATA, with data checksums.
 pub async fn initdb(
     binaries: &Binaries,
     run_as: Option<RunAs>,
     pgdata: &Path,
 ) -> Result<(), Error> {
+    let cmd = initdb_command(binaries, run_as, pgdata, Checksums::On);
+    run("initdb", cmd).await.map(|_| ())
+}
+
+/// Whether initdb turns data checksums on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksums {
+    On,
+    /// Off: `--no-data-checksums` for PostgreSQL 18 and later (checksums are their
+    /// default), nothing before (off was theirs).
+    Off {
+        major: u32,
+    },
+}
+
+/// The initdb command of every data directory pgop makes (a bootstrap, and the new cluster
+/// of a major upgrade): the superuser [`SUPERUSER`] trusted over the Unix socket only,
+/// SCRAM over TCP, UTF8, locale C, and data checksums as `checksums` says.
+pub fn initdb_command(
+    binaries: &Binaries,
+    run_as: Option<RunAs>,
+    pgdata: &Path,
+    checksums: Checksums,
+) -> tokio::process::Command {
     let mut cmd = binaries::command(binaries, "initdb", run_as);
     cmd.arg("--pgdata").arg(pgdata).args([
-        "--data-checksums",
         "--username",
         SUPERUSER,
         "--auth-local=trust",
@@ -24,7 +47,16 @@ pub async fn initdb(
         "--encoding=UTF8",
         "--locale=C",
     ]);
-    run("initdb", cmd).await.map(|_| ())
+    match checksums {
+        Checksums::On => {
+            cmd.arg("--data-checksums");
+        }
+        Checksums::Off { major } if major >= 18 => {
+            cmd.arg("--no-data-checksums");
+        }
+        Checksums::Off { .. } => {}
+    }
+    cmd
 }
 
 /// Creates the application owner and database and the replication role. Idempotent, so an

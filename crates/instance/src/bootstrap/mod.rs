@@ -73,6 +73,10 @@ pub enum DataState {
     Incomplete,
     /// A complete data directory.
     Ready,
+    /// A complete data directory of an older major than the binaries (its `PG_VERSION`):
+    /// PostgreSQL cannot start it. A standby re-clones; the primary waits for an upgrade
+    /// ([`crate::upgrade`]).
+    OlderMajor(u32),
 }
 
 /// The marker beside PGDATA (PGDATA itself must be empty for initdb and pg_basebackup).
@@ -85,12 +89,16 @@ pub fn marker_path(pgdata: &Path) -> PathBuf {
     pgdata.with_file_name(name)
 }
 
-/// Looks at the data directory and the marker.
-pub fn inspect(pgdata: &Path) -> DataState {
+/// Looks at the data directory and the marker; `major`: the binaries' major version, when
+/// known (a complete directory of an older one is [`DataState::OlderMajor`]).
+pub fn inspect(pgdata: &Path, major: Option<u32>) -> DataState {
     if marker_path(pgdata).exists() {
         DataState::Incomplete
     } else if pgdata.join("PG_VERSION").is_file() && pgdata.join("global/pg_control").is_file() {
-        DataState::Ready
+        match (data_major(pgdata), major) {
+            (Some(found), Some(binaries)) if found < binaries => DataState::OlderMajor(found),
+            _ => DataState::Ready,
+        }
     } else if pgdata.exists()
         && std::fs::read_dir(pgdata).is_ok_and(|mut entries| entries.next().is_some())
     {
@@ -99,6 +107,13 @@ pub fn inspect(pgdata: &Path) -> DataState {
     } else {
         DataState::Missing
     }
+}
+
+/// The major version a data directory was made by (its `PG_VERSION`), when it says.
+pub fn data_major(pgdata: &Path) -> Option<u32> {
+    std::fs::read_to_string(pgdata.join("PG_VERSION"))
+        .ok()
+        .and_then(|text| crate::pg::binaries::parse_major(&text))
 }
 
 /// Writes the marker, then leaves PGDATA empty (mode 0700, owned by PostgreSQL's user).
@@ -201,6 +216,22 @@ mod tests {
         assert_eq!(mode(&pgdata)?, 0o700);
         assert_eq!(restore_mode(&pgdata)?, None, "already private");
         assert_eq!(restore_mode(&dir.join("missing"))?, None);
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_complete_data_directory_of_an_older_major_is_not_ready() -> std::io::Result<()> {
+        let dir = std::env::temp_dir().join(format!("pgop-inspect-major-{}", std::process::id()));
+        let pgdata = dir.join("pgdata");
+        std::fs::create_dir_all(pgdata.join("global"))?;
+        std::fs::write(pgdata.join("PG_VERSION"), "15\n")?;
+        std::fs::write(pgdata.join("global/pg_control"), b"")?;
+        assert_eq!(inspect(&pgdata, Some(18)), DataState::OlderMajor(15));
+        assert_eq!(inspect(&pgdata, Some(15)), DataState::Ready);
+        assert_eq!(inspect(&pgdata, None), DataState::Ready, "major unknown");
+        std::fs::write(marker_path(&pgdata), b"")?;
+        assert_eq!(inspect(&pgdata, Some(18)), DataState::Incomplete);
         std::fs::remove_dir_all(&dir)?;
         Ok(())
     }

@@ -161,6 +161,9 @@ struct Desired {
     tls: Option<config::Tls>,
     /// `spec.roles` as last applied on this primary ([`Instance::apply_roles`]).
     roles: roles::Applied,
+    /// Why this instance does not run its major, for `/pg/status`
+    /// ([`Instance::set_major_upgrade_error`]).
+    major_upgrade_error: Option<String>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -224,6 +227,7 @@ impl Instance {
                 passwords_set: None,
                 tls: None,
                 roles: roles::Applied::default(),
+                major_upgrade_error: None,
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -294,9 +298,11 @@ impl Instance {
         self.desired().tls.is_some()
     }
 
-    /// The state of the data directory.
+    /// The state of the data directory (of an older major than the binaries: not
+    /// usable).
     pub fn data_state(&self) -> DataState {
-        bootstrap::inspect(&self.options.layout.pgdata)
+        let major = self.options.binaries.major().ok();
+        bootstrap::inspect(&self.options.layout.pgdata, major)
     }
 
     /// The postmaster's pid, when running.
@@ -903,6 +909,16 @@ impl Instance {
         Ok(report)
     }
 
+    /// Reports (`Some`) or clears why this instance does not run its PostgreSQL major
+    /// (`majorUpgradeError` on `/pg/status`): a failed major upgrade, or primary data of an
+    /// older major without an upgrade request. `true` when it changed.
+    pub fn set_major_upgrade_error(&self, error: Option<String>) -> bool {
+        let mut d = self.desired();
+        let changed = d.major_upgrade_error != error;
+        d.major_upgrade_error = error;
+        changed
+    }
+
     /// Records that the configuration of this cluster generation is applied (see
     /// [`PgStatus::applied_generation`]).
     pub fn applied_generation(&self, generation: Option<i64>) {
@@ -1018,7 +1034,15 @@ impl Instance {
 
     /// The status served on `/pg/status`.
     pub async fn status(&self) -> PgStatus {
-        let (invalid, fenced, bootstrap_error, applied_generation, restart_refused, start_error) = {
+        let (
+            invalid,
+            fenced,
+            bootstrap_error,
+            applied_generation,
+            restart_refused,
+            start_error,
+            major_upgrade_error,
+        ) = {
             let d = self.desired();
             (
                 d.invalid.clone(),
@@ -1027,6 +1051,7 @@ impl Instance {
                 d.applied_generation,
                 d.restart_refused.clone(),
                 d.start_error.clone(),
+                d.major_upgrade_error.clone(),
             )
         };
         let queried = async {
@@ -1048,6 +1073,7 @@ impl Instance {
         status.bootstrap_error = bootstrap_error;
         status.applied_generation = applied_generation;
         status.restart_refused = restart_refused;
+        status.major_upgrade_error = major_upgrade_error;
         if status.role == PgRole::Primary {
             status.roles = self.desired().roles.report.clone();
         }

@@ -50,6 +50,8 @@ pub enum Error {
 #[derive(Debug, Clone)]
 pub struct Binaries {
     dir: PathBuf,
+    /// The major version, once `postgres --version` told it ([`Binaries::major`]).
+    major: std::sync::OnceLock<u32>,
 }
 
 impl Binaries {
@@ -73,7 +75,10 @@ impl Binaries {
                 });
             }
         }
-        Ok(Self { dir })
+        Ok(Self {
+            dir,
+            major: std::sync::OnceLock::new(),
+        })
     }
 
     /// The binaries of PostgreSQL `major`, from the first place that holds that major
@@ -110,8 +115,12 @@ impl Binaries {
         Err(Error::FindMajor { major, looked })
     }
 
-    /// The major version of these binaries, from `postgres --version`.
+    /// The major version of these binaries, from `postgres --version` (run once, then
+    /// remembered).
     pub fn major(&self) -> Result<u32, Error> {
+        if let Some(major) = self.major.get() {
+            return Ok(*major);
+        }
         let program = self.program("postgres");
         let out = std::process::Command::new(&program)
             .arg("--version")
@@ -122,7 +131,8 @@ impl Binaries {
                 source,
             })?;
         let printed = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        parse_major(&printed).ok_or(Error::ParseVersion { program, printed })
+        let major = parse_major(&printed).ok_or(Error::ParseVersion { program, printed })?;
+        Ok(*self.major.get_or_init(|| major))
     }
 
     /// The binary directory.

@@ -18,13 +18,14 @@ mod watch;
 
 pub use plan::{Action, Observed, Plan, plan};
 
-use crate::bootstrap::Credentials;
+use crate::bootstrap::{self, Credentials, DataState};
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
 use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
 use crate::pg::{Binaries, RunAs, Upstream};
 use crate::status::PgRole;
 use crate::sync::SyncSpec;
+use crate::upgrade::{self, UpgradeRequest};
 use crate::{error_chain, http};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -232,6 +233,10 @@ pub struct Settings {
     pub backup_volume_path: PathBuf,
     /// The running pgop binary's version, reported on `/pg/status` (`managerVersion`).
     pub version: String,
+    /// An in-place major upgrade of the data directory to the major of `binaries`, asked
+    /// by the operator on the primary's Pod (`PGOP_UPGRADE_FROM`, `PGOP_UPGRADE_MODE`): run
+    /// before PostgreSQL starts when the data directory holds `from`.
+    pub upgrade: Option<UpgradeRequest>,
 }
 
 /// What the manager reads from the API server, each kept from a watch of that one object
@@ -424,6 +429,28 @@ pub async fn run(
     .map_err(Error::ServeHttp)?;
     tracing::info!(address = %tls_addr, "serving backups and retention over mutual TLS once the certificate is read");
     let tls_server = tokio::spawn(tls_server);
+    let servers = Servers {
+        stop_http,
+        stop_tls,
+        server,
+        tls_server,
+    };
+
+    // A major upgrade (or what an interrupted one left) before PostgreSQL may start, while
+    // the endpoints serve. A failed one leaves PostgreSQL stopped, reported on /pg/status,
+    // until the Pod goes: exiting would only restart the manager into the same attempt.
+    let upgraded = tokio::select! {
+        () = &mut shutdown => return stop_all(&instance, &mut hold, servers).await,
+        upgraded = upgrade_data(&settings) => upgraded,
+    };
+    if let Err(err) = upgraded {
+        let chain = error_chain(&err);
+        tracing::error!(error = %chain, "the major upgrade failed; PostgreSQL stays stopped until the Pod is replaced");
+        instance.set_major_upgrade_error(Some(chain));
+        hold.give_up().await;
+        shutdown.await;
+        return stop_all(&instance, &mut hold, servers).await;
+    }
 
     let mut resync = tokio::time::interval(settings.resync);
     let mut memory = Memory::default();
@@ -505,15 +532,111 @@ pub async fn run(
             }
         }
     }
+    stop_all(&instance, &mut hold, servers).await
+}
+
+/// The HTTP servers of [`run`], and how to stop them.
+struct Servers {
+    stop_http: tokio::sync::oneshot::Sender<()>,
+    stop_tls: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), http::Error>>,
+    tls_server: tokio::task::JoinHandle<Result<(), http::Error>>,
+}
+
+/// The end of [`run`]: PostgreSQL stopped cleanly, the Lease released, the servers
+/// stopped.
+async fn stop_all(
+    instance: &Instance,
+    hold: &mut LeaseHold,
+    servers: Servers,
+) -> Result<(), Error> {
     tracing::info!("shutting down PostgreSQL");
     let stopped = instance.shutdown().await.map_err(Error::Shutdown);
     // Released after the stop, so that the next primary can start at once.
     hold.give_up().await;
-    let _ = stop_http.send(());
-    let _ = stop_tls.send(());
-    let _ = server.await;
-    let _ = tls_server.await;
+    let _ = servers.stop_http.send(());
+    let _ = servers.stop_tls.send(());
+    let _ = servers.server.await;
+    let _ = servers.tls_server.await;
     stopped
+}
+
+/// Before the first pass: the in-place major upgrade [`Settings::upgrade`] asks for, when
+/// the data directory holds that major (complete, no bootstrap under way), or else what an
+/// interrupted upgrade to the binaries' major left (finished when pg_upgrade had
+/// completed, rolled back otherwise). Logs what it did.
+async fn upgrade_data(settings: &Settings) -> Result<(), upgrade::Error> {
+    let pgdata = &settings.pgdata;
+    let to = settings.binaries.major().map_err(upgrade::Error::Version)?;
+    let interrupted = upgrade::interrupted(pgdata, to);
+    let outcome = match settings.upgrade {
+        Some(UpgradeRequest { from, mode })
+            if interrupted
+                || bootstrap::inspect(pgdata, Some(to)) == DataState::OlderMajor(from) =>
+        {
+            let old =
+                Binaries::for_major(from, None).map_err(|source| upgrade::Error::FindBinaries {
+                    major: from,
+                    source,
+                })?;
+            tracing::info!(from, to, %mode, pgdata = %pgdata.display(), "upgrading the data directory in place with pg_upgrade");
+            Some(
+                upgrade::upgrade(
+                    &old,
+                    &settings.binaries,
+                    settings.run_as,
+                    pgdata,
+                    mode,
+                    &settings.socket_dir,
+                )
+                .await?,
+            )
+        }
+        _ if interrupted => {
+            tracing::info!(to, pgdata = %pgdata.display(), "an upgrade to PostgreSQL {to} was interrupted: finishing or rolling it back");
+            upgrade::recover(pgdata, to).await?
+        }
+        Some(UpgradeRequest { from, .. }) => {
+            match bootstrap::data_major(pgdata) {
+                Some(found) if found == to => {
+                    tracing::info!(
+                        from,
+                        to,
+                        "the data directory already holds PostgreSQL {to}: nothing to upgrade"
+                    )
+                }
+                found => {
+                    tracing::info!(
+                        from,
+                        to,
+                        ?found,
+                        "an upgrade from PostgreSQL {from} was requested, but the data directory holds no complete cluster of it: nothing to upgrade"
+                    )
+                }
+            }
+            None
+        }
+        None => None,
+    };
+    match outcome {
+        Some(upgrade::Outcome::Upgraded(u)) => tracing::info!(
+            from = u.from,
+            to = u.to,
+            mode = %u.mode,
+            timeline = u.timeline,
+            duration = ?u.duration,
+            resumed = u.resumed,
+            "upgraded the data directory to PostgreSQL {}", u.to
+        ),
+        Some(upgrade::Outcome::AlreadyDone { major }) => {
+            tracing::info!(
+                major,
+                "the data directory already holds PostgreSQL {major}: nothing to upgrade"
+            )
+        }
+        None => {}
+    }
+    Ok(())
 }
 
 /// Whether this standby (as `pg` reports it) replayed past the fork of the primary's
@@ -705,6 +828,21 @@ async fn reconcile(
     // WAL archiving follows spec.backup.store; written with the next start or reload.
     instance.set_archiving(archiving(inputs, settings, cluster).await?);
     let plan = plan::plan(me, &status, &observed);
+    // The primary's data of an older major, and no upgrade asked: never started, reported.
+    let stale = match (observed.data, settings.binaries.major()) {
+        (DataState::OlderMajor(found), Ok(major)) if plan.primary.as_deref() == Some(me) => {
+            Some(format!(
+                "the data directory holds PostgreSQL {found} and this instance runs PostgreSQL {major}, \
+                 but no major upgrade was requested (PGOP_UPGRADE_FROM): PostgreSQL stays stopped"
+            ))
+        }
+        _ => None,
+    };
+    if instance.set_major_upgrade_error(stale.clone())
+        && let Some(message) = &stale
+    {
+        tracing::warn!(reason = %message, "not starting PostgreSQL");
+    }
     // spec.bootstrap.recovery: the first primary restores a backup instead of initdb, from
     // where the operator resolved it; decided before the Lease is taken.
     let mut recovery = None;
@@ -813,8 +951,16 @@ async fn reconcile(
             instance.promote().await.map_err(manage)?;
         }
         Action::Clone { primary } => {
-            tracing::info!(%primary, "cloning the primary");
             let upstream = upstream_for(primary).await?;
+            if let DataState::OlderMajor(found) = observed.data {
+                // Its data is thrown away only for a primary that runs (upgraded).
+                tracing::info!(found, %primary, "the data directory holds an older PostgreSQL major (the primary was upgraded): re-cloning once the primary answers");
+                upstream
+                    .probe_primary()
+                    .await
+                    .map_err(|e| manage(instance::Error::ProbePrimary(e)))?;
+            }
+            tracing::info!(%primary, "cloning the primary");
             instance
                 .bootstrap_standby(&upstream)
                 .await

@@ -101,7 +101,11 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
         .collect();
     let usable = observed.data == DataState::Ready;
     if primary == me {
-        let action = if !usable {
+        let action = if let DataState::OlderMajor(_) = observed.data {
+            // The cluster's data, of an older major: never initdb over it, never start it.
+            // It waits for an upgrade (the manager reports it on /pg/status).
+            Action::Wait
+        } else if !usable {
             // Another instance holds the cluster's data: initdb would fork a new cluster.
             if current.is_none_or(|c| c == me) {
                 Action::BootstrapPrimary
@@ -129,6 +133,8 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
         };
     }
     let action = if !usable {
+        // Nothing, an interrupted bootstrap, or data of an older major (the primary was
+        // upgraded in place): a standby clones the primary afresh.
         Action::Clone {
             primary: primary.clone(),
         }
@@ -383,5 +389,39 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         assert_eq!(plan("demo-3", &failing, &o).action, Action::Keep);
         // The primary itself never rewinds.
         assert_eq!(plan("demo-2", &done, &o).action, Action::Promote);
+    }
+
+    #[test]
+    fn a_standby_with_data_of_an_older_major_reclones_from_the_upgraded_primary() {
+        let s = status(TWO);
+        for running in [false, true] {
+            let o = observed(DataState::OlderMajor(15), running, true, PgRole::Stopped);
+            assert_eq!(
+                plan("demo-2", &s, &o).action,
+                Action::Clone {
+                    primary: "demo-1".into()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn the_primary_with_data_of_an_older_major_never_initdbs_nor_starts_it() {
+        let stale = observed(DataState::OlderMajor(15), false, false, PgRole::Stopped);
+        for s in [
+            status(TWO),
+            status("{targetPrimary: demo-1}"),
+            status("{targetPrimary: demo-1, currentPrimary: demo-2}"),
+        ] {
+            let p = plan("demo-1", &s, &stale);
+            assert_eq!(p.action, Action::Wait);
+            assert!(!p.action.needs_lease());
+        }
+        // Once upgraded (the binaries' major), it starts as usual.
+        let upgraded = observed(DataState::Ready, false, false, PgRole::Stopped);
+        assert_eq!(
+            plan("demo-1", &status(TWO), &upgraded).action,
+            Action::StartPrimary
+        );
     }
 }
