@@ -574,7 +574,7 @@ async fn move_to_new_timeline(
         })?;
     // After pg_resetwal, which removes the WAL and its archive status (history files
     // stay).
-    let history = new_pgdata.join(format!("pg_wal/{timeline:08X}.history"));
+    let history = new_pgdata.join(crate::pg::timeline::history_file(timeline));
     write_durable(
         &history,
         &format!(
@@ -992,16 +992,11 @@ fn write_durable(path: &Path, text: &str, run_as: Option<RunAs>) -> Result<(), E
 
 /// Fsyncs the directory holding `path`.
 fn sync_parent(path: &Path) -> Result<(), Error> {
-    let Some(parent) = path.parent() else {
-        return Ok(());
-    };
-    std::fs::File::open(parent)
-        .and_then(|dir| dir.sync_all())
-        .map_err(|source| Error::Io {
-            what: "fsync",
-            path: parent.to_path_buf(),
-            source,
-        })
+    bootstrap::sync_parent(path).map_err(|source| Error::Io {
+        what: "fsync",
+        path: path.parent().unwrap_or(path).to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]

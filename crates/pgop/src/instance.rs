@@ -184,16 +184,7 @@ async fn wal_restore(args: WalRestoreArgs) -> Result<(), Error> {
 
 /// The major version a data directory was made by (its `PG_VERSION`), when it has one.
 fn data_major(pgdata: &std::path::Path) -> Result<Option<u32>, Error> {
-    let path = pgdata.join("PG_VERSION");
-    match std::fs::read_to_string(&path) {
-        Ok(text) => pgop_instance::pg::binaries::parse_major(&text)
-            .map(Some)
-            .ok_or_else(|| {
-                format!("{} holds {text:?}, not a major version", path.display()).into()
-            }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("failed to read {}: {e}", path.display()).into()),
-    }
+    Ok(pgop_instance::bootstrap::read_data_major(pgdata)?)
 }
 
 /// What this instance runs: the binaries, and the upgrade to run first.

@@ -111,9 +111,20 @@ pub fn inspect(pgdata: &Path, major: Option<u32>) -> DataState {
 
 /// The major version a data directory was made by (its `PG_VERSION`), when it says.
 pub fn data_major(pgdata: &Path) -> Option<u32> {
-    std::fs::read_to_string(pgdata.join("PG_VERSION"))
-        .ok()
-        .and_then(|text| crate::pg::binaries::parse_major(&text))
+    read_data_major(pgdata).ok().flatten()
+}
+
+/// The major version a data directory was made by (its `PG_VERSION`): none without the
+/// file; an error naming it when it cannot be read or holds no major version.
+pub fn read_data_major(pgdata: &Path) -> Result<Option<u32>, String> {
+    let path = pgdata.join("PG_VERSION");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => crate::pg::binaries::parse_major(&text)
+            .map(Some)
+            .ok_or_else(|| format!("{} holds {text:?}, not a major version", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("failed to read {}: {e}", path.display())),
+    }
 }
 
 /// Writes the marker, then leaves PGDATA empty (mode 0700, owned by PostgreSQL's user).
@@ -164,7 +175,7 @@ pub fn finish(pgdata: &Path) -> Result<(), Error> {
         .map_err(Error::FinishBootstrap)
 }
 
-fn sync_parent(path: &Path) -> std::io::Result<()> {
+pub(crate) fn sync_parent(path: &Path) -> std::io::Result<()> {
     match path.parent() {
         Some(parent) => std::fs::File::open(parent)?.sync_all(),
         None => Ok(()),
