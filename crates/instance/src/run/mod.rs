@@ -14,18 +14,19 @@
 //! primary need not wait for it to expire.
 
 mod plan;
+mod upgrade;
 mod watch;
 
 pub use plan::{Action, Observed, Plan, plan};
 
-use crate::bootstrap::{self, Credentials, DataState};
+use crate::bootstrap::{Credentials, DataState};
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
 use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
 use crate::pg::{Binaries, RunAs, Upstream};
 use crate::status::PgRole;
 use crate::sync::SyncSpec;
-use crate::upgrade::{self, UpgradeRequest};
+use crate::upgrade::UpgradeRequest;
 use crate::{error_chain, http};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -441,7 +442,7 @@ pub async fn run(
     // until the Pod goes: exiting would only restart the manager into the same attempt.
     let upgraded = tokio::select! {
         () = &mut shutdown => return stop_all(&instance, &mut hold, servers).await,
-        upgraded = upgrade_data(&settings) => upgraded,
+        upgraded = upgrade::upgrade_data(&settings) => upgraded,
     };
     if let Err(err) = upgraded {
         let chain = error_chain(&err);
@@ -559,84 +560,6 @@ async fn stop_all(
     let _ = servers.server.await;
     let _ = servers.tls_server.await;
     stopped
-}
-
-/// Before the first pass: the in-place major upgrade [`Settings::upgrade`] asks for, when
-/// the data directory holds that major (complete, no bootstrap under way), or else what an
-/// interrupted upgrade to the binaries' major left (finished when pg_upgrade had
-/// completed, rolled back otherwise). Logs what it did.
-async fn upgrade_data(settings: &Settings) -> Result<(), upgrade::Error> {
-    let pgdata = &settings.pgdata;
-    let to = settings.binaries.major().map_err(upgrade::Error::Version)?;
-    let interrupted = upgrade::interrupted(pgdata, to);
-    let outcome = match settings.upgrade {
-        Some(UpgradeRequest { from, mode })
-            if interrupted
-                || bootstrap::inspect(pgdata, Some(to)) == DataState::OlderMajor(from) =>
-        {
-            let old =
-                Binaries::for_major(from, None).map_err(|source| upgrade::Error::FindBinaries {
-                    major: from,
-                    source,
-                })?;
-            tracing::info!(from, to, %mode, pgdata = %pgdata.display(), "upgrading the data directory in place with pg_upgrade");
-            Some(
-                upgrade::upgrade(
-                    &old,
-                    &settings.binaries,
-                    settings.run_as,
-                    pgdata,
-                    mode,
-                    &settings.socket_dir,
-                )
-                .await?,
-            )
-        }
-        _ if interrupted => {
-            tracing::info!(to, pgdata = %pgdata.display(), "an upgrade to PostgreSQL {to} was interrupted: finishing or rolling it back");
-            upgrade::recover(pgdata, to).await?
-        }
-        Some(UpgradeRequest { from, .. }) => {
-            match bootstrap::data_major(pgdata) {
-                Some(found) if found == to => {
-                    tracing::info!(
-                        from,
-                        to,
-                        "the data directory already holds PostgreSQL {to}: nothing to upgrade"
-                    )
-                }
-                found => {
-                    tracing::info!(
-                        from,
-                        to,
-                        ?found,
-                        "an upgrade from PostgreSQL {from} was requested, but the data directory holds no complete cluster of it: nothing to upgrade"
-                    )
-                }
-            }
-            None
-        }
-        None => None,
-    };
-    match outcome {
-        Some(upgrade::Outcome::Upgraded(u)) => tracing::info!(
-            from = u.from,
-            to = u.to,
-            mode = %u.mode,
-            timeline = u.timeline,
-            duration = ?u.duration,
-            resumed = u.resumed,
-            "upgraded the data directory to PostgreSQL {}", u.to
-        ),
-        Some(upgrade::Outcome::AlreadyDone { major }) => {
-            tracing::info!(
-                major,
-                "the data directory already holds PostgreSQL {major}: nothing to upgrade"
-            )
-        }
-        None => {}
-    }
-    Ok(())
 }
 
 /// Whether this standby (as `pg` reports it) replayed past the fork of the primary's
