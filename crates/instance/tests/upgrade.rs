@@ -11,7 +11,6 @@ mod common;
 use common::{TempDir, TestResult, credentials, free_port, run_as};
 use pgop_instance::upgrade::{self, Mode as UpgradeMode, Outcome};
 use pgop_instance::{Binaries, DataState, Instance, Layout, Mode, Options};
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,18 +27,6 @@ fn eighteen() -> Binaries {
     })
 }
 
-/// A directory PostgreSQL's OS user owns.
-fn postgres_dir(path: &Path) {
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .recursive(true)
-        .create(path)
-        .expect("create a test directory");
-    if let Some(user) = run_as() {
-        user.chown(path).expect("chown a test directory");
-    }
-}
-
 /// One instance's directories and port: `data/pgdata` (with room beside it for the
 /// upgrade's directories) and the socket directory `run`.
 struct Site {
@@ -50,8 +37,8 @@ struct Site {
 impl Site {
     fn new(name: &str) -> Self {
         let dir = TempDir::new(name);
-        postgres_dir(&dir.0.join("data"));
-        postgres_dir(&dir.0.join("run"));
+        common::make_dir(&dir.0.join("data"));
+        common::make_dir(&dir.0.join("run"));
         Self {
             dir,
             port: free_port(),
@@ -474,7 +461,7 @@ async fn interrupted_upgrades_are_rolled_back_or_finished() -> TestResult {
 
     // Killed in pg_upgrade --link: a half-made new cluster, pg_control renamed.
     let killed_in_pg_upgrade = || -> std::io::Result<()> {
-        postgres_dir(&new_dir.join("base"));
+        common::make_dir(&new_dir.join("base"));
         std::fs::write(new_dir.join("PG_VERSION"), "18\n")?;
         std::fs::rename(global.join("pg_control"), global.join("pg_control.old"))
     };
@@ -504,7 +491,7 @@ async fn interrupted_upgrades_are_rolled_back_or_finished() -> TestResult {
     let old_dir = upgrade::old_dir(&pgdata, 15);
     let marker = upgrade::done_marker(&pgdata, 18);
     let fake_old = |at: &Path| -> std::io::Result<()> {
-        postgres_dir(&at.join("global"));
+        common::make_dir(&at.join("global"));
         std::fs::write(at.join("PG_VERSION"), "15\n")
     };
     let write_marker = || {

@@ -71,7 +71,8 @@ impl Drop for TempDir {
     }
 }
 
-fn make_dir(path: &Path) {
+/// A directory PostgreSQL's OS user owns (mode 0700).
+pub fn make_dir(path: &Path) {
     std::fs::DirBuilder::new()
         .mode(0o700)
         .recursive(true)
