@@ -108,6 +108,10 @@ pub struct Contender {
     /// The Lease as this contender last wrote it while holding it: the next renewal
     /// updates that version (compare-and-swap) without reading it first.
     written: std::sync::Mutex<Option<Lease>>,
+    /// The `acquireTime` this contender wrote when it last took the Lease: a Lease naming
+    /// this identity with another `acquireTime` was taken by another process of the same
+    /// identity (a container of the same Pod that died), and is taken anew, not renewed.
+    acquired: std::sync::Mutex<Option<MicroTime>>,
 }
 
 /// Every request gets at most this long: a hung API server must not delay fencing.
@@ -150,6 +154,7 @@ impl Contender {
             owner: std::sync::Mutex::new(None),
             observed: std::sync::Mutex::new(None),
             written: std::sync::Mutex::new(None),
+            acquired: std::sync::Mutex::new(None),
         }
     }
 
@@ -241,7 +246,21 @@ impl Contender {
 
     /// Records `lease` as just written by this contender (kept only while it holds it).
     fn wrote(&self, lease: Option<Lease>) {
-        *lock(&self.written) = lease.filter(|l| holder_of(l) == Some(self.identity.as_str()));
+        let mine = lease.filter(|l| holder_of(l) == Some(self.identity.as_str()));
+        if let Some(acquired) = mine
+            .as_ref()
+            .and_then(|l| l.spec.as_ref()?.acquire_time.clone())
+        {
+            *lock(&self.acquired) = Some(acquired);
+        }
+        *lock(&self.written) = mine;
+    }
+
+    /// Whether `lease`, which names this identity, was taken by this contender (not by an
+    /// earlier process of the same identity).
+    fn taken_by_me(&self, lease: &Lease) -> bool {
+        let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.as_ref());
+        acquired.is_some() && acquired == lock(&self.acquired).as_ref()
     }
 
     fn duration_seconds(&self) -> i32 {
@@ -320,7 +339,14 @@ impl Contender {
             return self.create().await;
         };
         match holder_of(&lease) {
-            Some(holder) if holder == self.identity => self.take(lease, true).await,
+            Some(holder) if holder == self.identity => {
+                // Written by an earlier process of this identity (a container that died
+                // while holding it): taken anew, with a fresh acquireTime, so that what
+                // judges that holder dead by its acquireTime (the operator) cannot
+                // release this one.
+                let mine = self.taken_by_me(&lease);
+                self.take(lease, mine).await
+            }
             None => self.take(lease, false).await,
             Some(holder) => {
                 let version = lease.metadata.resource_version.clone().unwrap_or_default();

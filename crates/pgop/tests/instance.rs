@@ -837,6 +837,45 @@ async fn a_primary_fences_itself_when_its_lease_is_taken_and_restarts_a_crash_af
         lease_holder(&client, ns.name()).await.as_deref(),
         Some("demo-1")
     );
+    let acquired = |lease: k8s_openapi::api::coordination::v1::Lease| {
+        lease.spec.and_then(|s| s.acquire_time).map(|t| t.0)
+    };
+    let before = acquired(leases.get("demo").await?).ok_or("no acquireTime")?;
+
+    // The container killed (manager and PostgreSQL at once) while primary: the next
+    // manager finds the primary's data not shut down and the Lease naming its Pod. It
+    // releases the Lease and holds off as after a crash (the operator may be failing over
+    // on what the standbys received), then, still named, takes the Lease anew.
+    manager.kill_hard();
+    let killed = Instant::now();
+    manager.restart(plane, ns.name())?;
+    eventually("the inherited Lease released", wait, || async {
+        lease_holder(&client, ns.name())
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    eventually("the restarted manager answers", wait, || async {
+        (role_of(&manager).await? == "stopped").then_some(())
+    })
+    .await;
+    let back = eventually(
+        "demo-1 primary after the killed container",
+        Duration::from_secs(40),
+        || async { (role_of(&manager).await? == "primary").then_some(killed.elapsed()) },
+    )
+    .await;
+    eprintln!("killed container: primary again after {back:?}");
+    assert!(
+        back >= Duration::from_secs(11),
+        "restarted as the primary during the hold-off: {back:?}"
+    );
+    let after = acquired(leases.get("demo").await?).ok_or("no acquireTime")?;
+    assert!(
+        after > before,
+        "the Lease taken anew: {before} then {after}"
+    );
     let exit = manager.terminate().await?;
     assert!(exit.success(), "{exit:?}");
     ns.delete().await?;

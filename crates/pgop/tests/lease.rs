@@ -281,6 +281,52 @@ async fn a_holder_renews_without_reading_the_lease_until_someone_else_writes_it(
     Ok(())
 }
 
+/// A Lease naming this identity but taken by an earlier process of it (a container of the
+/// same Pod that died while holding it) is taken anew, with a fresh `acquireTime`: the
+/// operator releases a dead holder's Lease only when it was acquired before its container
+/// finished, so the restarted container's own Lease must not look that old. A holder's own
+/// acquisitions keep their `acquireTime`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_of_the_holder_takes_the_lease_anew() -> Result {
+    let (client, ns) = setup("lease-anew").await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let spec = |lease: Lease| lease.spec.unwrap_or_default();
+    let first = contender(&client, ns.name(), "demo-1");
+    assert!(first.try_acquire().await?);
+    let taken = spec(leases.get("demo").await?);
+    assert!(first.try_acquire().await?);
+    assert_eq!(first.renew().await?, Renewal::Renewed);
+    let kept = spec(leases.get("demo").await?);
+    assert_eq!(
+        kept.acquire_time, taken.acquire_time,
+        "its own Lease is renewed"
+    );
+    assert_eq!(kept.lease_transitions, taken.lease_transitions);
+
+    // The container dies (no release); the next one, the same identity, takes it.
+    drop(first);
+    let second = contender(&client, ns.name(), "demo-1");
+    assert!(second.try_acquire().await?);
+    let anew = spec(leases.get("demo").await?);
+    assert_eq!(anew.holder_identity.as_deref(), Some("demo-1"));
+    let (before, after) = (
+        taken.acquire_time.ok_or("no acquireTime")?.0,
+        anew.acquire_time.clone().ok_or("no acquireTime")?.0,
+    );
+    assert!(after > before, "taken anew: {before} then {after}");
+    assert_eq!(
+        anew.lease_transitions,
+        taken.lease_transitions.map(|t| t + 1)
+    );
+    assert!(second.try_acquire().await?);
+    assert_eq!(
+        spec(leases.get("demo").await?).acquire_time,
+        anew.acquire_time
+    );
+    ns.delete().await?;
+    Ok(())
+}
+
 /// A TCP proxy to the API server that can be cut: existing connections are dropped and new
 /// ones accepted but never answered (a partition, not a refusal).
 struct Proxy {

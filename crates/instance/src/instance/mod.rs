@@ -600,6 +600,30 @@ impl Instance {
         self.desired().mode.clone()
     }
 
+    /// Whether PostgreSQL is stopped on a primary's data that it did not shut down: the
+    /// control file says the primary was in production, in crash recovery or shutting
+    /// down (a killed container, a crashed node, a postmaster that crashed). Read with
+    /// pg_controldata; `false` when it cannot tell (no data, a standby's, running, or
+    /// pg_controldata failed).
+    pub async fn crashed_as_primary(&self) -> bool {
+        if self.pid().is_some()
+            || self.has_standby_signal()
+            || !matches!(self.data_state(), DataState::Ready)
+        {
+            return false;
+        }
+        let o = &self.options;
+        let mut cmd = crate::pg::binaries::command(&o.binaries, "pg_controldata", o.run_as);
+        cmd.arg("-D").arg(&o.layout.pgdata);
+        match bootstrap::run("pg_controldata", cmd).await {
+            Ok(out) => unclean_primary(&String::from_utf8_lossy(&out.stdout)),
+            Err(err) => {
+                tracing::warn!(error = %crate::error_chain(&err), "pg_controldata failed; the data is taken as shut down cleanly");
+                false
+            }
+        }
+    }
+
     /// Whether the data directory was left as a standby's (`standby.signal`).
     pub fn has_standby_signal(&self) -> bool {
         self.options.layout.pgdata.join("standby.signal").exists()
@@ -1122,5 +1146,42 @@ impl Instance {
     /// postmaster exits. The Lease is released right after.
     pub async fn shutdown(&self) -> Result<(), Error> {
         self.step_down().await
+    }
+}
+
+/// Whether pg_controldata's `output` shows a primary that was not shut down: `in
+/// production`, `in crash recovery` or `shutting down` (a standby's is `in archive
+/// recovery`; a clean stop is `shut down`).
+fn unclean_primary(output: &str) -> bool {
+    output
+        .lines()
+        .find_map(|l| l.strip_prefix("Database cluster state:"))
+        .map(str::trim)
+        .is_some_and(|state| {
+            matches!(
+                state,
+                "in production" | "in crash recovery" | "shutting down"
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unclean_primary;
+
+    #[test]
+    fn a_primary_not_shut_down_is_told_from_the_control_file() {
+        let state = |s: &str| {
+            format!(
+                "pg_control version number:            1300\nDatabase cluster state:               {s}\npg_control last modified:             Fri 04 Dec 2026\n"
+            )
+        };
+        assert!(unclean_primary(&state("in production")));
+        assert!(unclean_primary(&state("in crash recovery")));
+        assert!(unclean_primary(&state("shutting down")));
+        assert!(!unclean_primary(&state("shut down")));
+        assert!(!unclean_primary(&state("in archive recovery")));
+        assert!(!unclean_primary(&state("shut down in recovery")));
+        assert!(!unclean_primary(""));
     }
 }

@@ -454,7 +454,20 @@ pub async fn run(
     }
 
     let mut resync = tokio::time::interval(settings.resync);
-    let mut memory = Memory::default();
+    // PostgreSQL killed while primary (its container, or the manager during a crash
+    // hold-off): held off like a crash seen by this manager, so that a failover the
+    // operator may be choosing now, on what the standbys received, is not raced by this
+    // instance accepting commits again.
+    let mut memory = Memory {
+        crashed_before_start: instance.crashed_as_primary().await.then(Instant::now),
+        ..Memory::default()
+    };
+    if memory.crashed_before_start.is_some() {
+        tracing::warn!(
+            "PostgreSQL was not shut down as the primary (a killed container or a crash); \
+             not started as the primary before the crash hold-off"
+        );
+    }
     let mut states = instance.state_changes();
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     // Failed passes in a row: the retry backs off (see `retry_after`).
@@ -606,6 +619,9 @@ struct Memory {
     bootstrap_failed: Option<Instant>,
     /// Since when this standby has looked diverged from the primary's timeline.
     diverged_since: Option<Instant>,
+    /// When this manager started on a primary's data PostgreSQL did not shut down
+    /// (`Instance::crashed_as_primary`); cleared once PostgreSQL runs.
+    crashed_before_start: Option<Instant>,
 }
 
 /// One pass: observe, plan (pure, in [`plan`]), act, then slots, synchronous standbys and
@@ -737,6 +753,9 @@ async fn reconcile(
         _ => false,
     };
     let diverged = confirmed(diverged, &mut memory.diverged_since, Instant::now());
+    if instance.pid().is_some() {
+        memory.crashed_before_start = None;
+    }
     let observed = Observed {
         data: instance.data_state(),
         running: instance.pid().is_some(),
@@ -746,6 +765,7 @@ async fn reconcile(
         diverged,
         held_off: instance
             .crashed_at()
+            .or(memory.crashed_before_start)
             .is_some_and(|at| at.elapsed() < crash_hold_off(cluster)),
     };
     // WAL archiving follows spec.backup.store; written with the next start or reload.
