@@ -770,6 +770,73 @@ pub struct PostgresClusterStatus {
     /// made before the field, from what its instances run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version: Option<i32>,
+
+    /// The in-place major upgrade asked for by raising `spec.postgresVersion`: how far it
+    /// got, or how the last one ended (see the MajorUpgraded condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_upgrade: Option<MajorUpgrade>,
+}
+
+/// An in-place major upgrade (`pg_upgrade` on the primary's volume, the standbys cloned
+/// again), as far as it got.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MajorUpgrade {
+    /// The major the data held when the upgrade started.
+    pub from: i32,
+    /// The major asked for.
+    pub to: i32,
+    /// How far it got.
+    pub phase: MajorUpgradePhase,
+    /// How pg_upgrade carries the data files over: `link` (hard links, fast; the old
+    /// cluster cannot be started once the new one has) when a base backup was taken
+    /// first, else `copy`.
+    pub mode: MajorUpgradeMode,
+    /// The instance whose volume is upgraded: the primary when the upgrade started.
+    pub primary: String,
+    /// When pgop started the upgrade.
+    pub started_at: Time,
+    /// When it completed or failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// The PostgresBackup taken before the upgrade (with `spec.backup.store`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<String>,
+    /// Why it failed, or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// How far an in-place major upgrade got: BackingUp (a base backup of the old major),
+/// Stopping (every instance Pod deleted, the primary's first), Upgrading (the primary's
+/// Pod runs pg_upgrade, then starts the new major), Cloning (the standbys are cloned from
+/// the upgraded primary), Completed, or Failed (the old major runs again; see `message`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MajorUpgradePhase {
+    BackingUp,
+    Stopping,
+    Upgrading,
+    Cloning,
+    Completed,
+    Failed,
+}
+
+/// pg_upgrade's transfer mode: `link` or `copy`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MajorUpgradeMode {
+    Link,
+    Copy,
+}
+
+impl MajorUpgradeMode {
+    /// The word `PGOP_UPGRADE_MODE` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MajorUpgradeMode::Link => "link",
+            MajorUpgradeMode::Copy => "copy",
+        }
+    }
 }
 
 /// A restart asked for with the annotation `database.example.com/restart`.
@@ -835,13 +902,14 @@ impl Default for PostgresClusterStatus {
             last_logical_backup_time: None,
             positions_observed_at: None,
             postgres_version: None,
+            major_upgrade: None,
         }
     }
 }
 
 /// What the cluster is doing, in one word: Pending, Creating, Ready, Degraded,
-/// FailingOver, SwitchingOver, Hibernating, Hibernated, Resuming, Invalid (see the
-/// SpecValid condition) or Deleting.
+/// FailingOver, SwitchingOver, Hibernating, Hibernated, Resuming, Upgrading, Invalid (see
+/// the SpecValid condition) or Deleting.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterPhase {
     /// Accepted; nothing created yet.
@@ -868,6 +936,9 @@ pub enum ClusterPhase {
     /// Back from hibernation: the instances start again on their volumes; the primary is
     /// not failed over until it has served again.
     Resuming,
+    /// An in-place major upgrade stops, upgrades and restarts the cluster (see
+    /// `status.majorUpgrade` and the MajorUpgraded condition).
+    Upgrading,
 }
 
 /// The state of one instance as reported by its instance manager.

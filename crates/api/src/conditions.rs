@@ -49,6 +49,12 @@ pub const INSTANCES_SCHEDULED: &str = "InstancesScheduled";
 /// are still being deleted, `Hibernated` once none is left); False after it resumed.
 pub const HIBERNATED: &str = "Hibernated";
 
+/// The in-place major upgrade asked for by raising `spec.postgresVersion`: False while it
+/// runs (reason `BackingUp`, `Stopping`, `Upgrading` or `Cloning`) or when it cannot start
+/// or failed (`Waiting`, `Failed`, with the reason in the message), True once every
+/// instance runs the new major (`Completed`). Absent on a cluster never upgraded.
+pub const MAJOR_UPGRADED: &str = "MajorUpgraded";
+
 /// Whether every role of `spec.roles` is as declared on the primary: False (reason
 /// `RoleFailed`) names each role PostgreSQL refused and quotes its error; absent while
 /// the spec declares no role.

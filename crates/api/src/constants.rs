@@ -34,6 +34,9 @@ pub const ANNOTATION_RESTART_INSTANCE: &str = "database.example.com/restart-inst
 pub const ANNOTATION_SPEC_HASH: &str = "database.example.com/spec-hash";
 /// Annotation on a PostgresBackup created by the schedule (value: the schedule that made it).
 pub const ANNOTATION_SCHEDULED: &str = "database.example.com/scheduled";
+/// Annotation on a PostgresBackup taken for an in-place major upgrade (value:
+/// `<from>-to-<to>`), before it starts or once it completed.
+pub const ANNOTATION_MAJOR_UPGRADE: &str = "database.example.com/major-upgrade";
 
 /// PostgreSQL's superuser in every instance: the manager's role over the local socket only.
 pub const SUPERUSER: &str = "postgres";

@@ -110,10 +110,12 @@ pub fn validate(spec: &PostgresClusterSpec) -> Result<(), Vec<FieldError>> {
     errors.into_result()
 }
 
-/// Validates an update: the new spec on its own, and the changes from the old one.
+/// Validates an update: the new spec on its own, and the changes from the old one, whose
+/// status (`status`) says which major the data holds and how far an upgrade got.
 pub fn validate_update(
     old: &PostgresClusterSpec,
     new: &PostgresClusterSpec,
+    status: Option<&crate::cluster::PostgresClusterStatus>,
 ) -> Result<(), Vec<FieldError>> {
     let mut errors = Errors::default();
     validate_spec(new, &mut errors);
@@ -124,7 +126,7 @@ pub fn validate_update(
             || cel::MSG_STORAGE_CLASS_IMMUTABLE.to_string(),
         );
     }
-    for e in transition_errors(old, new) {
+    for e in transition_errors(old, new, status) {
         errors.0.push(e);
     }
     errors.into_result()
@@ -133,11 +135,17 @@ pub fn validate_update(
 /// The changes from `old` to `new` that pgop cannot carry out, each naming its field:
 /// - `spec.storage.size` may only grow (a volume cannot shrink);
 /// - `spec.bootstrap` is read once, when the cluster is created;
-/// - `spec.postgresVersion` may not go down (data files are not downgraded).
+/// - `spec.postgresVersion` ([`version_change_error`]) may be raised (an in-place major
+///   upgrade), never set below the major the data holds, and not changed while an upgrade
+///   is past the point where it can be called off.
 ///
 /// The validating webhook refuses them; without it the operator catches what it can see
-/// (a volume larger than the spec) as phase Invalid.
-pub fn transition_errors(old: &PostgresClusterSpec, new: &PostgresClusterSpec) -> Vec<FieldError> {
+/// (a volume larger than the spec, a major below the data's) as phase Invalid.
+pub fn transition_errors(
+    old: &PostgresClusterSpec,
+    new: &PostgresClusterSpec,
+    status: Option<&crate::cluster::PostgresClusterStatus>,
+) -> Vec<FieldError> {
     let mut errors = Errors::default();
     if let (Some(before), Some(after)) = (
         quantity::millis(&old.storage.size),
@@ -152,17 +160,49 @@ pub fn transition_errors(old: &PostgresClusterSpec, new: &PostgresClusterSpec) -
     });
     let major = |v: Option<i32>| v.unwrap_or(crate::cluster::DEFAULT_POSTGRES_VERSION);
     let (before, after) = (major(old.postgres_version), major(new.postgres_version));
-    errors.check(after >= before, "spec.postgresVersion", || {
-        format!(
-            "may not be lowered from {before} to {after}: PostgreSQL's data files cannot be downgraded (restore a logical backup into a new cluster instead)"
-        )
-    });
-    errors.check(after <= before, "spec.postgresVersion", || {
-        format!(
-            "may not be raised from {before} to {after}: pgop does not upgrade a running cluster to another major version yet (restore a logical backup into a new cluster of {after} instead)"
-        )
-    });
+    if before != after {
+        // The major the data holds: recorded in the status, else the old spec's.
+        let held = status.and_then(|s| s.postgres_version).unwrap_or(before);
+        let upgrade = status.and_then(|s| s.major_upgrade.as_ref());
+        if let Some(message) = version_change_error(held, after, upgrade) {
+            errors.0.push(FieldError {
+                field: "spec.postgresVersion".to_string(),
+                message,
+            });
+        }
+    }
     errors.0
+}
+
+/// Why the major may not become `wanted` when the data holds `held` and `upgrade` is the
+/// last in-place upgrade: never below the data's major; while an upgrade runs pg_upgrade
+/// or clones the standbys, neither called off (back to `held`) nor sent elsewhere.
+/// Raising starts an upgrade; going back to `held` before pg_upgrade runs calls it off.
+pub fn version_change_error(
+    held: i32,
+    wanted: i32,
+    upgrade: Option<&crate::cluster::MajorUpgrade>,
+) -> Option<String> {
+    use crate::cluster::MajorUpgradePhase as P;
+    if wanted < held {
+        return Some(format!(
+            "may not be lowered to {wanted}: the data is PostgreSQL {held}'s, and PostgreSQL's data files cannot be downgraded (restore a logical backup into a new cluster instead)"
+        ));
+    }
+    match upgrade {
+        Some(u) if matches!(u.phase, P::Upgrading | P::Cloning) && wanted != u.to => Some(format!(
+            "may not change while the upgrade from {} to {} is {}: pg_upgrade has started on {}'s volume (wait for status.majorUpgrade to end)",
+            u.from,
+            u.to,
+            if u.phase == P::Upgrading {
+                "running pg_upgrade"
+            } else {
+                "cloning the standbys"
+            },
+            u.primary
+        )),
+        _ => None,
+    }
 }
 
 /// `spec.bootstrap` changed after creation.
@@ -1091,16 +1131,16 @@ bootstrap:
         let changed = spec("storage: {size: 1Gi, storageClassName: slow}");
         let removed = spec("storage: {size: 1Gi}");
         assert_eq!(
-            fields(validate_update(&old, &changed)),
+            fields(validate_update(&old, &changed, None)),
             vec!["spec.storage.storageClassName".to_string()]
         );
         assert_eq!(
-            fields(validate_update(&old, &removed)),
+            fields(validate_update(&old, &removed, None)),
             vec!["spec.storage.storageClassName".to_string()]
         );
-        assert_eq!(validate_update(&old, &old), Ok(()));
+        assert_eq!(validate_update(&old, &old, None), Ok(()));
         // Setting it for the first time is allowed.
-        assert_eq!(validate_update(&removed, &old), Ok(()));
+        assert_eq!(validate_update(&removed, &old, None), Ok(()));
     }
 
     #[test]
@@ -1109,9 +1149,9 @@ bootstrap:
         let grown = spec("storage: {size: 2048Mi}\npostgresVersion: 15");
         let same_in_other_words = spec("storage: {size: 1536Mi}\npostgresVersion: 15");
         let shrunk = spec("storage: {size: 1G}\npostgresVersion: 15");
-        assert_eq!(validate_update(&old, &grown), Ok(()));
-        assert_eq!(validate_update(&old, &same_in_other_words), Ok(()));
-        let errors = validate_update(&old, &shrunk).expect_err("a shrink");
+        assert_eq!(validate_update(&old, &grown, None), Ok(()));
+        assert_eq!(validate_update(&old, &same_in_other_words, None), Ok(()));
+        let errors = validate_update(&old, &shrunk, None).expect_err("a shrink");
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].field, "spec.storage.size");
         assert!(
@@ -1123,37 +1163,83 @@ bootstrap:
             "storage: {size: 1.5Gi}\npostgresVersion: 15\nbootstrap: {recovery: {backup: b1}}",
         );
         assert_eq!(
-            fields(validate_update(&old, &restored)),
+            fields(validate_update(&old, &restored, None)),
             vec!["spec.bootstrap".to_string()]
         );
         assert_eq!(
-            fields(validate_update(&restored, &old)),
+            fields(validate_update(&restored, &old, None)),
             vec!["spec.bootstrap".to_string()]
         );
-        assert_eq!(validate_update(&restored, &restored), Ok(()));
+        assert_eq!(validate_update(&restored, &restored, None), Ok(()));
 
         let mut lower = old.clone();
         lower.postgres_version = Some(14);
-        let errors = transition_errors(&old, &lower);
+        let errors = transition_errors(&old, &lower, None);
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].field, "spec.postgresVersion");
-        assert!(errors[0].message.contains("from 15 to 14"), "{errors:?}");
+        assert!(errors[0].message.contains("lowered to 14"), "{errors:?}");
+        assert!(errors[0].message.contains("PostgreSQL 15's"), "{errors:?}");
+        // Raising is an in-place upgrade.
         let mut higher = old.clone();
         higher.postgres_version = Some(18);
-        let errors = transition_errors(&old, &higher);
-        assert_eq!(errors.len(), 1);
-        assert_eq!(errors[0].field, "spec.postgresVersion");
-        assert!(
-            errors[0].message.contains("raised from 15 to 18"),
-            "{errors:?}"
-        );
+        assert!(transition_errors(&old, &higher, None).is_empty());
         // Unset is 15: naming it, or no longer naming it, changes nothing.
         let mut unset = old.clone();
         unset.postgres_version = None;
-        assert!(transition_errors(&old, &unset).is_empty());
-        assert!(transition_errors(&unset, &old).is_empty());
-        assert_eq!(transition_errors(&unset, &higher).len(), 1);
-        assert!(transition_errors(&higher, &higher).is_empty());
+        assert!(transition_errors(&old, &unset, None).is_empty());
+        assert!(transition_errors(&unset, &old, None).is_empty());
+        assert!(transition_errors(&unset, &higher, None).is_empty());
+        assert!(transition_errors(&higher, &higher, None).is_empty());
+    }
+
+    fn upgrade(phase: crate::cluster::MajorUpgradePhase) -> crate::cluster::PostgresClusterStatus {
+        serde_json::from_value(serde_json::json!({
+            "postgresVersion": 15,
+            "majorUpgrade": {"from": 15, "to": 18, "phase": phase, "mode": "link",
+                             "primary": "db-1", "startedAt": "2026-12-04T00:00:00Z"}
+        }))
+        .expect("status")
+    }
+
+    #[test]
+    fn the_version_goes_up_or_back_to_the_data_s_until_pg_upgrade_runs() {
+        use crate::cluster::MajorUpgradePhase as P;
+        let on = |v: i32| {
+            let mut s = spec("storage: {size: 1Gi}");
+            s.postgres_version = Some(v);
+            s
+        };
+        let held = |v: i32| crate::cluster::PostgresClusterStatus {
+            postgres_version: Some(v),
+            ..Default::default()
+        };
+        // Below what the data holds, whatever the old spec said.
+        let errors = transition_errors(&on(18), &on(16), Some(&held(17)));
+        assert_eq!(
+            fields(Err(errors.clone())),
+            vec!["spec.postgresVersion".to_string()]
+        );
+        assert!(errors[0].message.contains("lowered to 16"), "{errors:?}");
+        assert!(transition_errors(&on(18), &on(17), Some(&held(17))).is_empty());
+        // Called off before pg_upgrade runs; after, held until it ends.
+        for phase in [P::BackingUp, P::Stopping, P::Failed, P::Completed] {
+            assert!(
+                transition_errors(&on(18), &on(15), Some(&upgrade(phase))).is_empty(),
+                "{phase:?}"
+            );
+        }
+        for phase in [P::Upgrading, P::Cloning] {
+            let errors = transition_errors(&on(18), &on(15), Some(&upgrade(phase)));
+            assert_eq!(errors.len(), 1, "{phase:?}");
+            assert_eq!(errors[0].field, "spec.postgresVersion");
+            assert!(errors[0].message.contains("db-1"), "{errors:?}");
+            assert_eq!(
+                transition_errors(&on(18), &on(17), Some(&upgrade(phase))).len(),
+                1
+            );
+        }
+        // The upgrade's own target stays accepted (a no-op re-apply).
+        assert!(transition_errors(&on(18), &on(18), Some(&upgrade(P::Upgrading))).is_empty());
     }
 
     #[test]

@@ -646,7 +646,7 @@ fn rust_verdict(case: &Case) -> Result<Vec<String>> {
         Some(before) => {
             let old: PostgresCluster =
                 serde_yaml::from_str(&serde_yaml::to_string(&manifest(case.name, before)?)?)?;
-            pgop_api::validate_update(&old.spec, &new.spec)
+            pgop_api::validate_update(&old.spec, &new.spec, old.status.as_ref())
         }
     };
     Ok(result
@@ -846,6 +846,17 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         last_logical_backup_time: None,
         positions_observed_at: Some(now.clone()),
         postgres_version: Some(15),
+        major_upgrade: Some(pgop_api::cluster::MajorUpgrade {
+            from: 15,
+            to: 18,
+            phase: pgop_api::cluster::MajorUpgradePhase::Upgrading,
+            mode: pgop_api::cluster::MajorUpgradeMode::Link,
+            primary: "main-1".into(),
+            started_at: now.clone(),
+            finished_at: None,
+            backup: Some("main-before-18".into()),
+            message: None,
+        }),
     };
     let patch = json!({
         "apiVersion": pgop_api::constants::API_VERSION,

@@ -279,7 +279,7 @@ fn epoch_seconds(time: &Time) -> f64 {
     time.0.as_microsecond() as f64 / 1e6
 }
 
-const CLUSTER_PHASES: [ClusterPhase; 11] = [
+const CLUSTER_PHASES: [ClusterPhase; 12] = [
     ClusterPhase::Pending,
     ClusterPhase::Creating,
     ClusterPhase::Ready,
@@ -291,6 +291,7 @@ const CLUSTER_PHASES: [ClusterPhase; 11] = [
     ClusterPhase::Hibernating,
     ClusterPhase::Hibernated,
     ClusterPhase::Resuming,
+    ClusterPhase::Upgrading,
 ];
 
 fn cluster_phase_name(phase: ClusterPhase) -> &'static str {
@@ -306,6 +307,7 @@ fn cluster_phase_name(phase: ClusterPhase) -> &'static str {
         ClusterPhase::Hibernating => "Hibernating",
         ClusterPhase::Hibernated => "Hibernated",
         ClusterPhase::Resuming => "Resuming",
+        ClusterPhase::Upgrading => "Upgrading",
     }
 }
 
@@ -825,7 +827,7 @@ mod tests {
             .filter(|(n, _, _)| n == "pgop_cluster_phase")
             .collect();
         assert_eq!(phases.len(), CLUSTER_PHASES.len(), "{text}");
-        assert_eq!(CLUSTER_PHASES.len(), 11);
+        assert_eq!(CLUSTER_PHASES.len(), 12);
         assert_eq!(phases.iter().map(|(_, _, v)| v).sum::<f64>(), 1.0);
         // Exactly the three conditions.
         let conditions = samples

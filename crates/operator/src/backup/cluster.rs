@@ -295,6 +295,28 @@ pub async fn create_scheduled(
     method: BackupMethod,
 ) -> Result<bool, kube::Error> {
     let schedule = schedule_of(cluster, method).unwrap_or_default().to_string();
+    create_owned(
+        client,
+        namespace,
+        cluster,
+        name,
+        method,
+        (ANNOTATION_SCHEDULED, schedule),
+    )
+    .await
+}
+
+/// Creates the PostgresBackup `name` of `cluster` (owned by it, not as controller, and
+/// labelled with it) carrying `annotation`, which says who asked for it; `false` when it
+/// exists already.
+pub async fn create_owned(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &PostgresCluster,
+    name: &str,
+    method: BackupMethod,
+    annotation: (&str, String),
+) -> Result<bool, kube::Error> {
     let owner = cluster
         .controller_owner_ref(&())
         .map(|mut o: OwnerReference| {
@@ -308,7 +330,7 @@ pub async fn create_scheduled(
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
             labels: Some([(labels::CLUSTER.to_string(), cluster.name_any())].into()),
-            annotations: Some([(ANNOTATION_SCHEDULED.to_string(), schedule)].into()),
+            annotations: Some([(annotation.0.to_string(), annotation.1)].into()),
             owner_references: owner.map(|o| vec![o]),
             ..ObjectMeta::default()
         },

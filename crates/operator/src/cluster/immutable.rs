@@ -1,6 +1,6 @@
 //! What a running cluster cannot change, caught by the controller when the validating
 //! webhook did not (it was down, or the change predates it): a `spec.storage.size` below
-//! the volumes', and a PostgreSQL major other than the one the data holds. Each is a
+//! the volumes', and a PostgreSQL major below the one the data holds. Each is a
 //! field error; the reconcile turns it into phase Invalid before any child is touched.
 
 /// `spec.storage.size` below the size a volume of the cluster asks for already (the
@@ -60,9 +60,10 @@ pub fn held_major(
     reported.chain(built_for).next()
 }
 
-/// `spec.postgresql.version` other than the major the data holds (the validating webhook
+/// `spec.postgresql.version` below the major the data holds (the validating webhook
 /// refuses the change; without it, it is caught here, before any Pod is rebuilt):
-/// PostgreSQL's data files cannot be downgraded, and pgop does not upgrade them in place.
+/// PostgreSQL's data files cannot be downgraded. A higher major is an in-place upgrade
+/// ([`super::upgrade`]).
 pub fn major_change(
     spec: &pgop_api::v1beta1::PostgresClusterSpec,
     held: i32,
@@ -71,16 +72,10 @@ pub fn major_change(
         .postgresql
         .version
         .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
-    let verb = match wanted.cmp(&held) {
-        std::cmp::Ordering::Equal => return None,
-        std::cmp::Ordering::Less => "lowered",
-        std::cmp::Ordering::Greater => "raised",
-    };
+    let message = pgop_api::validation::version_change_error(held, wanted, None)?;
     Some(pgop_api::validation::FieldError {
         field: "spec.postgresql.version".to_string(),
-        message: format!(
-            "may not be {verb} to {wanted}: the instances run PostgreSQL {held}, and pgop does not change the major version of a data directory (restore a logical backup into a new cluster of {wanted} instead)"
-        ),
+        message,
     })
 }
 
@@ -150,16 +145,13 @@ mod tests {
 
         assert_eq!(super::major_change(&spec(None), 15), None);
         assert_eq!(super::major_change(&spec(Some(15)), 15), None);
-        let raised = super::major_change(&spec(Some(18)), 15).expect("refused");
-        assert!(
-            raised.message.contains("raised to 18") && raised.message.contains("PostgreSQL 15"),
-            "{}",
-            raised.message
-        );
+        // Raised: an in-place upgrade, not an invalid spec.
+        assert_eq!(super::major_change(&spec(Some(18)), 15), None);
         let lowered = super::major_change(&spec(None), 18).expect("refused");
         assert_eq!(lowered.field, "spec.postgresql.version");
         assert!(
-            lowered.message.contains("lowered to 15") && lowered.message.contains("PostgreSQL 18"),
+            lowered.message.contains("lowered to 15")
+                && lowered.message.contains("PostgreSQL 18's"),
             "{}",
             lowered.message
         );

@@ -8,7 +8,9 @@
 //! 3. [`dereference`] — the children that exist, from the watch caches ([`cache`]) or,
 //!    while they may not show this cluster's last writes, one labelled LIST per kind;
 //! 4. [`instances`] — plan the instance serials (pure), reserving new ones in the status;
-//!    `spec.hibernate` goes on in [`hibernation`] instead of the steps below;
+//!    a raised major is upgraded in place by [`upgrade`], which replaces the steps below
+//!    while the cluster is down for pg_upgrade; `spec.hibernate` goes on in
+//!    [`hibernation`] instead of the steps below;
 //! 5. [`probe`] — read every instance's `/pg/status` (in parallel, bounded), then
 //!    [`roles`] — decide the primary: failover, switchover, completion (pure);
 //! 6. [`credentials`], [`pki`], [`build`] — passwords and certificates, then the desired
@@ -52,6 +54,7 @@ pub mod roles;
 pub mod rollout;
 pub mod status;
 pub mod triggers;
+pub mod upgrade;
 
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -244,6 +247,33 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed).await?;
     let named = &planned.named;
 
+    // A major raised: the in-place upgrade (upgrade.rs) takes the cluster down, upgrades
+    // the primary's volume and clones the standbys; while it runs pg_upgrade it replaces
+    // steps 5 to 11, otherwise it says which major the ordinary pass builds for.
+    let upgrade = decide_upgrade(
+        ctx,
+        cluster,
+        &defaulted,
+        &namespace,
+        &planned,
+        &observed,
+        major,
+        wanted_major,
+    )
+    .await?;
+    let major = match upgrade.pass {
+        upgrade::Pass::Ordinary { major } => major,
+        _ => {
+            return upgrade_pass(
+                ctx, cluster, &defaulted, &namespace, &planned, &observed, &upgrade,
+            )
+            .await;
+        }
+    };
+    if let Some(backup) = &upgrade.create_backup {
+        create_upgrade_backup(ctx, cluster, &namespace, backup, &upgrade).await?;
+    }
+
     // spec.hibernate: the Pods go, the rest stays (hibernation.rs); a change of primary
     // under way finishes first.
     let changing_primary = cluster
@@ -316,6 +346,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         &rollout,
         backups.as_deref(),
         major,
+        &upgrade,
     )
     .await?;
     if roles.clear_switchover_request {
@@ -479,6 +510,156 @@ async fn hibernate(
     }))
 }
 
+/// The upgrade's decision for this pass (see [`upgrade`]): the cluster's backups are read
+/// only while an upgrade is asked for or runs, the upgrading primary probed only while it
+/// runs pg_upgrade.
+#[allow(clippy::too_many_arguments)]
+async fn decide_upgrade(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    planned: &Planned,
+    observed: &dereference::Observed,
+    held: i32,
+    wanted: i32,
+) -> Result<upgrade::Decision, Error> {
+    use pgop_api::cluster::MajorUpgradePhase as P;
+    let record = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.major_upgrade.as_ref());
+    let running = record.filter(|u| !matches!(u.phase, P::Completed | P::Failed));
+    let backups = if wanted != held || running.is_some() {
+        backups_of(ctx, cluster, namespace)
+            .await?
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let probed = match running {
+        Some(u) if u.phase == P::Upgrading => Some(probes(ctx, cluster, observed).await),
+        _ => None,
+    };
+    let primary_probe = running.and_then(|u| probed.as_ref()?.get(&u.primary));
+    Ok(upgrade::decide(&upgrade::Input {
+        cluster: defaulted,
+        held,
+        wanted,
+        instances: planned.named.len(),
+        pods: &observed.pods,
+        backups: &backups,
+        primary_probe,
+        now: now(),
+    }))
+}
+
+/// The PostgresBackup an upgrade takes before it starts or after it completes (an
+/// existing one of that name is kept: the name is fixed by the upgrade's record).
+async fn create_upgrade_backup(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    name: &str,
+    upgrade: &upgrade::Decision,
+) -> Result<(), Error> {
+    let Some(record) = &upgrade.record else {
+        return Ok(());
+    };
+    let value = format!("{}-to-{}", record.from, record.to);
+    let created = backup::cluster::create_owned(
+        &ctx.client,
+        namespace,
+        cluster,
+        name,
+        BackupMethod::BaseBackup,
+        (pgop_api::constants::ANNOTATION_MAJOR_UPGRADE, value),
+    )
+    .await
+    .map_err(Error::ScheduleBackup)?;
+    if created {
+        let note = format!(
+            "base backup {name} created for the upgrade from PostgreSQL {} to {}",
+            record.from, record.to
+        );
+        publish(ctx, cluster, EventType::Normal, "MajorUpgradeBackup", &note).await;
+    }
+    Ok(())
+}
+
+/// The upgrade's passes that replace steps 5 to 11 (see [`upgrade`]): every Pod deleted,
+/// the primary's first (`Stopping`); then only the primary's Pod, built for the new major
+/// with the upgrade request (`Upgrading`); or that Pod deleted after a failure. The other
+/// children are applied as usual; the status says phase Upgrading.
+async fn upgrade_pass(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    planned: &Planned,
+    observed: &dereference::Observed,
+    decision: &upgrade::Decision,
+) -> Result<Action, Error> {
+    let name = cluster.name_any();
+    let Some(record) = &decision.record else {
+        return Ok(Action::requeue(POLL));
+    };
+    if let Some(prober) = &ctx.prober {
+        let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
+        prober.track(&r, prober::instances_of(&observed.pods));
+    }
+    let credentials =
+        credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
+    let budgets = build::Budgets::new(planned.named.len(), false, false);
+    let upgrading = decision.pass == upgrade::Pass::Upgrade;
+    let wanted: Vec<build::InstanceSpec> = planned
+        .named
+        .iter()
+        .map(|(instance, _)| {
+            let primary = *instance == record.primary;
+            let upgraded = upgrading && primary;
+            build::InstanceSpec {
+                name: instance.clone(),
+                primary,
+                major: if upgraded { record.to } else { record.from },
+                upgrade_from: upgraded.then_some((record.from, record.mode)),
+            }
+        })
+        .collect();
+    let mut children = build::children(defaulted, &wanted, &credentials, &ctx.settings, &budgets)?;
+    children
+        .pods
+        .retain(|p| upgrading && p.name_any() == record.primary);
+
+    let mut status = upgrade::status_while_down(cluster, &observed.pods, decision, &now());
+    status.postgres_version = Some(record.from);
+    let event = upgrade::event(cluster.status.as_ref(), &status);
+    patch_status(ctx, cluster, namespace, status).await?;
+    if let Some((warning, reason, message)) = event {
+        let kind = if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        tracing::info!(cluster = %key(cluster), %reason, "{message}");
+        publish(ctx, cluster, kind, &reason, &message).await;
+    }
+
+    ctx.expectations.writing(namespace, &name);
+    let mut outcome = apply::apply(&ctx.client, namespace, &children, observed).await?;
+    let delete: Vec<String> = match &decision.pass {
+        upgrade::Pass::Stop(hibernation::Step::Delete(pods)) => pods.clone(),
+        upgrade::Pass::RollBack => vec![record.primary.clone()],
+        _ => Vec::new(),
+    };
+    for pod in &delete {
+        apply::delete_pod(&ctx.client, namespace, pod, observed, &mut outcome).await?;
+    }
+    ctx.expectations
+        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
+    Ok(Action::requeue(POLL))
+}
+
 /// Step 6's children (pure): every planned instance, the one named `labelled` carrying the
 /// primary role label (none during a change of primary), each running PostgreSQL `major`.
 fn build_children(
@@ -496,6 +677,7 @@ fn build_children(
             name: instance.clone(),
             primary: labelled == Some(instance.as_str()),
             major,
+            upgrade_from: None,
         })
         .collect();
     build::children(defaulted, &wanted, credentials, &ctx.settings, budgets)
@@ -910,6 +1092,7 @@ async fn write_status(
     rollout: &Rollout,
     backups: Option<&[pgop_api::backup::PostgresBackup]>,
     major: i32,
+    upgrade: &upgrade::Decision,
 ) -> Result<(PostgresClusterStatus, Option<Duration>), Error> {
     let seen = status::Observations {
         pods: &observed.pods,
@@ -918,6 +1101,8 @@ async fn write_status(
     };
     let (mut status, positions_due) = status::compute(cluster, plan, &seen, now());
     status.postgres_version = Some(major);
+    upgrade::set_status(&mut status, upgrade, cluster.metadata.generation, &now());
+    let upgrade_event = upgrade::event(cluster.status.as_ref(), &status);
     status.restart_instance = rollout.restart_instance.clone();
     status.restart_requested = rollout.restart_requested.clone();
     status.instance_restarts = rollout.instance_restarts.clone();
@@ -963,6 +1148,14 @@ async fn write_status(
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
     let role_failed = role_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status.clone()).await?;
+    if let Some((warning, reason, message)) = upgrade_event {
+        let kind = if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(ctx, cluster, kind, &reason, &message).await;
+    }
     for (kind, reason, message) in events.into_iter().flatten() {
         publish(ctx, cluster, kind, reason, &message).await;
     }

@@ -3,7 +3,8 @@
 //! rules), plus those that need the old object or other objects, which the API server
 //! cannot express in CEL:
 //! - a cluster's changes that pgop cannot carry out ([`validation::transition_errors`]:
-//!   a smaller `spec.storage.size`, another `spec.bootstrap`, another `spec.postgresVersion`);
+//!   a smaller `spec.storage.size`, another `spec.bootstrap`, a `spec.postgresVersion`
+//!   below the major the data holds or changed while pg_upgrade runs);
 //! - the Secrets a cluster names exist (and the S3 credentials Secret holds its keys), the
 //!   PostgresBackup it restores from exists, and so does its PriorityClass;
 //! - a PostgresBackup names a PostgresCluster that exists and has a backup store.
@@ -138,7 +139,11 @@ pub async fn cluster(
     }
     let old_spec = old.map(|old| pgop_api::with_defaults(old.spec.clone()));
     if let Some(old_spec) = &old_spec
-        && let Err(errors) = validation::validate_update(old_spec, &defaulted.spec)
+        && let Err(errors) = validation::validate_update(
+            old_spec,
+            &defaulted.spec,
+            old.and_then(|o| o.status.as_ref()),
+        )
     {
         verdict.errors(errors);
     }

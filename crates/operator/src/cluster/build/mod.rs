@@ -58,6 +58,10 @@ pub struct InstanceSpec {
     /// The PostgreSQL major version the instance runs: the one the cluster's data holds
     /// (`status.postgresVersion`).
     pub major: i32,
+    /// An in-place major upgrade of this instance's data from this major, in this mode
+    /// (the primary's Pod while `status.majorUpgrade` is `Upgrading`); left out of the
+    /// Pod's spec hash, so the upgraded primary is not replaced once the upgrade is over.
+    pub upgrade_from: Option<(i32, pgop_api::cluster::MajorUpgradeMode)>,
 }
 
 /// The passwords of the credentials Secrets (see `cluster::credentials`), and the

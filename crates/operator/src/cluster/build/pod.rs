@@ -42,6 +42,10 @@ pub mod env {
     /// The PostgreSQL major version to run: the one the cluster's data holds
     /// (`status.postgresVersion`).
     pub const POSTGRES_MAJOR: &str = "PGOP_POSTGRES_MAJOR";
+    /// An in-place major upgrade of the data from this major (the primary's Pod during a
+    /// major upgrade), and pg_upgrade's mode, `link` or `copy`.
+    pub const UPGRADE_FROM: &str = "PGOP_UPGRADE_FROM";
+    pub const UPGRADE_MODE: &str = "PGOP_UPGRADE_MODE";
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -228,15 +232,25 @@ pub fn pod(
             "instance".to_string(),
             "run".to_string(),
         ]),
-        env: Some(vec![
-            field_env(env::POD_NAME, "metadata.name"),
-            field_env(env::POD_NAMESPACE, "metadata.namespace"),
-            field_env(env::POD_IP, "status.podIP"),
-            value_env(env::CLUSTER, &c.cluster),
-            value_env(env::PGDATA, PGDATA),
-            value_env(env::SOCKET_DIR, RUN_MOUNT),
-            value_env(env::POSTGRES_MAJOR, &instance.major.to_string()),
-        ]),
+        env: Some(
+            [
+                field_env(env::POD_NAME, "metadata.name"),
+                field_env(env::POD_NAMESPACE, "metadata.namespace"),
+                field_env(env::POD_IP, "status.podIP"),
+                value_env(env::CLUSTER, &c.cluster),
+                value_env(env::PGDATA, PGDATA),
+                value_env(env::SOCKET_DIR, RUN_MOUNT),
+                value_env(env::POSTGRES_MAJOR, &instance.major.to_string()),
+            ]
+            .into_iter()
+            .chain(instance.upgrade_from.iter().flat_map(|(from, mode)| {
+                [
+                    value_env(env::UPGRADE_FROM, &from.to_string()),
+                    value_env(env::UPGRADE_MODE, mode.as_str()),
+                ]
+            }))
+            .collect(),
+        ),
         ports: Some(vec![
             ContainerPort {
                 name: Some(POSTGRES_PORT_NAME.to_string()),
@@ -386,6 +400,13 @@ pub fn pod(
 pub fn spec_hash(spec: &Option<PodSpec>) -> String {
     let mut spec = spec.clone();
     if let Some(spec) = spec.as_mut() {
+        // The upgrade request is for the Pod that runs pg_upgrade: the same instance's
+        // Pod without it (once the upgrade is over) is not a change to roll out.
+        for container in spec.containers.iter_mut() {
+            if let Some(vars) = container.env.as_mut() {
+                vars.retain(|v| v.name != env::UPGRADE_FROM && v.name != env::UPGRADE_MODE);
+            }
+        }
         let containers = spec
             .containers
             .iter_mut()

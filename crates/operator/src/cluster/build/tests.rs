@@ -18,16 +18,19 @@ fn instances() -> Vec<InstanceSpec> {
             name: "main-1".into(),
             primary: true,
             major: 15,
+            upgrade_from: None,
         },
         InstanceSpec {
             name: "main-2".into(),
             primary: false,
             major: 15,
+            upgrade_from: None,
         },
         InstanceSpec {
             name: "main-4".into(),
             primary: false,
             major: 15,
+            upgrade_from: None,
         },
     ]
 }
@@ -697,4 +700,62 @@ fn each_instance_runs_the_major_it_is_built_for() {
         majors,
         vec![Some("15".into()), Some("18".into()), Some("15".into())]
     );
+}
+
+#[test]
+fn the_upgrade_request_reaches_the_primary_and_changes_no_spec_hash() {
+    let build = |upgrade_from| {
+        let mut wanted = instances();
+        wanted[0].major = 18;
+        wanted[0].upgrade_from = upgrade_from;
+        children(
+            &fixture(),
+            &wanted,
+            &passwords(),
+            &Settings::default(),
+            &Budgets::new(3, false, true),
+        )
+        .expect("builds")
+    };
+    let upgrading = build(Some((15, pgop_api::cluster::MajorUpgradeMode::Link)));
+    let after = build(None);
+    let env_of = |p: &Pod, name: &str| {
+        p.spec.as_ref().expect("spec").containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    let primary = &upgrading.pods[0];
+    assert_eq!(env_of(primary, "PGOP_UPGRADE_FROM").as_deref(), Some("15"));
+    assert_eq!(
+        env_of(primary, "PGOP_UPGRADE_MODE").as_deref(),
+        Some("link")
+    );
+    assert_eq!(
+        env_of(primary, "PGOP_POSTGRES_MAJOR").as_deref(),
+        Some("18")
+    );
+    assert_eq!(env_of(&after.pods[0], "PGOP_UPGRADE_FROM"), None);
+    assert_eq!(env_of(&upgrading.pods[1], "PGOP_UPGRADE_FROM"), None);
+    let hash = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(pgop_api::constants::ANNOTATION_SPEC_HASH).cloned())
+    };
+    assert_eq!(hash(primary), hash(&after.pods[0]));
+    // The major itself is part of the spec: a Pod built for another one is replaced.
+    let mut on_15 = instances();
+    on_15[0].upgrade_from = None;
+    let before = children(
+        &fixture(),
+        &on_15,
+        &passwords(),
+        &Settings::default(),
+        &Budgets::new(3, false, true),
+    )
+    .expect("builds");
+    assert_ne!(hash(&before.pods[0]), hash(primary));
 }
