@@ -457,10 +457,7 @@ async fn hibernate(
         .as_ref()
         .and_then(|s| s.current_primary.clone())
         .unwrap_or_else(|| instances::instance_name(&name, planned.plan.primary));
-    if let Some(prober) = &ctx.prober {
-        let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
-        prober.track(&r, prober::instances_of(&observed.pods));
-    }
+    track(ctx, cluster, observed);
     let backups = backups_of(ctx, cluster, namespace)
         .await?
         .unwrap_or_default();
@@ -488,22 +485,20 @@ async fn hibernate(
         publish(ctx, cluster, EventType::Normal, &reason, &message).await;
     }
 
-    ctx.expectations.writing(namespace, &name);
-    let mut outcome = apply::apply(&ctx.client, namespace, &children, observed).await?;
     let removed: Vec<String> = planned
         .plan
         .remove
         .iter()
         .map(|s| instances::instance_name(&name, *s))
         .collect();
-    apply::delete_instances(&ctx.client, namespace, &removed, observed, &mut outcome).await?;
-    if let hibernation::Step::Delete(pods) = &step {
-        for pod in pods {
-            apply::delete_pod(&ctx.client, namespace, pod, observed, &mut outcome).await?;
-        }
-    }
-    ctx.expectations
-        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
+    let delete = match &step {
+        hibernation::Step::Delete(pods) => pods.as_slice(),
+        _ => &[],
+    };
+    apply_and_delete(
+        ctx, cluster, namespace, &children, observed, &removed, delete,
+    )
+    .await?;
     Ok(Action::requeue(match step {
         hibernation::Step::Done => RESYNC,
         _ => POLL,
@@ -600,14 +595,10 @@ async fn upgrade_pass(
     observed: &dereference::Observed,
     decision: &upgrade::Decision,
 ) -> Result<Action, Error> {
-    let name = cluster.name_any();
     let Some(record) = &decision.record else {
         return Ok(Action::requeue(POLL));
     };
-    if let Some(prober) = &ctx.prober {
-        let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
-        prober.track(&r, prober::instances_of(&observed.pods));
-    }
+    track(ctx, cluster, observed);
     let credentials =
         credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
     let budgets = build::Budgets::new(planned.named.len(), false, false);
@@ -645,19 +636,47 @@ async fn upgrade_pass(
         publish(ctx, cluster, kind, &reason, &message).await;
     }
 
-    ctx.expectations.writing(namespace, &name);
-    let mut outcome = apply::apply(&ctx.client, namespace, &children, observed).await?;
     let delete: Vec<String> = match &decision.pass {
         upgrade::Pass::Stop(hibernation::Step::Delete(pods)) => pods.clone(),
         upgrade::Pass::RollBack => vec![record.primary.clone()],
         _ => Vec::new(),
     };
-    for pod in &delete {
+    apply_and_delete(ctx, cluster, namespace, &children, observed, &[], &delete).await?;
+    Ok(Action::requeue(POLL))
+}
+
+/// Tells the prober the cluster's Pods (a pass that does not probe them: hibernation, a
+/// major upgrade while the cluster is down).
+fn track(ctx: &Context, cluster: &PostgresCluster, observed: &dereference::Observed) {
+    if let Some(prober) = &ctx.prober {
+        let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
+        prober.track(&r, prober::instances_of(&observed.pods));
+    }
+}
+
+/// The writes of a pass that takes Pods down in place of steps 5 to 11 (hibernation, a
+/// major upgrade): `children` applied (with whatever Pods they hold), the instances
+/// `removed` deleted with their volumes, the Pods `delete` deleted; the writes recorded
+/// for the next pass's reads.
+async fn apply_and_delete(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    children: &build::Children,
+    observed: &dereference::Observed,
+    removed: &[String],
+    delete: &[String],
+) -> Result<(), Error> {
+    let name = cluster.name_any();
+    ctx.expectations.writing(namespace, &name);
+    let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
+    apply::delete_instances(&ctx.client, namespace, removed, observed, &mut outcome).await?;
+    for pod in delete {
         apply::delete_pod(&ctx.client, namespace, pod, observed, &mut outcome).await?;
     }
     ctx.expectations
         .wrote(namespace, &name, std::mem::take(&mut outcome.written));
-    Ok(Action::requeue(POLL))
+    Ok(())
 }
 
 /// Step 6's children (pure): every planned instance, the one named `labelled` carrying the

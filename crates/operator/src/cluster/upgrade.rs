@@ -10,9 +10,11 @@
 //!    once the new one has, and the backup is the way back). Without a store it runs with
 //!    `--copy`, which leaves the old data files untouched until the new cluster is
 //!    complete. A failed backup fails the upgrade, nothing else having been touched;
-//! 3. `Stopping`: every instance Pod is deleted, the primary's first (as for a
-//!    hibernation: its manager checkpoints and shuts down, and the walsenders ship the last
-//!    WAL to the standbys), with no failover: the ordinary pass does not run;
+//! 3. `Stopping` (with no change of primary under way; the volume to upgrade is the
+//!    primary's then, should a failover have happened during the backup): every instance
+//!    Pod is deleted, the primary's first (as for a hibernation: its manager checkpoints
+//!    and shuts down, and the walsenders ship the last WAL to the standbys), with no
+//!    failover: the ordinary pass does not run;
 //! 4. `Upgrading`: only the primary's Pod is created, for the new major, with
 //!    `PGOP_UPGRADE_FROM` and `PGOP_UPGRADE_MODE`: its manager runs pg_upgrade
 //!    (`--check` first; a failure rolls back) before it starts PostgreSQL. When it reports
@@ -165,7 +167,20 @@ pub fn decide(input: &Input) -> Decision {
         let name = record.backup.clone().unwrap_or_default();
         let backup = input.backups.iter().find(|b| b.name_any() == name);
         match backup.and_then(|b| b.status.as_ref()).and_then(|s| s.phase) {
-            Some(BackupPhase::Completed) => record.phase = MajorUpgradePhase::Stopping,
+            Some(BackupPhase::Completed) => {
+                // The cluster served during the backup: the volume to upgrade is the
+                // primary's now, and none is upgraded while the primary changes.
+                let status = input.cluster.status.clone().unwrap_or_default();
+                match status.current_primary {
+                    Some(primary) if status.target_primary.as_ref() == Some(&primary) => {
+                        record.primary = primary;
+                        record.phase = MajorUpgradePhase::Stopping;
+                    }
+                    _ => {
+                        return Decision::ordinary(Some(record), input.held);
+                    }
+                }
+            }
             Some(BackupPhase::Failed) => {
                 let why = backup
                     .and_then(|b| b.status.as_ref())

@@ -139,6 +139,27 @@ fn with_a_store_a_backup_comes_first_then_the_pods_go_primary_first_with_link() 
         d.pass,
         Pass::Stop(hibernation::Step::Delete(vec!["db-2".into()]))
     );
+    // A failover during the backup: the new primary's volume is the one upgraded, and
+    // nothing stops while the primary changes.
+    let mut moved = c.clone();
+    if let Some(s) = moved.status.as_mut() {
+        s.target_primary = Some("db-3".into());
+    }
+    let d = decide(&input(&moved, &all, &done, None));
+    assert_eq!(
+        d.record.as_ref().map(|r| r.phase),
+        Some(MajorUpgradePhase::BackingUp)
+    );
+    assert_eq!(d.pass, Pass::Ordinary { major: 15 });
+    if let Some(s) = moved.status.as_mut() {
+        s.current_primary = Some("db-3".into());
+    }
+    let d = decide(&input(&moved, &all, &done, None));
+    assert_eq!(d.record.as_ref().map(|r| r.primary.as_str()), Some("db-3"));
+    assert_eq!(
+        d.pass,
+        Pass::Stop(hibernation::Step::Delete(vec!["db-3".into()]))
+    );
 }
 
 #[test]
