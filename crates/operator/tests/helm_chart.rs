@@ -377,6 +377,7 @@ image: {repository: registry.example/pgop, tag: 1.2.3, pullPolicy: Always}
 imagePullSecrets: [{name: regcred}]
 instances: {image: registry.example/pgop-postgres:15, runAsUser: 1001, runAsGroup: 1002}
 logLevel: info,pgop_operator=debug
+logFormat: json
 clusterSelector: 'pgop.example.com/channel in (canary, next),!legacy'
 concurrency: 8
 leaderElection: {enabled: false}
@@ -740,6 +741,7 @@ async fn custom_image_resources_and_scheduling_render_and_apply() -> Result {
             "--metrics-bind-address=0.0.0.0:8080",
             "--image=registry.example/pgop-postgres:15",
             "--concurrency=8",
+            "--log-format=json",
             "--cluster-selector=pgop.example.com/channel in (canary, next),!legacy",
             "--leader-elect=false",
             "--instance-uid=1001",

@@ -33,7 +33,7 @@ pub struct Args {
     #[arg(long, default_value_t = 300)]
     ready_timeout: u64,
     #[command(flatten)]
-    operator: crate::operator::Args,
+    pub operator: crate::operator::Args,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;

@@ -54,7 +54,8 @@ enum Command {
 }
 
 /// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance manager, whose output
-/// is a pod's log (PostgreSQL's own lines are JSON there too).
+/// is a pod's log (PostgreSQL's own lines are JSON there too), and for the operator with
+/// `--log-format json`.
 fn init_tracing(default: &str, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -99,7 +100,12 @@ pub async fn kube_client(component: &str) -> Result<kube::Client, String> {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The dev environment polls components until they answer; their refusals are noise.
-    let json = matches!(cli.command, Command::Instance(_));
+    let json = match &cli.command {
+        Command::Instance(_) => true,
+        Command::Operator(args) => args.log_format == operator::LogFormat::Json,
+        Command::Dev(args) => args.operator.log_format == operator::LogFormat::Json,
+        _ => false,
+    };
     init_tracing(
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",

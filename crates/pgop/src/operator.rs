@@ -59,6 +59,13 @@ fn unique(namespaces: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// `pgop operator --log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Debug, clap::Args)]
 #[group(id = "operator")]
 pub struct Args {
@@ -91,6 +98,11 @@ pub struct Args {
     /// local `postgres` group].
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub instance_gid: Option<i64>,
+    /// The log format on stderr: `text` (one line per event, readable in a terminal) or
+    /// `json` (one JSON object per line, for a log pipeline). Every line of a cluster's
+    /// reconcile carries its cluster and namespace (the `reconcile` span's fields).
+    #[arg(long, env = "PGOP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Where to serve /metrics (Prometheus), /healthz and /readyz: IP:PORT, :PORT, or `0`
     /// (or empty) for none; port 0 picks a free port [default: 0.0.0.0:8080; `pgop dev`:
     /// 127.0.0.1:0].

@@ -144,7 +144,15 @@ fn now() -> Time {
 
 /// Reconciles one PostgresCluster (read in `v1beta1`). See the module doc for the steps.
 pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let action = reconcile_inner(&cluster, &ctx).await?;
+    use tracing::Instrument;
+    // Every line logged during the pass names the cluster (in JSON logs, as the span's
+    // fields on each line).
+    let span = tracing::info_span!(
+        "reconcile",
+        cluster = %cluster.name_any(),
+        namespace = %cluster.namespace().unwrap_or_default()
+    );
+    let action = reconcile_inner(&cluster, &ctx).instrument(span).await?;
     ctx.backoff.reset(&key(cluster.as_ref()));
     Ok(action)
 }
@@ -632,7 +640,6 @@ async fn upgrade_pass(
         } else {
             EventType::Normal
         };
-        tracing::info!(cluster = %key(cluster), %reason, "{message}");
         publish(ctx, cluster, kind, &reason, &message).await;
     }
 
@@ -1197,7 +1204,6 @@ async fn write_status(
         } else {
             EventType::Normal
         };
-        tracing::info!(cluster = %key(cluster), reason = note.reason, "{}", note.message);
         let about = note.instance.as_deref();
         publish_about(ctx, cluster, kind, note.reason, &note.message, about).await;
     }
@@ -1271,7 +1277,6 @@ async fn release_dead_primary_lease(
                 "the primary Lease held by {} was released: its container is not running",
                 roles.current
             );
-            tracing::info!(cluster = %key(cluster), "{note}");
             let about = Some(roles.current.as_str());
             publish_about(
                 ctx,
@@ -1672,6 +1677,11 @@ async fn publish_about(
         namespace: cluster.namespace(),
         ..Default::default()
     });
+    // Every Event is a log line too (in the reconcile span: its cluster and namespace).
+    match type_ {
+        EventType::Normal => tracing::info!(reason, instance, "{note}"),
+        EventType::Warning => tracing::warn!(reason, instance, "{note}"),
+    }
     let event = Event {
         type_,
         reason: reason.to_string(),
