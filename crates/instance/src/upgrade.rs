@@ -621,10 +621,11 @@ fn wal_file_name(timeline: u32, segment: u64, segment_size: u64) -> String {
     format!("{timeline:08X}{:08X}{:08X}", segment / per, segment % per)
 }
 
-/// pg_controldata's report of a data directory, as `field: value` pairs.
+/// pg_controldata's report of a data directory ([`crate::pg::ControlData`]), a missing or
+/// unreadable field an error naming the directory.
 struct ControlData {
     path: PathBuf,
-    fields: Vec<(String, String)>,
+    report: crate::pg::ControlData,
 }
 
 impl ControlData {
@@ -633,32 +634,20 @@ impl ControlData {
         run_as: Option<RunAs>,
         pgdata: &Path,
     ) -> Result<Self, Error> {
-        let mut cmd = binaries::command(binaries, "pg_controldata", run_as);
-        cmd.arg("-D").arg(pgdata);
-        let out = bootstrap::run("pg_controldata", cmd)
+        let report = crate::pg::ControlData::read(binaries, run_as, pgdata)
             .await
             .map_err(|source| Error::Program {
                 what: "read the control file",
                 source,
             })?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let fields = text
-            .lines()
-            .filter_map(|line| line.split_once(':'))
-            .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-            .collect();
         Ok(Self {
             path: pgdata.to_path_buf(),
-            fields,
+            report,
         })
     }
 
     fn field(&self, field: &'static str) -> Result<&str, Error> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == field)
-            .map(|(_, v)| v.as_str())
-            .ok_or_else(|| self.missing(field))
+        self.report.field(field).ok_or_else(|| self.missing(field))
     }
 
     fn number(&self, field: &'static str) -> Result<u64, Error> {

@@ -1,38 +1,31 @@
 //! A standby's start with at least its primary's values of the parameters a hot standby
 //! needs at least as high (read from pg_controldata).
 
+use crate::pg::ControlData;
 use std::collections::BTreeMap;
 
-/// The parameters a hot standby needs at least at its primary's value, as pg_controldata
-/// names them, and PostgreSQL's defaults.
+/// The parameters a hot standby needs at least at its primary's value, by pg_controldata's
+/// label, and PostgreSQL's defaults.
 const STANDBY_FLOORS: &[(&str, &str, i64)] = &[
-    ("max_connections setting:", "max_connections", 100),
-    ("max_worker_processes setting:", "max_worker_processes", 8),
+    ("max_connections setting", "max_connections", 100),
+    ("max_worker_processes setting", "max_worker_processes", 8),
+    ("max_prepared_xacts setting", "max_prepared_transactions", 0),
     (
-        "max_prepared_xacts setting:",
-        "max_prepared_transactions",
-        0,
-    ),
-    (
-        "max_locks_per_xact setting:",
+        "max_locks_per_xact setting",
         "max_locks_per_transaction",
         64,
     ),
 ];
 
-/// The floors in pg_controldata's output.
-pub(super) fn controldata_floors(output: &str) -> BTreeMap<String, i64> {
-    let mut floors = BTreeMap::new();
-    for line in output.lines() {
-        for (label, name, _) in STANDBY_FLOORS {
-            if let Some(value) = line.strip_prefix(label)
-                && let Ok(value) = value.trim().parse::<i64>()
-            {
-                floors.insert((*name).to_string(), value);
-            }
-        }
-    }
-    floors
+/// The floors in the control file's report.
+pub(super) fn controldata_floors(control: &ControlData) -> BTreeMap<String, i64> {
+    STANDBY_FLOORS
+        .iter()
+        .filter_map(|(label, name, _)| {
+            let value = control.field(label)?.parse::<i64>().ok()?;
+            Some(((*name).to_string(), value))
+        })
+        .collect()
 }
 
 /// `parameters` with each floored parameter raised to its floor where the spec's value
@@ -72,7 +65,7 @@ mod tests {
     #[test]
     fn a_standby_starts_with_at_least_its_primarys_hot_standby_values() {
         let out = "max_connections setting:              150\nmax_worker_processes setting:         8\nmax_wal_senders setting:              10\nmax_prepared_xacts setting:           0\nmax_locks_per_xact setting:           64\n";
-        let floors = controldata_floors(out);
+        let floors = controldata_floors(&ControlData::parse(out));
         assert_eq!(floors.get("max_connections"), Some(&150));
         assert_eq!(floors.len(), 4);
         let spec = BTreeMap::from([

@@ -497,10 +497,8 @@ impl Instance {
     /// its parameter change); empty when pg_controldata cannot tell.
     async fn controldata_floors(&self) -> BTreeMap<String, i64> {
         let o = &self.options;
-        let mut cmd = crate::pg::binaries::command(&o.binaries, "pg_controldata", o.run_as);
-        cmd.arg("-D").arg(&o.layout.pgdata);
-        match bootstrap::run("pg_controldata", cmd).await {
-            Ok(out) => floors::controldata_floors(&String::from_utf8_lossy(&out.stdout)),
+        match crate::pg::ControlData::read(&o.binaries, o.run_as, &o.layout.pgdata).await {
+            Ok(control) => floors::controldata_floors(&control),
             Err(err) => {
                 tracing::warn!(error = %crate::error_chain(&err), "pg_controldata failed; starting the standby with the spec's values only");
                 BTreeMap::new()
@@ -613,10 +611,8 @@ impl Instance {
             return false;
         }
         let o = &self.options;
-        let mut cmd = crate::pg::binaries::command(&o.binaries, "pg_controldata", o.run_as);
-        cmd.arg("-D").arg(&o.layout.pgdata);
-        match bootstrap::run("pg_controldata", cmd).await {
-            Ok(out) => unclean_primary(&String::from_utf8_lossy(&out.stdout)),
+        match crate::pg::ControlData::read(&o.binaries, o.run_as, &o.layout.pgdata).await {
+            Ok(control) => unclean_primary(&control),
             Err(err) => {
                 tracing::warn!(error = %crate::error_chain(&err), "pg_controldata failed; the data is taken as shut down cleanly");
                 false
@@ -1149,20 +1145,16 @@ impl Instance {
     }
 }
 
-/// Whether pg_controldata's `output` shows a primary that was not shut down: `in
-/// production`, `in crash recovery` or `shutting down` (a standby's is `in archive
-/// recovery`; a clean stop is `shut down`).
-fn unclean_primary(output: &str) -> bool {
-    output
-        .lines()
-        .find_map(|l| l.strip_prefix("Database cluster state:"))
-        .map(str::trim)
-        .is_some_and(|state| {
-            matches!(
-                state,
-                "in production" | "in crash recovery" | "shutting down"
-            )
-        })
+/// Whether the control file shows a primary that was not shut down: `in production`, `in
+/// crash recovery` or `shutting down` (a standby's is `in archive recovery`; a clean stop
+/// is `shut down`).
+fn unclean_primary(control: &crate::pg::ControlData) -> bool {
+    control.state().is_some_and(|state| {
+        matches!(
+            state,
+            "in production" | "in crash recovery" | "shutting down"
+        )
+    })
 }
 
 #[cfg(test)]
@@ -1176,12 +1168,13 @@ mod tests {
                 "pg_control version number:            1300\nDatabase cluster state:               {s}\npg_control last modified:             Fri 04 Dec 2026\n"
             )
         };
-        assert!(unclean_primary(&state("in production")));
-        assert!(unclean_primary(&state("in crash recovery")));
-        assert!(unclean_primary(&state("shutting down")));
-        assert!(!unclean_primary(&state("shut down")));
-        assert!(!unclean_primary(&state("in archive recovery")));
-        assert!(!unclean_primary(&state("shut down in recovery")));
-        assert!(!unclean_primary(""));
+        let unclean = |text: &str| unclean_primary(&crate::pg::ControlData::parse(text));
+        assert!(unclean(&state("in production")));
+        assert!(unclean(&state("in crash recovery")));
+        assert!(unclean(&state("shutting down")));
+        assert!(!unclean(&state("shut down")));
+        assert!(!unclean(&state("in archive recovery")));
+        assert!(!unclean(&state("shut down in recovery")));
+        assert!(!unclean(""));
     }
 }

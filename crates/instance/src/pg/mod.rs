@@ -2,8 +2,10 @@
 //! connections over the Unix socket. Nothing here decides anything about roles or config.
 
 pub mod binaries;
+pub mod controldata;
 pub mod sql;
 pub mod timeline;
 
 pub use binaries::{Binaries, RunAs};
+pub use controldata::ControlData;
 pub use sql::{Endpoint, Upstream, UpstreamTls};
