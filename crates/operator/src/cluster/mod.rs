@@ -634,12 +634,7 @@ async fn upgrade_pass(
     status.postgres_version = Some(record.from);
     let event = upgrade::event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status).await?;
-    if let Some((warning, reason, message)) = event {
-        let kind = if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
+    if let Some((kind, reason, message)) = event {
         publish(ctx, cluster, kind, &reason, &message).await;
     }
 
@@ -1174,12 +1169,7 @@ async fn write_status(
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
     let role_failed = role_event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status.clone()).await?;
-    if let Some((warning, reason, message)) = upgrade_event {
-        let kind = if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
+    if let Some((kind, reason, message)) = upgrade_event {
         publish(ctx, cluster, kind, &reason, &message).await;
     }
     for (kind, reason, message) in events.into_iter().flatten() {

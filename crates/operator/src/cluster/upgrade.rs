@@ -38,6 +38,7 @@ use super::probe::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use kube::runtime::events::EventType;
 use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::{BackupPhase, PostgresBackup};
 use pgop_api::cluster::{
@@ -587,7 +588,7 @@ pub fn status_while_down(
 pub fn event(
     old: Option<&PostgresClusterStatus>,
     new: &PostgresClusterStatus,
-) -> Option<(bool, String, String)> {
+) -> Option<(EventType, String, String)> {
     let find = |s: &PostgresClusterStatus| {
         conditions::find_condition(&s.conditions, conditions::MAJOR_UPGRADED).cloned()
     };
@@ -596,12 +597,12 @@ pub fn event(
     if before.is_some_and(|b| b.reason == after.reason && b.message == after.message) {
         return None;
     }
-    let warning = matches!(after.reason.as_str(), "Failed" | "Waiting");
-    Some((
-        warning,
-        format!("MajorUpgrade{}", after.reason),
-        after.message,
-    ))
+    let kind = if matches!(after.reason.as_str(), "Failed" | "Waiting") {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    Some((kind, format!("MajorUpgrade{}", after.reason), after.message))
 }
 
 #[cfg(test)]

@@ -401,8 +401,8 @@ fn the_status_while_down_says_upgrading_and_events_follow_the_reason() {
     let find = |t| conditions::find_condition(&s.conditions, t).expect("condition");
     assert_eq!(find(conditions::MAJOR_UPGRADED).reason, "Stopping");
     assert_eq!(find(conditions::READY).reason, "Upgrading");
-    let (warning, reason, _) = event(c.status.as_ref(), &s).expect("an event");
-    assert!(!warning);
+    let (kind, reason, _) = event(c.status.as_ref(), &s).expect("an event");
+    assert_eq!(kind, EventType::Normal);
     assert_eq!(reason, "MajorUpgradeStopping");
     assert_eq!(event(Some(&s), &s), None);
 }
