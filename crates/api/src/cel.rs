@@ -379,6 +379,56 @@ pub fn unreserved_name(field: &str) -> Rule {
     .reason(Reason::FieldValueForbidden)
 }
 
+/// The message for an owner of a declared database or schema that may not own one.
+pub fn msg_unusable_owner() -> String {
+    format!(
+        "may not be {} or start with {RESERVED_NAME_PREFIX}: pgop keeps the replication \
+         role, and PostgreSQL the predefined roles",
+        crate::databases::FORBIDDEN_OWNERS.join(" or ")
+    )
+}
+
+/// spec.databases[] and its schemas[]: the owner (when set) is neither the replication
+/// role nor a predefined `pg_*` role.
+pub fn usable_owner(field: &str) -> Rule {
+    Rule::new(format!(
+        "!has(self.{field}) || (!(self.{field} in {}) && !self.{field}.startsWith('{RESERVED_NAME_PREFIX}'))",
+        cel_list(crate::databases::FORBIDDEN_OWNERS)
+    ))
+    .message(Message::Message(msg_unusable_owner()))
+    .field_path(format!(".{field}"))
+    .reason(Reason::FieldValueForbidden)
+}
+
+/// The message for a reserved schema name.
+pub fn msg_reserved_schema() -> String {
+    format!(
+        "must not be a reserved name ({}) or start with {RESERVED_NAME_PREFIX}",
+        RESERVED_NAMES
+            .iter()
+            .chain(crate::databases::RESERVED_SCHEMAS)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// spec.databases[].schemas[]: not a schema PostgreSQL keeps.
+pub fn unreserved_schema_name() -> Rule {
+    let names: Vec<&str> = RESERVED_NAMES
+        .iter()
+        .chain(crate::databases::RESERVED_SCHEMAS)
+        .copied()
+        .collect();
+    Rule::new(format!(
+        "!(self.name in {}) && !self.name.startsWith('{RESERVED_NAME_PREFIX}')",
+        cel_list(&names)
+    ))
+    .message(Message::Message(msg_reserved_schema()))
+    .field_path(".name")
+    .reason(Reason::FieldValueForbidden)
+}
+
 /// spec.backup: a schedule needs somewhere to put the backups.
 pub fn schedule_needs_store() -> Rule {
     Rule::new("!(has(self.schedule) || has(self.logicalSchedule)) || has(self.store)")

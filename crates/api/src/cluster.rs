@@ -283,6 +283,14 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::roles::MAX_ROLES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub roles: Vec<crate::roles::RoleSpec>,
+
+    /// PostgreSQL databases the primary's instance manager keeps as declared, at most 16
+    /// (see [`crate::databases`]), with their owners, schemas and extensions; applied after
+    /// `roles`. Databases not named here are left alone; one removed from the list is kept.
+    /// `status.databases` says how each was applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::databases::MAX_DATABASES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub databases: Vec<crate::databases::DatabaseSpec>,
 }
 
 /// Longest instance name: the longest cluster name, `-` and a serial of up to 10 digits.
@@ -743,7 +751,12 @@ pub struct PostgresClusterStatus {
 
     /// How each role of `spec.roles` was applied by the primary's manager (and why not).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub roles: Vec<crate::roles::RoleStatus>,
+    pub roles: Vec<crate::roles::AppliedStatus>,
+
+    /// How each database of `spec.databases` was applied by the primary's manager (and
+    /// why not).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<crate::roles::AppliedStatus>,
 
     /// When the last base backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -897,6 +910,7 @@ impl Default for PostgresClusterStatus {
             restart_requested: None,
             instance_restarts: Vec::new(),
             roles: Vec::new(),
+            databases: Vec::new(),
             last_backup_time: None,
             first_recoverability_point: None,
             last_logical_backup_time: None,

@@ -60,6 +60,11 @@ pub const MAJOR_UPGRADED: &str = "MajorUpgraded";
 /// the spec declares no role.
 pub const ROLES_APPLIED: &str = "RolesApplied";
 
+/// Whether every database of `spec.databases` (with its schemas and extensions) is as
+/// declared on the primary: False (reason `DatabaseFailed`) names each database with what
+/// PostgreSQL refused; absent while the spec declares no database.
+pub const DATABASES_APPLIED: &str = "DatabasesApplied";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

@@ -116,6 +116,22 @@ pub const MAX_IMAGE_LENGTH: usize = 512;
 /// An unquoted PostgreSQL identifier in lower case, at most 63 bytes.
 pub const IDENTIFIER_PATTERN: &str = r"^[a-z_][a-z0-9_]{0,62}$";
 
+/// A PostgreSQL extension's name: lower-case letters, digits, `_` and `-`, starting with a
+/// letter or `_` (`pgcrypto`, `pg_trgm`, `uuid-ossp`), at most 63 bytes.
+pub const EXTENSION_NAME_PATTERN: &str = r"^[a-z_][a-z0-9_-]{0,62}$";
+
+/// An extension version: letters, digits, `.`, `_` and `-`, starting with a letter or
+/// digit (`1.3`, `2.5.0`, `1.0beta1`), at most 64 characters.
+pub const EXTENSION_VERSION_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$";
+
+/// A character-set encoding's name (`UTF8`, `LATIN1`, `SQL_ASCII`, `EUC_JP`): a letter,
+/// then letters, digits and `_`, at most 32 characters.
+pub const ENCODING_PATTERN: &str = r"^[A-Za-z][A-Za-z0-9_]{0,31}$";
+
+/// A locale's name (`C`, `POSIX`, `C.UTF-8`, `en_US.UTF-8`, `sr_RS@latin`): a letter or
+/// digit, then letters, digits, `_`, `.`, `@` and `-`, at most 64 characters.
+pub const LOCALE_PATTERN: &str = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$";
+
 /// The shape of an IANA time zone name (`UTC`, `Europe/Berlin`, `Etc/GMT+5`). Whether the
 /// zone exists is checked where the schedule is evaluated.
 pub const TIMEZONE_PATTERN: &str = r"^[A-Za-z][-A-Za-z0-9_+]*(/[-A-Za-z0-9_+]+)*$";
@@ -554,6 +570,42 @@ pub fn is_identifier(s: &str) -> bool {
         && b.first()
             .is_some_and(|&c| c.is_ascii_lowercase() || c == b'_')
         && b.iter().all(|&c| is_alnum_lower(c) || c == b'_')
+}
+
+/// Whether `s` matches [`EXTENSION_NAME_PATTERN`].
+pub fn is_extension_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.first()
+            .is_some_and(|&c| c.is_ascii_lowercase() || c == b'_')
+        && b.iter()
+            .all(|&c| is_alnum_lower(c) || c == b'_' || c == b'-')
+}
+
+/// Whether `s` matches [`EXTENSION_VERSION_PATTERN`].
+pub fn is_extension_version(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=64).contains(&b.len())
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+}
+
+/// Whether `s` matches [`ENCODING_PATTERN`].
+pub fn is_encoding(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=32).contains(&b.len())
+        && b.first().is_some_and(u8::is_ascii_alphabetic)
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
+}
+
+/// Whether `s` matches [`LOCALE_PATTERN`].
+pub fn is_locale(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=64).contains(&b.len())
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'@' | b'-'))
 }
 
 /// Whether `s` matches [`TIMEZONE_PATTERN`].

@@ -102,7 +102,10 @@ pub struct PgStatus {
     pub postgres_version_num: Option<i32>,
     /// Primary: how each role of `spec.roles` was last applied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub roles: Vec<crate::roles::RoleStatus>,
+    pub roles: Vec<crate::roles::AppliedStatus>,
+    /// Primary: how each database of `spec.databases` was last applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<crate::roles::AppliedStatus>,
     /// WAL archiving to the backup store (`pg_stat_archiver`); unset while PostgreSQL does
     /// not answer (and from managers that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -208,6 +211,7 @@ impl PgStatus {
             postgres_version: None,
             postgres_version_num: None,
             roles: Vec::new(),
+            databases: Vec::new(),
             archiving: None,
             bootstrap_error: None,
             postmaster_start_time: None,

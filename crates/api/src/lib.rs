@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod constants;
 pub mod credentials;
+pub mod databases;
 pub mod defaults;
 pub mod formats;
 pub mod instance_status;

@@ -98,14 +98,14 @@ pub struct PasswordSecret {
     pub name: String,
 }
 
-/// Whether a declared role should exist.
+/// Whether a declared role, database, schema or extension should exist.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Ensure {
-    /// The role exists with the declared attributes.
+    /// It exists as declared.
     #[default]
     Present,
-    /// The role is dropped.
+    /// It is dropped.
     Absent,
 }
 
@@ -117,15 +117,17 @@ fn default_connection_limit() -> i32 {
     -1
 }
 
-/// The state of one declared role, as the primary's manager last applied it.
+/// The state of one declared role (`status.roles`) or database (`status.databases`), as
+/// the primary's manager last applied it.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-pub struct RoleStatus {
-    /// The role.
+pub struct AppliedStatus {
+    /// The role or database.
     pub name: String,
     /// PostgreSQL matches the declaration.
     pub applied: bool,
-    /// Why not: PostgreSQL's error, or the missing Secret.
+    /// Why not: PostgreSQL's error (for a database, each schema or extension refused), or
+    /// the missing Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }

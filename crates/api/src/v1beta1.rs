@@ -185,6 +185,14 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::roles::MAX_ROLES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub roles: Vec<crate::roles::RoleSpec>,
+
+    /// PostgreSQL databases the primary's instance manager keeps as declared, at most 16
+    /// (see [`crate::databases`]), with their owners, schemas and extensions; applied after
+    /// `roles`. Databases not named here are left alone; one removed from the list is kept.
+    /// `status.databases` says how each was applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::databases::MAX_DATABASES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub databases: Vec<crate::databases::DatabaseSpec>,
 }
 
 fn default_instances() -> i32 {
@@ -418,6 +426,7 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             hibernate: s.hibernate,
             fenced_instances: s.fenced_instances,
             roles: s.roles,
+            databases: s.databases,
         }
     }
 }
@@ -457,6 +466,7 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             hibernate: s.hibernate,
             fenced_instances: s.fenced_instances,
             roles: s.roles,
+            databases: s.databases,
         }
     }
 }
@@ -775,6 +785,11 @@ mod tests {
         g.maybe(v, "roles", |g| {
             json!([{"name": "reporting", "login": g.coin(), "inRoles": ["pg_monitor"],
                 "connectionLimit": g.int(-1, 20), "passwordSecret": {"name": "reporting"}}])
+        });
+        g.maybe(v, "databases", |g| {
+            json!([{"name": "shop", "owner": "reporting", "connectionLimit": g.int(-1, 20),
+                "schemas": [{"name": "sales"}],
+                "extensions": [{"name": "pgcrypto", "schema": "sales"}]}])
         });
         g.maybe(v, "fencedInstances", |g| match g.below(2) {
             0 => json!(["demo-1"]),

@@ -380,6 +380,157 @@ fn validate_roles(spec: &PostgresClusterSpec, errors: &mut Errors) {
     }
 }
 
+/// `spec.databases` (the schema's and CEL's twins), and a rule only the webhook and the
+/// operator hold: the application database of `spec.bootstrap.initdb` (default `app`) is
+/// never `ensure: absent`.
+fn validate_databases(spec: &PostgresClusterSpec, errors: &mut Errors) {
+    use crate::databases::{
+        MAX_DATABASES, MAX_EXTENSIONS, MAX_SCHEMAS, is_usable_owner, is_usable_schema_name,
+    };
+    use crate::roles::{Ensure, MAX_CONNECTION_LIMIT};
+    const IDENTIFIER: &str = "a lower-case identifier (^[a-z_][a-z0-9_]{0,62}$)";
+    errors.check(
+        spec.databases.len() <= MAX_DATABASES,
+        "spec.databases",
+        || {
+            format!(
+                "must have at most {MAX_DATABASES} items, got {}",
+                spec.databases.len()
+            )
+        },
+    );
+    let app_database = match &spec.bootstrap {
+        None => Some("app".to_string()),
+        Some(b) => b.initdb.as_ref().map(|i| i.database.clone()),
+    };
+    let owner = |errors: &mut Errors, field: &str, owner: &str| {
+        errors.format(field, owner, formats::is_identifier, IDENTIFIER);
+        errors.check(is_usable_owner(owner), field, cel::msg_unusable_owner);
+    };
+    for (i, db) in spec.databases.iter().enumerate() {
+        let at = format!("spec.databases[{i}]");
+        let name_field = format!("{at}.name");
+        errors.format(&name_field, &db.name, formats::is_identifier, IDENTIFIER);
+        errors.check(
+            !is_reserved_name(&db.name),
+            &name_field,
+            cel::msg_reserved_name,
+        );
+        errors.check(
+            !(db.ensure == Ensure::Absent && app_database.as_deref() == Some(db.name.as_str())),
+            &format!("{at}.ensure"),
+            || {
+                format!(
+                    "may not be absent for the application database {:?} \
+                     (spec.bootstrap.initdb.database): pgop never drops it",
+                    db.name
+                )
+            },
+        );
+        errors.check(
+            !spec.databases[..i].iter().any(|d| d.name == db.name),
+            &at,
+            || format!("duplicate value {:?}", db.name),
+        );
+        owner(errors, &format!("{at}.owner"), &db.owner);
+        if let Some(encoding) = &db.encoding {
+            errors.format(
+                &format!("{at}.encoding"),
+                encoding,
+                formats::is_encoding,
+                "an encoding name, e.g. UTF8 (^[A-Za-z][A-Za-z0-9_]{0,31}$)",
+            );
+        }
+        if let Some(locale) = &db.locale {
+            errors.format(
+                &format!("{at}.locale"),
+                locale,
+                formats::is_locale,
+                "a locale name, e.g. C.UTF-8 (^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$)",
+            );
+        }
+        errors.range(
+            &format!("{at}.connectionLimit"),
+            db.connection_limit,
+            -1,
+            Some(MAX_CONNECTION_LIMIT),
+        );
+        errors.check(
+            db.schemas.len() <= MAX_SCHEMAS,
+            &format!("{at}.schemas"),
+            || {
+                format!(
+                    "must have at most {MAX_SCHEMAS} items, got {}",
+                    db.schemas.len()
+                )
+            },
+        );
+        for (j, schema) in db.schemas.iter().enumerate() {
+            let at = format!("{at}.schemas[{j}]");
+            let name_field = format!("{at}.name");
+            errors.format(
+                &name_field,
+                &schema.name,
+                formats::is_identifier,
+                IDENTIFIER,
+            );
+            errors.check(
+                is_usable_schema_name(&schema.name),
+                &name_field,
+                cel::msg_reserved_schema,
+            );
+            errors.check(
+                !db.schemas[..j].iter().any(|s| s.name == schema.name),
+                &at,
+                || format!("duplicate value {:?}", schema.name),
+            );
+            if let Some(o) = &schema.owner {
+                owner(errors, &format!("{at}.owner"), o);
+            }
+        }
+        errors.check(
+            db.extensions.len() <= MAX_EXTENSIONS,
+            &format!("{at}.extensions"),
+            || {
+                format!(
+                    "must have at most {MAX_EXTENSIONS} items, got {}",
+                    db.extensions.len()
+                )
+            },
+        );
+        for (j, ext) in db.extensions.iter().enumerate() {
+            let at = format!("{at}.extensions[{j}]");
+            errors.format(
+                &format!("{at}.name"),
+                &ext.name,
+                formats::is_extension_name,
+                "an extension name, e.g. pgcrypto or uuid-ossp (^[a-z_][a-z0-9_-]{0,62}$)",
+            );
+            errors.check(
+                !db.extensions[..j].iter().any(|e| e.name == ext.name),
+                &at,
+                || format!("duplicate value {:?}", ext.name),
+            );
+            if let Some(version) = &ext.version {
+                errors.format(
+                    &format!("{at}.version"),
+                    version,
+                    formats::is_extension_version,
+                    "an extension version, e.g. 1.3 (^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$)",
+                );
+            }
+            if let Some(schema) = &ext.schema {
+                errors.format(
+                    &format!("{at}.schema"),
+                    schema,
+                    formats::is_identifier,
+                    IDENTIFIER,
+                );
+            }
+        }
+    }
+}
+
 /// The Secrets a spec names that belong to the user, by field.
 fn user_secrets(spec: &PostgresClusterSpec) -> Vec<(&'static str, &str)> {
     [
@@ -420,6 +571,7 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     errors.range("spec.replicas", spec.replicas, 1, Some(MAX_REPLICAS));
     validate_fenced_instances(&spec.fenced_instances, errors);
     validate_roles(spec, errors);
+    validate_databases(spec, errors);
     if let Some(image) = &spec.image {
         errors.format(
             "spec.image",
@@ -991,6 +1143,57 @@ mod tests {
         )
         .expect("cluster");
         assert_eq!(fields(validate_cluster(&cluster)), ["spec.roles"]);
+    }
+
+    #[test]
+    fn declared_databases_are_checked_naming_the_field() {
+        assert_eq!(
+            validate(&spec(
+                "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: reporting, encoding: UTF8, \
+                 locale: C.UTF-8, schemas: [{name: sales}], extensions: [{name: uuid-ossp, \
+                 version: '1.1', schema: sales}]}, {name: app, owner: app, \
+                 extensions: [{name: pgcrypto}]}]"
+            )),
+            Ok(())
+        );
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi}\ndatabases: [{name: template1, owner: streaming_replica, \
+                 encoding: \"UTF8'; --\", locale: \"C\\n\", connectionLimit: -2, \
+                 schemas: [{name: public}, {name: s, owner: pg_monitor}, {name: s}], \
+                 extensions: [{name: \"x$(id)\", version: \"1 ; drop\", schema: \"a.b\"}]}, \
+                 {name: template1, owner: app}]"
+            ))),
+            [
+                "spec.databases[0].name",
+                "spec.databases[0].owner",
+                "spec.databases[0].encoding",
+                "spec.databases[0].locale",
+                "spec.databases[0].connectionLimit",
+                "spec.databases[0].schemas[0].name",
+                "spec.databases[0].schemas[1].owner",
+                "spec.databases[0].schemas[2]",
+                "spec.databases[0].extensions[0].name",
+                "spec.databases[0].extensions[0].version",
+                "spec.databases[0].extensions[0].schema",
+                "spec.databases[1].name",
+                "spec.databases[1]",
+            ]
+        );
+        // The application database is never dropped: the default one, or initdb's.
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi}\ndatabases: [{name: app, owner: app, ensure: absent}]"
+            ))),
+            ["spec.databases[0].ensure"]
+        );
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi}\nbootstrap: {initdb: {database: shop}}\n\
+                 databases: [{name: app, owner: app, ensure: absent}, {name: shop, owner: app, ensure: absent}]"
+            ))),
+            ["spec.databases[1].ensure"]
+        );
     }
 
     #[test]

@@ -662,6 +662,93 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "database name",
+        set: |s, v| s["databases"] = json!([{"name": v, "owner": "app"}]),
+        rust: |v| formats::is_identifier(v) && !is_reserved_name(v),
+        samples: &[
+            "shop",
+            "_etl",
+            "postgres",
+            "template0",
+            "pg_x",
+            "Shop",
+            "a-b",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "database owner",
+        set: |s, v| s["databases"] = json!([{"name": "shop", "owner": v}]),
+        rust: |v| formats::is_identifier(v) && pgop_api::databases::is_usable_owner(v),
+        samples: &["app", "postgres", "streaming_replica", "pg_monitor", "App"],
+        strict: true,
+    },
+    Format {
+        name: "database encoding",
+        set: |s, v| s["databases"] = json!([{"name": "shop", "owner": "app", "encoding": v}]),
+        rust: formats::is_encoding,
+        samples: &[
+            "UTF8",
+            "utf8",
+            "SQL_ASCII",
+            "EUC_JP",
+            "LATIN1",
+            "8BIT",
+            "UTF-8",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "database locale",
+        set: |s, v| s["databases"] = json!([{"name": "shop", "owner": "app", "locale": v}]),
+        rust: formats::is_locale,
+        samples: &[
+            "C",
+            "POSIX",
+            "C.UTF-8",
+            "en_US.UTF-8",
+            "sr_RS@latin",
+            ".UTF-8",
+            "-C",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "schema name",
+        set: |s, v| {
+            s["databases"] = json!([{"name": "shop", "owner": "app", "schemas": [{"name": v}]}])
+        },
+        rust: |v| formats::is_identifier(v) && pgop_api::databases::is_usable_schema_name(v),
+        samples: &[
+            "sales",
+            "_x",
+            "public",
+            "information_schema",
+            "pg_temp",
+            "Sales",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "extension name",
+        set: |s, v| {
+            s["databases"] = json!([{"name": "shop", "owner": "app", "extensions": [{"name": v}]}])
+        },
+        rust: formats::is_extension_name,
+        samples: &["pgcrypto", "uuid-ossp", "pg_trgm", "-x", "PgCrypto", "1x"],
+        strict: true,
+    },
+    Format {
+        name: "extension version",
+        set: |s, v| {
+            s["databases"] = json!([{"name": "shop", "owner": "app",
+                "extensions": [{"name": "pgcrypto", "version": v}]}])
+        },
+        rust: formats::is_extension_version,
+        samples: &["1.3", "2.5.0", "1.0beta1", "1_0-rc.1", ".1", "-1"],
+        strict: true,
+    },
+    Format {
         name: "fenced instance",
         set: |s, v| s["fencedInstances"] = json!([v]),
         rust: |v| pgop_api::cel::is_instance_of("formats", v),

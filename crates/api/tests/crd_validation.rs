@@ -473,6 +473,61 @@ const BAD: &[Case] = &[
         "spec.roles[0].validUntil",
     ),
     case(
+        "database named template1",
+        "storage: {size: 1Gi}\ndatabases: [{name: template1, owner: app}]",
+        "spec.databases[0].name",
+    ),
+    case(
+        "database owned by the replication role",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: streaming_replica}]",
+        "spec.databases[0].owner",
+    ),
+    case(
+        "database without an owner",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop}]",
+        "spec.databases[0].owner",
+    ),
+    case(
+        "database encoding with a quote and a statement",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, encoding: \"UTF8'; drop database app; --\"}]",
+        "spec.databases[0].encoding",
+    ),
+    case(
+        "database locale with a newline",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, locale: \"C\\nlisten_addresses='*'\"}]",
+        "spec.databases[0].locale",
+    ),
+    case(
+        "database declared twice",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app}, {name: shop, owner: app}]",
+        "spec.databases[1]",
+    ),
+    case(
+        "schema named information_schema",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, schemas: [{name: information_schema}]}]",
+        "spec.databases[0].schemas[0].name",
+    ),
+    case(
+        "schema owned by a predefined role",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, schemas: [{name: sales, owner: pg_monitor}]}]",
+        "spec.databases[0].schemas[0].owner",
+    ),
+    case(
+        "extension name with a command",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, extensions: [{name: \"x$(id)\"}]}]",
+        "spec.databases[0].extensions[0].name",
+    ),
+    case(
+        "extension version with a space and a statement",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, extensions: [{name: pgcrypto, version: \"1.3 ; drop\"}]}]",
+        "spec.databases[0].extensions[0].version",
+    ),
+    case(
+        "extension in a schema with a dot",
+        "storage: {size: 1Gi}\ndatabases: [{name: shop, owner: app, extensions: [{name: pgcrypto, schema: a.b}]}]",
+        "spec.databases[0].extensions[0].schema",
+    ),
+    case(
         "app Secret is the cluster's own app Secret",
         "storage: {size: 1Gi}\ncredentials: {appSecret: bad-app}",
         "spec.credentials.appSecret",
@@ -836,10 +891,17 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
             instance: "main-2".into(),
             requested_at: "2026-12-03T10:00:00.123456Z".into(),
         }],
-        roles: vec![pgop_api::roles::RoleStatus {
+        roles: vec![pgop_api::roles::AppliedStatus {
             name: "reporting".into(),
             applied: false,
             message: Some("role \"reporting\" cannot be dropped".into()),
+        }],
+        databases: vec![pgop_api::roles::AppliedStatus {
+            name: "shop".into(),
+            applied: false,
+            message: Some(
+                "shop: extension \"postgis\": extension \"postgis\" is not available".into(),
+            ),
         }],
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,

@@ -78,6 +78,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         applied_generation: None,
         invalid_parameters: Vec::new(),
         roles: Vec::new(),
+        databases: Vec::new(),
         archiving: Some(archiving(client).await?),
         bootstrap_error: None,
         postmaster_start_time: row.try_get(11).map_err(e)?,

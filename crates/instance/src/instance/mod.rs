@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod databases;
 mod floors;
 mod passwords;
 mod roles;
@@ -161,6 +162,8 @@ struct Desired {
     tls: Option<config::Tls>,
     /// `spec.roles` as last applied on this primary ([`Instance::apply_roles`]).
     roles: roles::Applied,
+    /// `spec.databases` as last applied on this primary ([`Instance::apply_databases`]).
+    databases: roles::Gate,
     /// Why this instance does not run its major, for `/pg/status`
     /// ([`Instance::set_major_upgrade_error`]).
     major_upgrade_error: Option<String>,
@@ -227,6 +230,7 @@ impl Instance {
                 passwords_set: None,
                 tls: None,
                 roles: roles::Applied::default(),
+                databases: roles::Gate::default(),
                 major_upgrade_error: None,
             }),
             ops: tokio::sync::Mutex::new(()),
@@ -1095,7 +1099,9 @@ impl Instance {
         status.restart_refused = restart_refused;
         status.major_upgrade_error = major_upgrade_error;
         if status.role == PgRole::Primary {
-            status.roles = self.desired().roles.report.clone();
+            let d = self.desired();
+            status.roles = d.roles.gate.report.clone();
+            status.databases = d.databases.report.clone();
         }
         if status.role == PgRole::Stopped {
             status.last_error = start_error;

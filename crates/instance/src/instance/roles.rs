@@ -12,7 +12,7 @@
 
 use super::{Error, Instance};
 use crate::pg::sql;
-use pgop_api::roles::{Ensure, RoleSpec, RoleStatus};
+use pgop_api::roles::{AppliedStatus, Ensure, RoleSpec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
@@ -24,18 +24,43 @@ pub const RETRY_FAILED: Duration = Duration::from_secs(60);
 /// A role's password as the manager found it: the Secret's value, or why there is none.
 pub type Password = Result<String, String>;
 
+/// When a declaration (of roles, of databases) was last applied and how each object fared:
+/// the same declaration is applied again only if an object failed, and then at most every
+/// [`RETRY_FAILED`].
+#[derive(Debug, Default)]
+pub(super) struct Gate {
+    /// The declaration applied (a digest), and when.
+    last: Option<(u64, Instant)>,
+    /// Per object, for `/pg/status`.
+    pub(super) report: Vec<AppliedStatus>,
+}
+
+impl Gate {
+    /// Whether the declaration with digest `wanted` is to be applied now.
+    pub(super) fn due(&self, wanted: u64) -> bool {
+        match self.last {
+            Some((done, _)) if done == wanted && self.report.iter().all(|r| r.applied) => false,
+            Some((done, at)) if done == wanted && at.elapsed() < RETRY_FAILED => false,
+            _ => true,
+        }
+    }
+
+    /// Records the declaration with digest `wanted` as applied now, with `report`.
+    pub(super) fn applied(&mut self, wanted: u64, report: Vec<AppliedStatus>) {
+        self.last = Some((wanted, Instant::now()));
+        self.report = report;
+    }
+}
+
 /// What was last applied.
 #[derive(Debug, Default)]
 pub(super) struct Applied {
-    /// The declaration and passwords applied (a digest), and when.
-    last: Option<(u64, Instant)>,
-    /// Per role, for `/pg/status`.
-    pub(super) report: Vec<RoleStatus>,
+    pub(super) gate: Gate,
     /// A digest of the password this manager last set, per role.
     passwords: BTreeMap<String, u64>,
 }
 
-fn digest(value: &impl Hash) -> u64 {
+pub(super) fn digest(value: &impl Hash) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     value.hash(&mut h);
     h.finish()
@@ -58,13 +83,8 @@ impl Instance {
         ));
         let mut set = {
             let d = self.desired();
-            let all_applied = d.roles.report.iter().all(|r| r.applied);
-            match d.roles.last {
-                Some((done, _)) if done == wanted && all_applied => return Ok(()),
-                Some((done, at)) if done == wanted && at.elapsed() < RETRY_FAILED => {
-                    return Ok(());
-                }
-                _ => {}
+            if !d.roles.gate.due(wanted) {
+                return Ok(());
             }
             d.roles.passwords.clone()
         };
@@ -108,7 +128,7 @@ impl Instance {
                 if let Err(why) = &outcome {
                     tracing::warn!(role = %role.name, error = %why, "a declared role was not applied");
                 }
-                report.push(RoleStatus {
+                report.push(AppliedStatus {
                     name: role.name.clone(),
                     applied: outcome.is_ok(),
                     message: outcome.err(),
@@ -121,15 +141,14 @@ impl Instance {
             );
         }
         let mut d = self.desired();
-        d.roles.last = Some((wanted, Instant::now()));
-        d.roles.report = report;
+        d.roles.gate.applied(wanted, report);
         d.roles.passwords = set;
         Ok(())
     }
 }
 
 /// PostgreSQL's words for a refused statement: its message, with its detail.
-fn refused(e: &tokio_postgres::Error) -> String {
+pub(super) fn refused(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => match db.detail() {
             Some(detail) => format!("{} ({detail})", db.message()),

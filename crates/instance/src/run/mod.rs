@@ -944,6 +944,10 @@ async fn reconcile(
                 .apply_roles(&cluster.spec.roles, &passwords)
                 .await
                 .map_err(manage)?;
+            instance
+                .apply_databases(&cluster.spec.databases)
+                .await
+                .map_err(manage)?;
         }
     }
     let spec = &cluster.spec;

@@ -719,17 +719,21 @@ fn hibernation_event(
     Some((after.reason.clone(), after.message.clone()))
 }
 
-/// The Warning Event when PostgreSQL refuses a declared role (the `RolesApplied`
-/// condition turns to, or stays with another message at, reason `RoleFailed`).
-fn role_event(old: Option<&PostgresClusterStatus>, new: &PostgresClusterStatus) -> Option<String> {
-    use pgop_api::conditions::{ROLES_APPLIED, find_condition};
-    let after = find_condition(&new.conditions, ROLES_APPLIED)?;
-    if after.reason != status::REASON_ROLE_FAILED {
+/// The Warning Event when PostgreSQL refuses a declared role or database (the condition of
+/// `what` turns to, or stays with another message at, its failed reason).
+fn declared_event(
+    what: &status::Declared,
+    old: Option<&PostgresClusterStatus>,
+    new: &PostgresClusterStatus,
+) -> Option<(&'static str, String)> {
+    use pgop_api::conditions::find_condition;
+    let after = find_condition(&new.conditions, what.condition)?;
+    if after.reason != what.failed {
         return None;
     }
-    let before = old.and_then(|s| find_condition(&s.conditions, ROLES_APPLIED));
+    let before = old.and_then(|s| find_condition(&s.conditions, what.condition));
     let same = before.is_some_and(|b| b.reason == after.reason && b.message == after.message);
-    (!same).then(|| format!("spec.roles: {}", after.message))
+    (!same).then(|| (what.failed, format!("{}: {}", what.field, after.message)))
 }
 
 /// When to look at the cluster again if nothing wakes it first (a change of the cluster
@@ -1167,7 +1171,10 @@ async fn write_status(
         ),
     ];
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
-    let role_failed = role_event(cluster.status.as_ref(), &status);
+    let refused: Vec<(&str, String)> = [&status::ROLES, &status::DATABASES]
+        .into_iter()
+        .filter_map(|what| declared_event(what, cluster.status.as_ref(), &status))
+        .collect();
     patch_status(ctx, cluster, namespace, status.clone()).await?;
     if let Some((kind, reason, message)) = upgrade_event {
         publish(ctx, cluster, kind, &reason, &message).await;
@@ -1178,15 +1185,8 @@ async fn write_status(
     if let Some((reason, message)) = resumed {
         publish(ctx, cluster, EventType::Normal, &reason, &message).await;
     }
-    if let Some(message) = role_failed {
-        publish(
-            ctx,
-            cluster,
-            EventType::Warning,
-            status::REASON_ROLE_FAILED,
-            &message,
-        )
-        .await;
+    for (reason, message) in refused {
+        publish(ctx, cluster, EventType::Warning, reason, &message).await;
     }
     for note in &roles.notes {
         let kind = if note.warning {

@@ -140,37 +140,68 @@ pub fn set_spec_valid(
 
 /// The reason of `RolesApplied=False` when PostgreSQL refused a declared role.
 pub const REASON_ROLE_FAILED: &str = "RoleFailed";
+/// The reason of `DatabasesApplied=False` when PostgreSQL refused part of a declared
+/// database.
+pub const REASON_DATABASE_FAILED: &str = "DatabaseFailed";
 
-/// `status.roles` and the `RolesApplied` condition from the primary's report: each
-/// declared role with how it was applied (a role the report does not name yet is
-/// pending). Without declared roles both are removed; while no primary answers, both stay
-/// as they were.
-fn set_roles(
-    out: &mut Vec<pgop_api::roles::RoleStatus>,
+/// What the primary's manager keeps as declared: `spec.roles` or `spec.databases`.
+pub struct Declared {
+    /// The condition saying whether all of it is applied.
+    pub condition: &'static str,
+    /// Its reason when PostgreSQL refused something.
+    pub failed: &'static str,
+    /// The spec field, for messages.
+    pub field: &'static str,
+    /// The objects, for messages (`roles`, `databases`).
+    pub noun: &'static str,
+}
+
+/// `spec.roles`.
+pub const ROLES: Declared = Declared {
+    condition: conditions::ROLES_APPLIED,
+    failed: REASON_ROLE_FAILED,
+    field: "spec.roles",
+    noun: "roles",
+};
+
+/// `spec.databases`.
+pub const DATABASES: Declared = Declared {
+    condition: conditions::DATABASES_APPLIED,
+    failed: REASON_DATABASE_FAILED,
+    field: "spec.databases",
+    noun: "databases",
+};
+
+/// `status.roles` or `status.databases` (`out`) and their condition from the primary's
+/// report (`report`): each declared object (`declared`, by name) with how it was applied
+/// (one the report does not name yet is pending). Without declared objects both are
+/// removed; while no primary answers (`report` is None), both stay as they were.
+fn set_declared(
+    what: &Declared,
+    out: &mut Vec<pgop_api::roles::AppliedStatus>,
     c: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    declared: &[pgop_api::roles::RoleSpec],
-    primary: Option<&pgop_api::instance_status::PgStatus>,
+    declared: &[&str],
+    report: Option<&[pgop_api::roles::AppliedStatus]>,
     generation: Option<i64>,
     now: &Time,
 ) {
     if declared.is_empty() {
         out.clear();
-        c.retain(|x| x.type_ != conditions::ROLES_APPLIED);
+        c.retain(|x| x.type_ != what.condition);
         return;
     }
-    let Some(primary) = primary else {
+    let Some(report) = report else {
         return;
     };
     *out = declared
         .iter()
-        .map(|d| {
-            primary
-                .roles
+        .map(|&d| {
+            report
                 .iter()
-                .find(|r| r.name == d.name)
+                .find(|r| r.name == d)
                 .cloned()
-                .unwrap_or_else(|| pgop_api::roles::RoleStatus {
-                    name: d.name.clone(),
+                .unwrap_or_else(|| pgop_api::roles::AppliedStatus {
+                    name: d.to_string(),
                     applied: false,
                     message: None,
                 })
@@ -184,31 +215,25 @@ fn set_roles(
         .iter()
         .filter(|r| !r.applied && r.message.is_none())
         .count();
+    let noun = what.noun;
     let (ok, reason, message) = if !failed.is_empty() {
-        (false, REASON_ROLE_FAILED, failed.join("; "))
+        (false, what.failed, failed.join("; "))
     } else if pending > 0 {
         (
             false,
             "Pending",
-            format!("{pending} of {} declared roles not applied yet", out.len()),
+            format!("{pending} of {} declared {noun} not applied yet", out.len()),
         )
     } else {
         (
             true,
             "Applied",
-            format!("every declared role ({}) is as declared", out.len()),
+            format!("all {} declared {noun} are as declared", out.len()),
         )
     };
     set_condition(
         c,
-        new_condition(
-            conditions::ROLES_APPLIED,
-            ok,
-            reason,
-            message,
-            generation,
-            now.clone(),
-        ),
+        new_condition(what.condition, ok, reason, message, generation, now.clone()),
         now.clone(),
     );
 }
@@ -398,15 +423,36 @@ pub fn compute(
         ""
     };
     set_spec_valid(c, generation, &now);
-    // spec.roles, as the primary's manager last applied them.
-    set_roles(
+    // spec.roles and spec.databases, as the primary's manager last applied them.
+    let primary_report = probes
+        .get(&roles.current)
+        .and_then(Probe::status)
+        .filter(|s| s.role == PgRole::Primary);
+    set_declared(
+        &ROLES,
         &mut status.roles,
         c,
-        &cluster.spec.roles,
-        probes
-            .get(&roles.current)
-            .and_then(Probe::status)
-            .filter(|s| s.role == PgRole::Primary),
+        &cluster
+            .spec
+            .roles
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        primary_report.map(|s| s.roles.as_slice()),
+        generation,
+        &now,
+    );
+    set_declared(
+        &DATABASES,
+        &mut status.databases,
+        c,
+        &cluster
+            .spec
+            .databases
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>(),
+        primary_report.map(|s| s.databases.as_slice()),
         generation,
         &now,
     );
