@@ -293,6 +293,22 @@ pub struct PostgresClusterSpec {
     pub databases: Vec<crate::databases::DatabaseSpec>,
 }
 
+/// What `spec.storage.autoGrow` did (`status.autoGrow`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoGrowStatus {
+    /// The size the volumes were last grown to (a quantity, e.g. `1536Mi`).
+    pub size: String,
+    /// When (unset while auto-grow never grew them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grown_at: Option<Time>,
+    /// How many times auto-grow grew the volumes.
+    pub count: i32,
+    /// An instance was over the threshold at `maxSize`: auto-grow can do no more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub at_limit: bool,
+}
+
 /// Longest instance name: the longest cluster name, `-` and a serial of up to 10 digits.
 pub const MAX_INSTANCE_NAME_LENGTH: usize = MAX_CLUSTER_NAME_LENGTH + 11;
 /// An instance name: a cluster name, `-`, a serial.
@@ -321,6 +337,53 @@ pub struct StorageSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
     pub storage_class_name: Option<String>,
+
+    /// Grow the volumes when they fill up: when an instance reports its data volume more
+    /// than `thresholdPercent` full, every volume of the cluster is grown by
+    /// `increasePercent`, up to `maxSize` (the StorageClass must allow expansion). Unset:
+    /// volumes grow only when `size` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_grow: Option<AutoGrowSpec>,
+}
+
+/// Lowest `storage.autoGrow.thresholdPercent`.
+pub const MIN_AUTO_GROW_THRESHOLD: i32 = 50;
+/// Highest `storage.autoGrow.thresholdPercent`.
+pub const MAX_AUTO_GROW_THRESHOLD: i32 = 95;
+/// Lowest `storage.autoGrow.increasePercent`.
+pub const MIN_AUTO_GROW_INCREASE: i32 = 10;
+/// Highest `storage.autoGrow.increasePercent`.
+pub const MAX_AUTO_GROW_INCREASE: i32 = 100;
+
+/// `storage.autoGrow`: when and how far the volumes grow on their own.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoGrowSpec {
+    /// Grow when an instance's data volume is more than this full, in percent (50 to 95,
+    /// default 80).
+    #[serde(default = "default_auto_grow_threshold")]
+    #[schemars(range(min = MIN_AUTO_GROW_THRESHOLD, max = MAX_AUTO_GROW_THRESHOLD))]
+    pub threshold_percent: i32,
+
+    /// Each growth adds this share of the current size, in percent (10 to 100, default
+    /// 50), rounded up to a whole MiB and capped at `maxSize`.
+    #[serde(default = "default_auto_grow_increase")]
+    #[schemars(range(min = MIN_AUTO_GROW_INCREASE, max = MAX_AUTO_GROW_INCREASE))]
+    pub increase_percent: i32,
+
+    /// The largest size auto-grow gives a volume, a quantity of bytes at least
+    /// `storage.size`; past it, a volume over the threshold is reported (Warning Event
+    /// `VolumeAutoGrowLimit`), not grown.
+    #[schemars(pattern(formats::QUANTITY_PATTERN))]
+    pub max_size: String,
+}
+
+fn default_auto_grow_threshold() -> i32 {
+    80
+}
+
+fn default_auto_grow_increase() -> i32 {
+    50
 }
 
 /// PostgreSQL configuration.
@@ -753,6 +816,11 @@ pub struct PostgresClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<crate::roles::AppliedStatus>,
 
+    /// What `spec.storage.autoGrow` did: the size it grew the volumes to, which the
+    /// volumes keep (they are made at least this large, whatever `spec.storage.size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_grow: Option<AutoGrowStatus>,
+
     /// How each database of `spec.databases` was applied by the primary's manager (and
     /// why not).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -911,6 +979,7 @@ impl Default for PostgresClusterStatus {
             instance_restarts: Vec::new(),
             roles: Vec::new(),
             databases: Vec::new(),
+            auto_grow: None,
             last_backup_time: None,
             first_recoverability_point: None,
             last_logical_backup_time: None,

@@ -60,6 +60,12 @@ pub const MAJOR_UPGRADED: &str = "MajorUpgraded";
 /// the spec declares no role.
 pub const ROLES_APPLIED: &str = "RolesApplied";
 
+/// Whether every volume has the size the cluster asks for: False with reason `Resizing`
+/// while an accepted expansion is under way (a claim's capacity below its request, or the
+/// filesystem an instance reports not grown yet), `ResizeRefused` when the API server
+/// refused one (the message quotes it), True (`Resized`) otherwise.
+pub const VOLUMES_RESIZED: &str = "VolumesResized";
+
 /// Whether every database of `spec.databases` (with its schemas and extensions) is as
 /// declared on the primary: False (reason `DatabaseFailed`) names each database with what
 /// PostgreSQL refused; absent while the spec declares no database.

@@ -110,6 +110,10 @@ pub struct PgStatus {
     /// not answer (and from managers that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archiving: Option<ArchiveStatus>,
+    /// The filesystem of the data volume, read by the manager whether or not PostgreSQL
+    /// runs; unset when it could not be read (and from managers that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<VolumeUsage>,
     /// Why the last bootstrap of the data directory failed (a restore from a backup whose
     /// target is unreachable, a corrupt object, ...); unset once a bootstrap succeeds. The
     /// manager retries after a back-off.
@@ -138,6 +142,27 @@ pub struct PgStatus {
 }
 
 /// WAL archiving as PostgreSQL reports it (`pg_stat_archiver`, since the server started
+/// The size and use of an instance's data volume (its filesystem), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeUsage {
+    /// The filesystem's size.
+    pub capacity_bytes: u64,
+    /// Bytes in use.
+    pub used_bytes: u64,
+}
+
+impl VolumeUsage {
+    /// The share in use, in percent rounded up (0 for a filesystem of no size).
+    pub fn used_percent(&self) -> u64 {
+        if self.capacity_bytes == 0 {
+            return 0;
+        }
+        let used = (u128::from(self.used_bytes) * 100).div_ceil(u128::from(self.capacity_bytes));
+        u64::try_from(used).unwrap_or(u64::MAX)
+    }
+}
+
 /// or the statistics were reset).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -213,6 +238,7 @@ impl PgStatus {
             roles: Vec::new(),
             databases: Vec::new(),
             archiving: None,
+            volume: None,
             bootstrap_error: None,
             postmaster_start_time: None,
             last_error: None,

@@ -749,6 +749,9 @@ mod tests {
         if g.coin() {
             v["storage"]["storageClassName"] = json!(g.pick(&["fast", "local-path"]));
         }
+        if g.coin() {
+            v["storage"]["autoGrow"] = json!({"thresholdPercent": g.int(50, 95), "maxSize": "2Ti"});
+        }
         g.maybe(v, "image", |g| {
             json!(g.pick(&["pgop:0.1.0", "registry.example.com:5000/pgop:0.2.0"]))
         });

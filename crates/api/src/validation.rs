@@ -603,6 +603,43 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     if let Some(class) = &spec.storage.storage_class_name {
         errors.name("spec.storage.storageClassName", class);
     }
+    if let Some(grow) = &spec.storage.auto_grow {
+        use crate::cluster::{
+            MAX_AUTO_GROW_INCREASE, MAX_AUTO_GROW_THRESHOLD, MIN_AUTO_GROW_INCREASE,
+            MIN_AUTO_GROW_THRESHOLD,
+        };
+        errors.range(
+            "spec.storage.autoGrow.thresholdPercent",
+            grow.threshold_percent,
+            MIN_AUTO_GROW_THRESHOLD,
+            Some(MAX_AUTO_GROW_THRESHOLD),
+        );
+        errors.range(
+            "spec.storage.autoGrow.increasePercent",
+            grow.increase_percent,
+            MIN_AUTO_GROW_INCREASE,
+            Some(MAX_AUTO_GROW_INCREASE),
+        );
+        errors.format(
+            "spec.storage.autoGrow.maxSize",
+            &grow.max_size,
+            formats::is_quantity,
+            "a quantity of bytes greater than zero such as 100Gi",
+        );
+        // Not in CEL (quantities compare there only with the quantity library): the
+        // webhook and the operator hold it.
+        if let (Some(max), Some(size)) = (
+            crate::quantity::millis(&grow.max_size),
+            crate::quantity::millis(&spec.storage.size),
+        ) {
+            errors.check(max >= size, "spec.storage.autoGrow.maxSize", || {
+                format!(
+                    "must be at least spec.storage.size ({}), got {}",
+                    spec.storage.size, grow.max_size
+                )
+            });
+        }
+    }
 
     let parameters = &spec.postgresql.parameters;
     errors.check(
@@ -1143,6 +1180,32 @@ mod tests {
         )
         .expect("cluster");
         assert_eq!(fields(validate_cluster(&cluster)), ["spec.roles"]);
+    }
+
+    #[test]
+    fn auto_grow_is_checked_naming_the_field() {
+        assert_eq!(
+            validate(&spec(
+                "storage: {size: 1Gi, autoGrow: {thresholdPercent: 75, increasePercent: 25, maxSize: 10Gi}}"
+            )),
+            Ok(())
+        );
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi, autoGrow: {thresholdPercent: 40, increasePercent: 200, maxSize: 512Mi}}"
+            ))),
+            [
+                "spec.storage.autoGrow.thresholdPercent",
+                "spec.storage.autoGrow.increasePercent",
+                "spec.storage.autoGrow.maxSize",
+            ]
+        );
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi, autoGrow: {maxSize: \"1Gi\\n#\"}}"
+            ))),
+            ["spec.storage.autoGrow.maxSize"]
+        );
     }
 
     #[test]

@@ -473,6 +473,21 @@ const BAD: &[Case] = &[
         "spec.roles[0].validUntil",
     ),
     case(
+        "auto-grow threshold above 95",
+        "storage: {size: 1Gi, autoGrow: {thresholdPercent: 99, maxSize: 2Gi}}",
+        "spec.storage.autoGrow.thresholdPercent",
+    ),
+    case(
+        "auto-grow increase of 0",
+        "storage: {size: 1Gi, autoGrow: {increasePercent: 0, maxSize: 2Gi}}",
+        "spec.storage.autoGrow.increasePercent",
+    ),
+    case(
+        "auto-grow maximum with a command",
+        "storage: {size: 1Gi, autoGrow: {maxSize: \"2Gi$(id)\"}}",
+        "spec.storage.autoGrow.maxSize",
+    ),
+    case(
         "database named template1",
         "storage: {size: 1Gi}\ndatabases: [{name: template1, owner: app}]",
         "spec.databases[0].name",
@@ -896,6 +911,12 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
             applied: false,
             message: Some("role \"reporting\" cannot be dropped".into()),
         }],
+        auto_grow: Some(pgop_api::cluster::AutoGrowStatus {
+            size: "1536Mi".into(),
+            grown_at: Some(now.clone()),
+            count: 1,
+            at_limit: true,
+        }),
         databases: vec![pgop_api::roles::AppliedStatus {
             name: "shop".into(),
             applied: false,

@@ -6,6 +6,7 @@
 
 pub mod base;
 pub mod config;
+pub mod disk;
 pub mod logical;
 pub mod process;
 pub mod restore;

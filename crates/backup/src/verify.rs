@@ -271,17 +271,7 @@ fn parse_checksums(
 
 /// Free bytes for an unprivileged user on the filesystem of `path`, when known.
 fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct; c_path is a valid C string.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
-    if rc != 0 {
-        return None;
-    }
-    #[allow(clippy::useless_conversion)]
-    let (avail, size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
-    Some(avail.saturating_mul(size))
+    crate::disk::usage(path).map(|u| u.available_bytes)
 }
 
 fn make_private_dir(dir: &Path, run_as: Option<(u32, u32)>) -> Result<(), Error> {

@@ -256,7 +256,8 @@ async fn spread_node_affinity_and_priority_reach_pods_the_api_server_accepts() -
 }
 
 #[tokio::test]
-async fn a_refused_volume_expansion_is_an_event_and_does_not_hold_back_the_pods() -> Result {
+async fn a_refused_volume_expansion_is_a_condition_and_an_event_and_does_not_hold_back_the_pods()
+-> Result {
     let (_plane, client, ns) = setup("cluster-grow").await?;
     let n = ns.name().to_string();
     let n = n.as_str();
@@ -300,6 +301,38 @@ async fn a_refused_volume_expansion_is_an_event_and_does_not_hold_back_the_pods(
     assert!(
         note.contains("PersistentVolumeClaim db-") && note.contains("spec.storage.size"),
         "{note}"
+    );
+    // And a condition, which stays while the claims ask for less.
+    let refused = wait_cluster(
+        &client,
+        n,
+        "db",
+        "VolumesResized=False (ResizeRefused)",
+        |c| {
+            c.status.as_ref().is_some_and(|s| {
+                pgop_api::conditions::find_condition(
+                    &s.conditions,
+                    pgop_api::conditions::VOLUMES_RESIZED,
+                )
+                .is_some_and(|c| c.status == "False" && c.reason == "ResizeRefused")
+            })
+        },
+    )
+    .await?;
+    let message = refused
+        .status
+        .as_ref()
+        .and_then(|s| {
+            pgop_api::conditions::find_condition(
+                &s.conditions,
+                pgop_api::conditions::VOLUMES_RESIZED,
+            )
+        })
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("keeps its size") && message.contains("2Gi"),
+        "{message}"
     );
     op.stop().await;
     ns.delete().await?;

@@ -1056,6 +1056,21 @@ impl Instance {
         Ok(Rejoin::Recloned)
     }
 
+    /// The filesystem of the data volume: the one holding the data directory, or its
+    /// parent (the volume's mount) before initdb made it.
+    pub fn volume_usage(&self) -> Option<pgop_api::instance_status::VolumeUsage> {
+        let pgdata = &self.options.layout.pgdata;
+        let at = if pgdata.exists() {
+            pgdata.as_path()
+        } else {
+            pgdata.parent()?
+        };
+        pgop_backup::disk::usage(at).map(|u| pgop_api::instance_status::VolumeUsage {
+            capacity_bytes: u.capacity_bytes,
+            used_bytes: u.used_bytes,
+        })
+    }
+
     /// The status served on `/pg/status`.
     pub async fn status(&self) -> PgStatus {
         let (
@@ -1098,6 +1113,7 @@ impl Instance {
         status.applied_generation = applied_generation;
         status.restart_refused = restart_refused;
         status.major_upgrade_error = major_upgrade_error;
+        status.volume = self.volume_usage();
         if status.role == PgRole::Primary {
             let d = self.desired();
             status.roles = d.roles.gate.report.clone();

@@ -53,6 +53,7 @@ pub mod prober;
 pub mod roles;
 pub mod rollout;
 pub mod status;
+pub mod storage;
 pub mod triggers;
 pub mod upgrade;
 
@@ -70,7 +71,7 @@ use pgop_api::constants::{
     ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SPEC_HASH,
     ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
 };
-use pgop_api::instance_status::PgRole;
+use pgop_api::instance_status::{PgRole, VolumeUsage};
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -221,6 +222,10 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     )
     .await?;
 
+    // The volumes are at least as large as auto-grow made them (storage.rs).
+    if let Some(grown) = cluster.status.as_ref().and_then(|s| s.auto_grow.as_ref()) {
+        defaulted.spec.storage.size = storage::larger(&defaulted.spec.storage.size, &grown.size);
+    }
     // A spec below what the volumes already hold (the validating webhook refuses the
     // change; without it, it is caught here): volumes cannot shrink.
     if let Some(error) = immutable::storage_shrink(&defaulted.spec, &observed.pvcs) {
@@ -297,6 +302,16 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 5. probe the instances and decide the roles
     let probes = probes(ctx, cluster, &observed).await;
+    // The volumes' size: auto-grow when an instance reports its volume filling up.
+    let usage = volume_usage(&probes);
+    let storage = storage::decide(
+        &defaulted.spec.storage,
+        cluster.status.as_ref().and_then(|s| s.auto_grow.as_ref()),
+        &observed.pvcs,
+        &usage,
+        &now(),
+    );
+    defaulted.spec.storage.size = storage.size.clone();
     let initial_primary = instances::instance_name(&name, planned.plan.primary);
     let mut roles = roles::decide(&roles::Input {
         cluster: &defaulted,
@@ -355,6 +370,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         backups.as_deref(),
         major,
         &upgrade,
+        (&storage, &usage),
     )
     .await?;
     if roles.clear_switchover_request {
@@ -422,7 +438,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             .pods
             .iter()
             .any(|p| status::unschedulable_since(p).is_some());
-    apply_children(
+    let refused_volumes = apply_children(
         ctx,
         cluster,
         &namespace,
@@ -434,6 +450,8 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         rollout.replace,
     )
     .await?;
+    let seen = (&storage, observed.pvcs.as_slice(), usage.as_slice());
+    volumes_refused(ctx, cluster, &namespace, status, &refused_volumes, seen).await?;
     // The failover delay runs only while a standby could take over.
     let failover_clock = !roles.primary.available
         && probes.values().any(|p| {
@@ -1118,6 +1136,7 @@ async fn write_status(
     backups: Option<&[pgop_api::backup::PostgresBackup]>,
     major: i32,
     upgrade: &upgrade::Decision,
+    (storage, usage): (&storage::Storage, &[(&str, VolumeUsage)]),
 ) -> Result<(PostgresClusterStatus, Option<Duration>), Error> {
     let seen = status::Observations {
         pods: &observed.pods,
@@ -1170,6 +1189,8 @@ async fn write_status(
             ("InstancesUnschedulable", "InstancesScheduled"),
         ),
     ];
+    status.auto_grow = storage.record.clone();
+    set_volumes_resized(cluster, &mut status, storage, &observed.pvcs, usage, None);
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
     let refused: Vec<(&str, String)> = [&status::ROLES, &status::DATABASES]
         .into_iter()
@@ -1187,6 +1208,19 @@ async fn write_status(
     }
     for (reason, message) in refused {
         publish(ctx, cluster, EventType::Warning, reason, &message).await;
+    }
+    if let Some(message) = &storage.grown {
+        publish(ctx, cluster, EventType::Normal, "VolumeAutoGrown", message).await;
+    }
+    if let Some(message) = &storage.at_limit {
+        publish(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "VolumeAutoGrowLimit",
+            message,
+        )
+        .await;
     }
     for note in &roles.notes {
         let kind = if note.warning {
@@ -1300,7 +1334,7 @@ async fn apply_children(
     roles: &roles::Roles,
     children: &build::Children,
     replace: Option<String>,
-) -> Result<(), Error> {
+) -> Result<Vec<(String, String)>, Error> {
     let name = cluster.name_any();
     let lost = lost_volumes(ctx, observed, placed, roles).await?;
     ctx.expectations.writing(namespace, &name);
@@ -1317,24 +1351,10 @@ async fn apply_children(
             let about = Some(instance.as_str());
             publish_about(ctx, cluster, EventType::Warning, "VolumeLost", &note, about).await;
         }
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
-    for (claim, message) in std::mem::take(&mut outcome.refused_volumes) {
-        let note = format!(
-            "PersistentVolumeClaim {claim} keeps its size: the API server refused the change              to spec.storage.size ({message}); the rest of the cluster is reconciled, and the              change is tried again at every pass"
-        );
-        let about = Some(claim.as_str());
-        publish_about(
-            ctx,
-            cluster,
-            EventType::Warning,
-            "VolumeResizeRefused",
-            &note,
-            about,
-        )
-        .await;
-    }
+    let refused_volumes = std::mem::take(&mut outcome.refused_volumes);
     let plan = &planned.plan;
     let removed: Vec<String> = plan
         .remove
@@ -1385,6 +1405,94 @@ async fn apply_children(
     if !outcome.repaired.is_empty() {
         let note = format!("restored {}", outcome.repaired.join(", "));
         publish(ctx, cluster, EventType::Normal, "Repaired", &note).await;
+    }
+    Ok(refused_volumes)
+}
+
+/// What each instance's manager reports of its data volume.
+fn volume_usage(probes: &BTreeMap<String, probe::Probe>) -> Vec<(&str, VolumeUsage)> {
+    probes
+        .iter()
+        .filter_map(|(name, p)| Some((name.as_str(), p.status()?.volume?)))
+        .collect()
+}
+
+/// The `VolumesResized` condition (see [`storage::resized`]), once the cluster has claims.
+/// `refused` is the API server's refusal in this pass; without it, a refusal on record
+/// stands while the claims still ask for less.
+fn set_volumes_resized(
+    cluster: &PostgresCluster,
+    status: &mut PostgresClusterStatus,
+    storage: &storage::Storage,
+    pvcs: &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
+    usage: &[(&str, VolumeUsage)],
+    refused: Option<&str>,
+) -> bool {
+    use pgop_api::conditions::{VOLUMES_RESIZED, find_condition, new_condition, set_condition};
+    if pvcs.is_empty() {
+        return false;
+    }
+    let on_record = cluster
+        .status
+        .as_ref()
+        .and_then(|s| find_condition(&s.conditions, VOLUMES_RESIZED))
+        .filter(|c| c.reason == "ResizeRefused")
+        .map(|c| c.message.as_str());
+    let (ok, reason, message) = storage::resized(&storage.size, pvcs, usage, refused.or(on_record));
+    let generation = cluster.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        new_condition(VOLUMES_RESIZED, ok, reason, message, generation, now()),
+        now(),
+    )
+}
+
+/// A change of the claims' size the API server refused in this pass (a StorageClass
+/// without `allowVolumeExpansion`, a claim not bound yet): the rest of the cluster was
+/// applied; the condition `VolumesResized` says so (ResizeRefused), with a Warning Event
+/// when it is new. The change is tried again at every pass.
+async fn volumes_refused(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    mut status: PostgresClusterStatus,
+    refused: &[(String, String)],
+    (storage, pvcs, usage): (
+        &storage::Storage,
+        &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
+        &[(&str, VolumeUsage)],
+    ),
+) -> Result<(), Error> {
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let message = refused
+        .iter()
+        .map(|(claim, why)| {
+            format!(
+                "PersistentVolumeClaim {claim} keeps its size: the API server refused the \
+                 change to {} (spec.storage.size, or what auto-grow reached) ({why})",
+                storage.size
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    if set_volumes_resized(cluster, &mut status, storage, pvcs, usage, Some(&message)) {
+        patch_status(ctx, cluster, namespace, status).await?;
+        let note = format!(
+            "{message}; the rest of the cluster is reconciled, and the change is tried again \
+             at every pass"
+        );
+        let about = refused.first().map(|(claim, _)| claim.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "VolumeResizeRefused",
+            &note,
+            about,
+        )
+        .await;
     }
     Ok(())
 }

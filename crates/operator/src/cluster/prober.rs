@@ -167,6 +167,11 @@ pub struct Significant<'a> {
     pub manager_version: Option<&'a str>,
     /// `status.instances[].postgresVersion`.
     pub postgres_version: Option<&'a str>,
+    /// The data volume's size in MiB and the share in use in whole percent: auto-grow
+    /// compares the share with its threshold, and the VolumesResized condition waits for
+    /// the filesystem to grow (see [`super::storage`]). A busy instance moves the share by
+    /// a percent now and then, not with every write.
+    pub volume: Option<(u64, u64)>,
 }
 
 /// What of `status` wakes a reconcile when it changes; see [`Significant`] for every field
@@ -189,6 +194,9 @@ pub fn significant(status: &PgStatus) -> Significant<'_> {
         archiving: status.archiving.as_ref().map(|a| (a.configured, a.failing)),
         manager_version: status.manager_version.as_deref(),
         postgres_version: status.postgres_version.as_deref(),
+        volume: status
+            .volume
+            .map(|v| (v.capacity_bytes >> 20, v.used_percent())),
     }
 }
 

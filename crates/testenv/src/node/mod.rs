@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub use hosts::{HOSTS_FILE_ENV, resolve as resolve_host};
-pub use provisioner::STORAGE_CLASS;
+pub use provisioner::{SIZED_STORAGE_CLASS, STORAGE_CLASS, host_path as provisioner_host_path};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -214,6 +214,7 @@ impl LocalNode {
             drop(tx); // the worker stops its process when its channel closes
             let _ = handle.await;
         }
+        provisioner::unmount_all(&self.shared.root.join("volumes"));
     }
 }
 
@@ -228,6 +229,7 @@ impl Drop for LocalNode {
                 handle.abort();
             }
         }
+        provisioner::unmount_all(&self.shared.root.join("volumes"));
     }
 }
 

@@ -1,0 +1,256 @@
+//! Volume size end to end on the local node with real PostgreSQL, on volumes of the
+//! testenv class `pgop-local-sized`: a tmpfs of the claim's size per volume, which really
+//! fills up and which the node's resizer grows online (see `pgop_testenv::node`'s
+//! provisioner). Rows written into the cluster fill the volumes past
+//! `storage.autoGrow.thresholdPercent`; the operator grows every claim by
+//! `increasePercent`, the filesystems grow, the managers report it (`VolumesResized`
+//! True), then again up to `maxSize`, where a volume over the threshold is a
+//! `VolumeAutoGrowLimit` Warning and no growth. A larger `storage.size` grows them past
+//! it; a smaller one than the volumes hold turns the cluster Invalid and shrinks nothing.
+//! Every row is still there, on both instances.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::Api;
+use pgop_api::conditions;
+use serde_json::json;
+
+const MIB: u64 = 1024 * 1024;
+
+/// A claim's request and capacity, and the filesystem of its volume (capacity and use)
+/// as `statvfs` sees it on this machine, in MiB.
+async fn volume(env: &Env, claim: &str) -> Result<(String, String, u64, u64)> {
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), env.n())
+        .get(claim)
+        .await?;
+    let request = pvc
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default();
+    let capacity = pvc
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default();
+    let pv_name = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .ok_or("the claim is not bound")?;
+    let pv = Api::<PersistentVolume>::all(env.client.clone())
+        .get(&pv_name)
+        .await?;
+    let path = pgop_testenv::node::provisioner_host_path(&pv).ok_or("no host path")?;
+    let fs = pgop_backup::disk::usage(&path).ok_or("statvfs failed")?;
+    Ok((
+        request,
+        capacity,
+        fs.capacity_bytes / MIB,
+        fs.used_bytes / MIB,
+    ))
+}
+
+fn condition(s: &pgop_api::PostgresClusterStatus, type_: &str) -> Option<(String, String, String)> {
+    conditions::find_condition(&s.conditions, type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Inserts batches of 8 MiB of rows (1 KiB each, not compressible) until `claim` asks for
+/// more than `size`, at most `limit` batches; how many it took.
+async fn fill_until_grown(
+    env: &Env,
+    app: &tokio_postgres::Client,
+    claim: &str,
+    size: &str,
+    limit: usize,
+) -> Result<usize> {
+    for batch in 1..=limit {
+        app.batch_execute(
+            "insert into filler select g, repeat(md5(random()::text), 32) \
+             from generate_series(1, 8192) g",
+        )
+        .await?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            let (request, _, fs_size, fs_used) = volume(env, claim).await?;
+            if request != size {
+                eprintln!(
+                    "{claim}: {request} asked after {batch} batches ({fs_used} of {fs_size} MiB used)"
+                );
+                return Ok(batch);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+        let (_, _, fs_size, fs_used) = volume(env, claim).await?;
+        eprintln!("batch {batch}: {claim} {fs_used} of {fs_size} MiB used");
+    }
+    Err(format!("{claim} still asks for {size} after {limit} batches").into())
+}
+
+#[tokio::test]
+async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("volumes").await?;
+    let name = "volumes";
+    env.create(
+        name,
+        json!({"replicas": 2, "storage": {
+            "size": "128Mi", "storageClassName": pgop_testenv::node::SIZED_STORAGE_CLASS,
+            "autoGrow": {"thresholdPercent": 60, "increasePercent": 50, "maxSize": "256Mi"}
+        }}),
+    )
+    .await?;
+    let ready = env.wait_ready(name, 2).await?;
+    let primary = env.current_primary(name).await?;
+    let standby = if primary.ends_with("-1") {
+        "volumes-2"
+    } else {
+        "volumes-1"
+    };
+    let status = ready.status.as_ref().ok_or("no status")?;
+    let (ok, reason, _) =
+        condition(status, conditions::VOLUMES_RESIZED).ok_or("no VolumesResized")?;
+    assert_eq!((ok.as_str(), reason.as_str()), ("True", "Resized"));
+    let (request, capacity, fs_size, fs_used) = volume(&env, &primary).await?;
+    eprintln!(
+        "{primary} at the start: {request} asked, {capacity} given, {fs_used} of {fs_size} MiB used"
+    );
+    assert_eq!(
+        (request.as_str(), capacity.as_str(), fs_size),
+        ("128Mi", "128Mi", 128)
+    );
+
+    let ip = env.pod_ip(&primary).await?;
+    let password = env.password(name).await?;
+    let app = connect(&ip, &password).await?;
+    app.batch_execute("create table filler (id int, body text)")
+        .await?;
+
+    // Past 60 %: every claim grows by half, the filesystems with them.
+    fill_until_grown(&env, &app, &primary, "128Mi", 12).await?;
+    let grown = env
+        .wait_cluster(name, "grown to 192Mi and resized", TIMEOUT, |s| {
+            s.auto_grow
+                .as_ref()
+                .is_some_and(|g| g.size == "192Mi" && g.count == 1)
+                && condition(s, conditions::VOLUMES_RESIZED)
+                    .is_some_and(|(ok, _, m)| ok == "True" && m.contains("192Mi"))
+        })
+        .await?;
+    assert!(
+        grown
+            .status
+            .as_ref()
+            .and_then(|s| s.auto_grow.as_ref())
+            .is_some_and(|g| g.grown_at.is_some() && !g.at_limit)
+    );
+    for claim in [primary.as_str(), standby] {
+        let (request, capacity, fs_size, _) = volume(&env, claim).await?;
+        assert_eq!(
+            (request.as_str(), capacity.as_str(), fs_size),
+            ("192Mi", "192Mi", 192),
+            "{claim}"
+        );
+    }
+    let event = env.wait_event("VolumeAutoGrown").await?;
+    assert!(
+        event.contains("from 128Mi to 192Mi") && event.contains("threshold 60%"),
+        "{event}"
+    );
+
+    // Again: 192 MiB and a half is more than the maximum, so 256Mi.
+    fill_until_grown(&env, &app, &primary, "192Mi", 12).await?;
+    env.wait_cluster(name, "grown to 256Mi and resized", TIMEOUT, |s| {
+        s.auto_grow
+            .as_ref()
+            .is_some_and(|g| g.size == "256Mi" && g.count == 2)
+            && condition(s, conditions::VOLUMES_RESIZED).is_some_and(|(ok, _, _)| ok == "True")
+    })
+    .await?;
+
+    // At the maximum: over the threshold, reported, not grown.
+    let mut at_limit = false;
+    for _ in 0..12 {
+        app.batch_execute(
+            "insert into filler select g, repeat(md5(random()::text), 32) \
+             from generate_series(1, 8192) g",
+        )
+        .await?;
+        let c = env.clusters().get(name).await?;
+        if c.status
+            .as_ref()
+            .and_then(|s| s.auto_grow.as_ref())
+            .is_some_and(|g| g.at_limit)
+        {
+            at_limit = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    }
+    assert!(at_limit, "status.autoGrow.atLimit");
+    let warning = env.wait_event("VolumeAutoGrowLimit").await?;
+    assert!(warning.contains("maxSize (256Mi)"), "{warning}");
+    let (request, _, fs_size, fs_used) = volume(&env, &primary).await?;
+    assert_eq!((request.as_str(), fs_size), ("256Mi", 256));
+    assert!(fs_used * 100 >= 60 * 256, "{fs_used} MiB used");
+    let rows: i64 = app
+        .query_one("select count(*) from filler", &[])
+        .await?
+        .get(0);
+
+    // A larger spec grows them past the maximum; below the threshold the limit is lifted.
+    // (with a larger maximum: a spec above it is refused)
+    env.patch(
+        name,
+        json!({"spec": {"storage": {"size": "512Mi", "autoGrow": {"maxSize": "1Gi"}}}}),
+    )
+    .await?;
+    env.wait_cluster(name, "resized to 512Mi", TIMEOUT, |s| {
+        condition(s, conditions::VOLUMES_RESIZED)
+            .is_some_and(|(ok, _, m)| ok == "True" && m.contains("512Mi"))
+            && s.auto_grow.as_ref().is_some_and(|g| !g.at_limit)
+    })
+    .await?;
+    for claim in [primary.as_str(), standby] {
+        let (request, capacity, fs_size, _) = volume(&env, claim).await?;
+        assert_eq!(
+            (request.as_str(), capacity.as_str(), fs_size),
+            ("512Mi", "512Mi", 512),
+            "{claim}"
+        );
+    }
+
+    // A spec below the volumes (what the webhook refuses, caught by the operator here):
+    // Invalid, nothing shrinks, and the cluster comes back when it is raised again.
+    env.patch(name, json!({"spec": {"storage": {"size": "256Mi"}}}))
+        .await?;
+    env.wait_cluster(name, "Invalid", TIMEOUT, |s| {
+        s.phase == Some(pgop_api::cluster::ClusterPhase::Invalid)
+    })
+    .await?;
+    assert_eq!(volume(&env, &primary).await?.0, "512Mi");
+    env.patch(name, json!({"spec": {"storage": {"size": "512Mi"}}}))
+        .await?;
+    env.wait_ready(name, 2).await?;
+
+    // Every row, on both instances.
+    let standby_ip = env.pod_ip(standby).await?;
+    let replica = connect(&standby_ip, &password).await?;
+    eventually("the standby has every row", TIMEOUT, || async {
+        let n: i64 = replica
+            .query_one("select count(*) from filler", &[])
+            .await
+            .ok()?
+            .get(0);
+        (n == rows).then_some(())
+    })
+    .await;
+    env.stop().await
+}
