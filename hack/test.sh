@@ -31,7 +31,7 @@ hack/install-testenv.sh >/dev/null
 # ~/.cache/pgop/s3s-fs (a few minutes the first time).
 hack/install-s3-server.sh >/dev/null
 # The alert rules' tests run promtool (crates/pgop/tests/monitoring_rules.rs), built once
-# from the Go module proxy into ~/.cache/pgop/promtool (7 to 10 minutes the first time).
+# from the Go module proxy into ~/.cache/pgop/promtool (about 2 minutes the first time).
 hack/install-promtool.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 # The images the real-node tests import into their nodes (docs/images.md), with the
