@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs pgop's whole test suite: unit tests, integration tests against a real Kubernetes
 # control plane (built first by hack/install-testenv.sh if it is missing), backup tests
-# against a real S3 server (hack/install-s3-server.sh installs it), and the real-node tier
+# against a real S3 server (hack/install-s3-server.sh installs it), the alert rules' tests
+# with promtool (hack/install-promtool.sh), and the real-node tier
 # (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh),
 # on PostgreSQL 15 (Debian's packages) and 18 (hack/install-postgres18.sh).
 # Missing Debian packages are installed by hack/install-packages.sh. Needs root.
@@ -29,6 +30,9 @@ hack/install-testenv.sh >/dev/null
 # The backup tests start a real S3 server (s3s-fs), installed once into
 # ~/.cache/pgop/s3s-fs (a few minutes the first time).
 hack/install-s3-server.sh >/dev/null
+# The alert rules' tests run promtool (crates/pgop/tests/monitoring_rules.rs), built once
+# from the Go module proxy into ~/.cache/pgop/promtool (about 2 minutes the first time).
+hack/install-promtool.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 # The images the real-node tests import into their nodes (docs/images.md), with the
 # debug build of pgop, which the tests build anyway (a release build from nothing takes

@@ -105,13 +105,26 @@ async fn pg_status(State(instance): State<Arc<Instance>>) -> Json<crate::status:
     Json(instance.status().await)
 }
 
-/// `GET /metrics`: one fresh status and the backup jobs, in the OpenMetrics text format.
+/// `GET /metrics`: one fresh status, the backup jobs, the data volume's usage and the
+/// certificates' expiry, in the OpenMetrics text format.
 async fn metrics(State(instance): State<Arc<Instance>>) -> Response {
     let status = instance.status().await;
     let jobs = instance.backup_jobs();
+    // statvfs and two small files: off the async threads, as any filesystem call.
+    let layout = instance.options().layout.clone();
+    let (volume, certificates) = tokio::task::spawn_blocking(move || {
+        (
+            crate::metrics::volume(&layout.pgdata),
+            crate::metrics::certificates(&crate::config::tls_files(&layout)),
+        )
+    })
+    .await
+    .unwrap_or_default();
     let manager = crate::metrics::Manager {
         cluster: &instance.options().layout.cluster,
         crash_restarts: instance.restarts(),
+        volume,
+        certificates: &certificates,
     };
     match crate::metrics::encode(&status, &jobs, manager) {
         Ok(body) => (

@@ -1,8 +1,9 @@
 //! `GET /metrics`: the instance in the OpenMetrics text format, for Prometheus. Nothing is
 //! kept between scrapes: each one encodes a fresh [`PgStatus`] (the same one `/pg/status`
-//! serves) and the manager's backup jobs with [`encode`], a pure function. Every series
-//! carries the `cluster` and `instance` labels; a value that is not known (PostgreSQL down,
-//! a standby's current LSN, ...) has no series rather than a made-up one.
+//! serves), the manager's backup jobs, the data volume's usage ([`volume`]) and the expiry
+//! of PostgreSQL's certificates ([`certificates`]) with [`encode`], a pure function. Every
+//! series carries the `cluster` and `instance` labels; a value that is not known
+//! (PostgreSQL down, a standby's current LSN, ...) has no series rather than a made-up one.
 
 use pgop_api::instance_status::{BackupJob, BackupJobPhase, PgRole, PgStatus};
 use prometheus_client::encoding::text;
@@ -11,6 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use std::borrow::Cow;
+use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
 /// The content type of [`encode`]'s output.
@@ -29,6 +31,73 @@ pub struct Manager<'a> {
     pub cluster: &'a str,
     /// How often the supervisor restarted a crashed postmaster since the manager started.
     pub crash_restarts: u32,
+    /// The filesystem PGDATA is on; `None` when statvfs failed.
+    pub volume: Option<Volume>,
+    /// PostgreSQL's certificates as served, by name (`server`, `replication`), and when
+    /// each expires; those that could not be read are left out.
+    pub certificates: &'a [(&'static str, jiff::Timestamp)],
+}
+
+/// The size and usage of a filesystem, as statvfs(3) reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Volume {
+    /// Its size (`f_blocks` × `f_frsize`).
+    pub capacity_bytes: u64,
+    /// In use: its blocks that are not free (`f_blocks − f_bfree`).
+    pub used_bytes: u64,
+    /// What a user other than root, such as PostgreSQL's, may still write (`f_bavail`):
+    /// less than capacity − used by the blocks the filesystem keeps for root.
+    pub available_bytes: u64,
+}
+
+/// statvfs(3) of the filesystem `path` is on; of its nearest existing ancestor while
+/// `path` does not exist (PGDATA before initdb creates it, below the volume's mount).
+// statvfs's field types differ between platforms (u32 on some 32-bit ones).
+#[allow(clippy::useless_conversion)]
+pub fn volume(path: &Path) -> Option<Volume> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a NUL-terminated string and `stat` points to writable memory
+    // of the right type, which statvfs fills when it returns 0.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        tracing::debug!(path = %existing.display(), error = %std::io::Error::last_os_error(), "statvfs failed");
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised `stat`.
+    let stat = unsafe { stat.assume_init() };
+    let frsize = u64::from(stat.f_frsize);
+    let blocks = u64::from(stat.f_blocks);
+    Some(Volume {
+        capacity_bytes: blocks.saturating_mul(frsize),
+        used_bytes: blocks
+            .saturating_sub(u64::from(stat.f_bfree))
+            .saturating_mul(frsize),
+        available_bytes: u64::from(stat.f_bavail).saturating_mul(frsize),
+    })
+}
+
+/// When each of PostgreSQL's certificates in `files` expires: the server certificate it
+/// serves (`server`) and the replication client certificate (`replication`). A file that
+/// is missing (before the manager wrote it, or without TLS) or unreadable is left out.
+pub fn certificates(files: &crate::config::TlsFiles) -> Vec<(&'static str, jiff::Timestamp)> {
+    [
+        ("server", &files.server_cert),
+        ("replication", &files.replication_cert),
+    ]
+    .into_iter()
+    .filter_map(|(name, path)| {
+        let pem = std::fs::read_to_string(path).ok()?;
+        match pgop_tls::not_after(&pem, "certificate") {
+            Ok(at) => Some((name, at)),
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "unreadable certificate");
+                None
+            }
+        }
+    })
+    .collect()
 }
 
 /// Registers families on a registry with the `pgop` prefix and the constant labels.
@@ -254,6 +323,43 @@ pub fn encode(
         }
     }
 
+    // The data volume (PGDATA's filesystem).
+    let capacity = b.int_with_unit(
+        "volume_capacity",
+        "Size of the filesystem the data directory (PGDATA) is on",
+        Unit::Bytes,
+    );
+    let used = b.int_with_unit(
+        "volume_used",
+        "Bytes in use on the filesystem the data directory (PGDATA) is on",
+        Unit::Bytes,
+    );
+    let available = b.int_with_unit(
+        "volume_available",
+        "Bytes PostgreSQL may still write on the filesystem of the data directory (PGDATA); less than capacity minus used by the blocks reserved for root",
+        Unit::Bytes,
+    );
+    if let Some(v) = manager.volume {
+        let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        set(&capacity, vec![], bytes(v.capacity_bytes));
+        set(&used, vec![], bytes(v.used_bytes));
+        set(&available, vec![], bytes(v.available_bytes));
+    }
+
+    // PostgreSQL's certificates.
+    let expiry = b.int_with_unit(
+        "certificate_expiry_timestamp",
+        "When a certificate PostgreSQL uses expires (server: the one it serves; replication: its client certificate), seconds since the Unix epoch",
+        Unit::Seconds,
+    );
+    for (name, at) in manager.certificates {
+        set(
+            &expiry,
+            vec![("certificate", (*name).to_string())],
+            at.as_second(),
+        );
+    }
+
     // Base backups this manager ran (`/pg/backups`), as far as it remembers them.
     let by_phase = b.int(
         "backup_jobs",
@@ -298,6 +404,8 @@ mod tests {
     const DEMO: Manager<'static> = Manager {
         cluster: "demo",
         crash_restarts: 2,
+        volume: None,
+        certificates: &[],
     };
 
     fn standby(name: &str, lag: i64, seconds: Option<f64>) -> StandbyReplication {
@@ -548,6 +656,134 @@ mod tests {
         assert_eq!(
             value(&samples, "pgop_wal_archive_failed_total", BASE),
             Some(4.0)
+        );
+    }
+
+    #[test]
+    fn the_data_volume_and_the_certificates_are_reported() {
+        let server: jiff::Timestamp = "2027-03-01T00:00:00Z".parse().expect("timestamp");
+        let replication: jiff::Timestamp = "2027-02-01T00:00:00Z".parse().expect("timestamp");
+        let manager = Manager {
+            volume: Some(Volume {
+                capacity_bytes: 10 << 30,
+                used_bytes: 9 << 30,
+                available_bytes: 512 << 20,
+            }),
+            certificates: &[("server", server), ("replication", replication)],
+            ..DEMO
+        };
+        // Known whether PostgreSQL runs or not.
+        let text = encode(&PgStatus::stopped("demo-1", false), &[], manager).expect("encode");
+        let samples = parse(&text);
+        let v = |name: &str, extra: &str| value(&samples, name, &format!("{BASE}{extra}"));
+        assert_eq!(v("pgop_volume_capacity_bytes", ""), Some(10_737_418_240.0));
+        assert_eq!(v("pgop_volume_used_bytes", ""), Some(9_663_676_416.0));
+        assert_eq!(v("pgop_volume_available_bytes", ""), Some(536_870_912.0));
+        assert_eq!(
+            v(
+                "pgop_certificate_expiry_timestamp_seconds",
+                r#",certificate="server""#
+            ),
+            Some(1_803_859_200.0)
+        );
+        assert_eq!(
+            v(
+                "pgop_certificate_expiry_timestamp_seconds",
+                r#",certificate="replication""#
+            ),
+            Some(1_801_440_000.0)
+        );
+        assert!(
+            text.lines()
+                .any(|l| l == "# UNIT pgop_volume_capacity_bytes bytes"),
+            "{text}"
+        );
+        // Unknown: no series, not zeros.
+        let text = encode(&primary(), &[], DEMO).expect("encode");
+        for absent in ["pgop_volume_", "pgop_certificate_expiry"] {
+            assert!(!text.contains(absent), "{absent} in\n{text}");
+        }
+    }
+
+    /// A directory of its own under the system's temporary directory, removed on drop.
+    struct TempDir(std::path::PathBuf);
+
+    impl TempDir {
+        fn new(label: &str) -> Self {
+            let path = std::env::temp_dir().join(format!(
+                "pgop-metrics-{label}-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).expect("a temporary directory");
+            Self(path)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn statvfs_reads_the_volume_of_a_directory_or_of_its_nearest_ancestor() {
+        let dir = TempDir::new("volume");
+        let v = volume(&dir.0).expect("statvfs of a directory");
+        assert!(v.capacity_bytes > 0, "{v:?}");
+        assert!(v.used_bytes <= v.capacity_bytes, "{v:?}");
+        assert!(
+            v.available_bytes <= v.capacity_bytes - v.used_bytes,
+            "{v:?}"
+        );
+        // PGDATA before initdb: the volume it will be on.
+        let later = volume(&dir.0.join("pgdata/not/yet")).expect("an ancestor's");
+        assert_eq!(later.capacity_bytes, v.capacity_bytes);
+    }
+
+    #[test]
+    fn the_certificates_are_read_from_the_files_postgresql_uses() {
+        let dir = TempDir::new("certificates");
+        let layout = crate::config::Layout {
+            instance: "demo-1".into(),
+            cluster: "demo".into(),
+            pgdata: dir.0.join("pgdata"),
+            listen_addresses: "127.0.0.1".into(),
+            port: 5432,
+            socket_dir: dir.0.clone(),
+        };
+        let files = crate::config::tls_files(&layout);
+        // Before the manager wrote them: nothing.
+        assert_eq!(certificates(&files), []);
+        let now = jiff::Timestamp::now();
+        let ca = pgop_tls::Authority::generate_postgres(now).expect("authority");
+        let server = ca
+            .issue_postgres_server(&["demo-rw".to_string()], now, 90)
+            .expect("server certificate");
+        // The server's with its chain, as a brought certificate may be.
+        std::fs::write(
+            &files.server_cert,
+            format!("{}{}", server.cert_pem, ca.cert_pem()),
+        )
+        .expect("write");
+        assert_eq!(certificates(&files), [("server", server.not_after)]);
+        std::fs::write(&files.replication_cert, "garbage").expect("write");
+        assert_eq!(
+            certificates(&files),
+            [("server", server.not_after)],
+            "an unreadable one is left out"
+        );
+        let replication = ca
+            .issue_postgres_client("streaming_replica", now, 30)
+            .expect("client certificate");
+        std::fs::write(&files.replication_cert, &replication.cert_pem).expect("write");
+        assert_eq!(
+            certificates(&files),
+            [
+                ("server", server.not_after),
+                ("replication", replication.not_after)
+            ]
         );
     }
 

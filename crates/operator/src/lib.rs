@@ -17,7 +17,7 @@ pub mod migrate;
 pub mod selector;
 pub mod webhook;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::PartialObjectMeta;
 use kube::runtime::controller::{self, Action, Controller};
@@ -360,7 +360,12 @@ impl Operator {
                     .default_backoff()
                     .modify(cluster::cache::trim::<PostgresCluster>),
             )
-            .applied_objects();
+            .applied_objects()
+            // Failovers, for pgop_cluster_last_failover_timestamp_seconds.
+            .inspect_ok({
+                let recorded = recorded.clone();
+                move |cluster| recorded.observe_cluster(cluster)
+            });
             // Each child kind's watch fills its cache and triggers its cluster's reconcile.
             let clusters = feeds
                 .attach(Controller::for_stream(cluster_stream, cluster_reader))

@@ -87,6 +87,9 @@ pub struct Metrics {
     /// until one is served, and when its source does not say (files).
     webhook_certificate_expiry: Gauge<i64, AtomicI64>,
     webhook_certificate_known: std::sync::atomic::AtomicBool,
+    /// When the last failover this replica saw began, by cluster uid (see
+    /// [`Metrics::observe_cluster`]).
+    failovers: std::sync::Mutex<BTreeMap<String, f64>>,
 }
 
 impl Default for Metrics {
@@ -108,6 +111,7 @@ impl Metrics {
             webhook_reviews: IntCounter::default(),
             webhook_certificate_expiry: Gauge::default(),
             webhook_certificate_known: std::sync::atomic::AtomicBool::new(false),
+            failovers: std::sync::Mutex::default(),
         };
         metrics
             .build_info
@@ -209,6 +213,39 @@ impl Metrics {
         self.webhook_certificate_expiry.set(not_after.as_second());
         self.webhook_certificate_known
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Metrics {
+    /// Notes a cluster as the controller's watch delivers it: while its phase is
+    /// FailingOver, when that failover began (`status.targetPrimarySince`). A failover
+    /// writes that phase to the status until the new primary reports in, so a watch sees
+    /// it even when a scrape falls before and after it; switchovers (phase SwitchingOver)
+    /// are not failovers.
+    pub fn observe_cluster(&self, cluster: &PostgresCluster) {
+        let Some(status) = cluster.status.as_ref() else {
+            return;
+        };
+        if status.phase != Some(ClusterPhase::FailingOver) {
+            return;
+        }
+        let (Some(uid), Some(since)) = (cluster.uid(), status.target_primary_since.as_ref()) else {
+            return;
+        };
+        let mut failovers = self.failovers.lock().unwrap_or_else(|p| p.into_inner());
+        failovers.insert(uid, epoch_seconds(since));
+    }
+
+    /// When the last failover of the cluster with this uid that this replica saw began.
+    fn last_failover(&self, uid: &str) -> Option<f64> {
+        let failovers = self.failovers.lock().unwrap_or_else(|p| p.into_inner());
+        failovers.get(uid).copied()
+    }
+
+    /// Forgets the failovers of clusters that are not among `clusters` (deleted ones).
+    fn forget_failovers_except(&self, clusters: &[Arc<PostgresCluster>]) {
+        let mut failovers = self.failovers.lock().unwrap_or_else(|p| p.into_inner());
+        failovers.retain(|uid, _| clusters.iter().any(|c| c.uid().as_deref() == Some(uid)));
     }
 }
 
@@ -456,6 +493,11 @@ pub fn encode(
         "The earliest time the cluster can be restored to from its backups, seconds since the Unix epoch",
         Unit::Seconds,
     );
+    let last_failover = b.float_with_unit(
+        "cluster_last_failover_timestamp",
+        "When the cluster's last failover seen by this operator replica began (status.targetPrimarySince while the phase was FailingOver), seconds since the Unix epoch",
+        Unit::Seconds,
+    );
     for cluster in clusters {
         let base = vec![
             ("namespace", cluster.namespace().unwrap_or_default()),
@@ -466,6 +508,9 @@ pub fn encode(
             labels.push((key, value.to_string()));
             labels
         };
+        if let Some(at) = cluster.uid().and_then(|uid| metrics.last_failover(&uid)) {
+            last_failover.get_or_create(&base).set(at);
+        }
         let status = cluster.status.as_ref();
         let current = status.and_then(|s| s.phase);
         for p in CLUSTER_PHASES {
@@ -639,6 +684,7 @@ fn reported_backups(
 
 async fn serve_metrics(State(sources): State<Arc<Sources>>) -> Response {
     let clusters = sources.clusters();
+    sources.metrics.forget_failovers_except(&clusters);
     let backups = reported_backups(&clusters, sources.backups(), sources.selective);
     let prober = sources
         .prober
@@ -1026,6 +1072,62 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             ),
         );
+    }
+
+    /// Cluster `name` with this uid, phase and `targetPrimarySince`.
+    fn failing_over(name: &str, uid: &str, phase: &str, since: &str) -> Arc<PostgresCluster> {
+        let mut c = cluster(
+            "prod",
+            name,
+            3,
+            serde_json::json!({"phase": phase, "currentPrimary": format!("{name}-1"),
+                               "targetPrimary": format!("{name}-2"), "targetPrimarySince": since}),
+        );
+        Arc::make_mut(&mut c).metadata.uid = Some(uid.to_string());
+        c
+    }
+
+    #[test]
+    fn the_last_failover_seen_is_reported_until_its_cluster_goes() {
+        let metrics = Metrics::default();
+        let last = |clusters: &[Arc<PostgresCluster>], name: &str| {
+            let text = encode(clusters, &[], &metrics, None).expect("encode");
+            value(
+                &parse(&text),
+                "pgop_cluster_last_failover_timestamp_seconds",
+                &format!(r#"namespace="prod",cluster="{name}""#),
+            )
+        };
+        // A switchover is not a failover; nor is a cluster that never failed over.
+        let switching = failing_over("a", "uid-a", "SwitchingOver", "2025-01-31T12:00:00Z");
+        metrics.observe_cluster(&switching);
+        assert_eq!(last(std::slice::from_ref(&switching), "a"), None);
+        let failing = failing_over("a", "uid-a", "FailingOver", "2025-01-31T12:10:00.5Z");
+        metrics.observe_cluster(&failing);
+        // Reported after the failover ended, with the time it began.
+        let ready = failing_over("a", "uid-a", "Ready", "2025-01-31T12:10:00.5Z");
+        metrics.observe_cluster(&ready);
+        assert_eq!(
+            last(std::slice::from_ref(&ready), "a"),
+            Some(1_738_325_400.5)
+        );
+        // Another failover of the same cluster replaces it.
+        metrics.observe_cluster(&failing_over(
+            "a",
+            "uid-a",
+            "FailingOver",
+            "2025-01-31T13:00:00Z",
+        ));
+        assert_eq!(
+            last(std::slice::from_ref(&ready), "a"),
+            Some(1_738_328_400.0)
+        );
+        // A cluster of the same name made anew (another uid) has none; nor, once a scrape
+        // found the first one gone, does the first one come back.
+        let anew = failing_over("a", "uid-a2", "Ready", "2025-01-31T14:00:00Z");
+        assert_eq!(last(std::slice::from_ref(&anew), "a"), None);
+        metrics.forget_failovers_except(std::slice::from_ref(&anew));
+        assert_eq!(last(std::slice::from_ref(&ready), "a"), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The Helm chart `charts/pgop`: its CRDs are `pgop crd`'s, `deploy/operator/` is its
-//! rendering with the default values, `helm lint --strict` is clean, and its renderings
+//! rendering with the default values, `deploy/monitoring/` its rendering with the PodMonitors
+//! and the alert rules on, `helm lint --strict` is clean, and its renderings
 //! under several value sets say what they should and are accepted, server-side and with
 //! strict field validation, by a real kube-apiserver. The operator runs under the
 //! namespace-scoped RBAC it renders, for one and for two watched namespaces (the
@@ -313,6 +314,39 @@ fn deploy_operator_is_the_chart_rendered_with_its_defaults() -> Result {
     Ok(())
 }
 
+#[test]
+fn deploy_monitoring_is_the_chart_rendered_with_monitoring_on() -> Result {
+    let out = std::env::temp_dir().join(format!("pgop-render-monitoring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(root().join("hack/render-deploy.sh"))
+        .arg("--monitoring")
+        .arg(&out)
+        .env("HELM", helm()?)
+        .status()?;
+    assert!(
+        status.success(),
+        "hack/render-deploy.sh --monitoring failed"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_, _>>()?;
+    names.sort();
+    assert_eq!(
+        names,
+        ["dashboard.json", "podmonitor.yaml", "prometheusrule.yaml"]
+    );
+    for name in &names {
+        let rendered = std::fs::read_to_string(out.join(name))?;
+        let committed = std::fs::read_to_string(root().join("deploy/monitoring").join(name))?;
+        assert!(
+            rendered == committed,
+            "deploy/monitoring/{name} differs from the chart's rendering; regenerate it with hack/render-deploy.sh"
+        );
+    }
+    std::fs::remove_dir_all(&out)?;
+    Ok(())
+}
+
 /// Every value in values.yaml has a row in the chart README's table (a value or one of
 /// its parents, e.g. `resources`), and every row names a value.
 #[test]
@@ -399,6 +433,24 @@ affinity:
         - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
 ";
 
+/// Both PodMonitors, the alert rules and the dashboard, with every value of theirs set;
+/// `{dashboards}`: the dashboard's namespace.
+const MONITORING: &str = "
+metrics:
+  podMonitor: {enabled: true}
+  instancePodMonitor: {enabled: true, interval: 15s, scrapeTimeout: 10s, labels: {release: prometheus}}
+monitoring:
+  prometheusRule:
+    enabled: true
+    labels: {release: prometheus}
+    runbookURL: https://git.example.com/pgop/blob/main/docs/runbooks.md
+  dashboard:
+    enabled: true
+    namespace: {dashboards}
+    labels: {grafana_dashboard: '1', team: databases}
+    annotations: {grafana_folder: Databases}
+";
+
 /// The webhooks on, cluster-wide.
 const WEBHOOKS: &str = "webhook: {enabled: true}\n";
 
@@ -419,6 +471,10 @@ fn helm_lint_is_clean_with_every_value_set() -> Result {
     let sets = [
         ("defaults", DEFAULTS.to_string()),
         ("podmonitor", TWO_REPLICAS_AND_PODMONITOR.to_string()),
+        (
+            "monitoring",
+            MONITORING.replace("{dashboards}", "grafana"),
+        ),
         ("namespaced", namespaced("databases")),
         (
             "two-namespaces",
@@ -475,6 +531,23 @@ fn values_the_operator_cannot_honour_are_refused() -> Result {
         ("clusterSelector: \"a='x'\"\n", "clusterSelector"),
         // The webhooks: what the API server accepts, on a port of their own; the chart
         // sets no caBundle (the operator keeps it).
+        // The runbook URL lands unquoted in every rule's annotations.
+        (
+            "monitoring: {prometheusRule: {runbookURL: 'docs/runbooks.md #x'}}\n",
+            "runbookURL",
+        ),
+        (
+            "monitoring: {prometheusRule: {runbookURL: '{x}'}}\n",
+            "runbookURL",
+        ),
+        (
+            "monitoring: {dashboard: {namespace: Grafana}}\n",
+            "namespace",
+        ),
+        (
+            "metrics: {instancePodMonitor: {honorLabels: false}}\n",
+            "honorLabels",
+        ),
         ("webhook: {failurePolicy: Sometimes}\n", "failurePolicy"),
         ("webhook: {timeoutSeconds: 31}\n", "timeoutSeconds"),
         ("webhook: {port: 0}\n", "port"),
@@ -633,6 +706,11 @@ spec:
                 type: object
                 properties:
                   matchLabels: {{type: object, additionalProperties: {{type: string}}}}
+              namespaceSelector:
+                type: object
+                properties:
+                  any: {{type: boolean}}
+                  matchNames: {{type: array, items: {{type: string}}}}
               podMetricsEndpoints:
                 type: array
                 items:
@@ -645,6 +723,80 @@ spec:
                     honorLabels: {{type: boolean}}
 "
     ))?)
+}
+
+/// A minimal PrometheusRule CRD (the Prometheus Operator's is not installed in testenv),
+/// declaring the fields of a rule group and a rule that pgop's rules may use, so that a
+/// strict apply refuses a misspelt one.
+fn prometheusrule_crd() -> Result<
+    k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+> {
+    let strings = "{type: object, additionalProperties: {type: string}}";
+    let duration = "{type: string, pattern: '^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$'}";
+    Ok(serde_yaml::from_str(&format!(
+        "
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: prometheusrules.monitoring.coreos.com}}
+spec:
+  group: monitoring.coreos.com
+  scope: Namespaced
+  names: {{kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule, listKind: PrometheusRuleList}}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec:
+            type: object
+            properties:
+              groups:
+                type: array
+                items:
+                  type: object
+                  required: [name]
+                  properties:
+                    name: {{type: string, minLength: 1}}
+                    interval: {duration}
+                    rules:
+                      type: array
+                      items:
+                        type: object
+                        required: [expr]
+                        properties:
+                          alert: {{type: string}}
+                          record: {{type: string}}
+                          expr: {{type: string}}
+                          for: {duration}
+                          keep_firing_for: {duration}
+                          labels: {strings}
+                          annotations: {strings}
+"
+    ))?)
+}
+
+/// pgop's alert rules (the chart's `monitoring/rules.yaml`) with every `runbook_url` of the
+/// form `docs/runbooks.md#x` moved under `base`.
+fn rules_with_runbooks_at(base: &str) -> Result<Value> {
+    let mut rules: Value = serde_yaml::from_str(&std::fs::read_to_string(
+        chart().join("monitoring/rules.yaml"),
+    )?)?;
+    let groups = rules["groups"].as_sequence_mut().ok_or("no groups")?;
+    for group in groups {
+        for rule in group["rules"].as_sequence_mut().ok_or("no rules")? {
+            let url = &mut rule["annotations"]["runbook_url"];
+            let anchor = url
+                .as_str()
+                .and_then(|u| u.strip_prefix("docs/runbooks.md#"))
+                .ok_or_else(|| format!("runbook_url {url:?}"))?
+                .to_string();
+            *url = Value::from(format!("{base}#{anchor}"));
+        }
+    }
+    Ok(rules["groups"].clone())
 }
 
 #[tokio::test]
@@ -708,6 +860,113 @@ async fn two_replicas_and_a_podmonitor_render_and_apply() -> Result {
     );
     pgop_testenv::crds::install(&admin, [podmonitor_crd()?]).await?;
     apply(&admin, &monitors).await?;
+
+    // Monitoring on (its CRDs installed here, after the check above): the instances'
+    // PodMonitor, the rules and the dashboard, applied.
+    let docs = template(n, n, &MONITORING.replace("{dashboards}", n))?;
+    let all = template(n, n, DEFAULTS)?;
+    let mut expected = objects(&all);
+    expected.extend([
+        format!("ConfigMap {n}/{full}-dashboard"),
+        format!("PodMonitor {n}/{full}"),
+        format!("PodMonitor {n}/{full}-instances"),
+        format!("PrometheusRule {n}/{full}"),
+    ]);
+    expected.sort();
+    assert_eq!(objects(&docs), expected, "monitoring adds these only");
+    let instances = named(&docs, "PodMonitor", &format!("{full}-instances"));
+    assert_eq!(
+        instances["metadata"]["labels"]["release"].as_str(),
+        Some("prometheus")
+    );
+    let endpoints =
+        "[{port: manager, path: /metrics, interval: 15s, scrapeTimeout: 10s, honorLabels: true}]";
+    assert_eq!(
+        instances["spec"],
+        yaml(&format!(
+            "{{namespaceSelector: {{any: true}},
+               selector: {{matchLabels: {{app.kubernetes.io/managed-by: pgop, app.kubernetes.io/component: database}}}},
+               podMetricsEndpoints: {endpoints}}}"
+        ))
+    );
+    // The selector is what the operator puts on every instance Pod, its port the one the
+    // Pod names, and the path the one the manager serves.
+    let mut pod_labels = pgop_api::labels::cluster_labels("any");
+    pod_labels.insert(
+        pgop_api::labels::COMPONENT.to_string(),
+        pgop_api::labels::COMPONENT_DATABASE.to_string(),
+    );
+    assert!(selects(
+        &instances["spec"]["selector"]["matchLabels"],
+        &serde_yaml::to_value(&pod_labels)?
+    ));
+    assert_eq!(
+        instances["spec"]["podMetricsEndpoints"][0]["port"].as_str(),
+        Some(pgop_api::constants::MANAGER_PORT_NAME)
+    );
+    assert_eq!(
+        instances["spec"]["podMetricsEndpoints"][0]["path"].as_str(),
+        Some(pgop_api::constants::PATH_METRICS)
+    );
+    // With watched namespaces, those only.
+    let watched = template(
+        n,
+        n,
+        &format!(
+            "watchNamespaces: [team-a, team-b]\n{}",
+            MONITORING.replace("{dashboards}", n)
+        ),
+    )?;
+    assert_eq!(
+        named(&watched, "PodMonitor", &format!("{full}-instances"))["spec"]["namespaceSelector"],
+        yaml("{matchNames: [team-a, team-b]}")
+    );
+    let rule = one(&docs, "PrometheusRule");
+    assert_eq!(
+        rule["metadata"]["labels"]["release"].as_str(),
+        Some("prometheus")
+    );
+    assert_eq!(
+        rule["spec"]["groups"],
+        rules_with_runbooks_at("https://git.example.com/pgop/blob/main/docs/runbooks.md")?,
+        "the rules of monitoring/rules.yaml, runbooks under runbookURL"
+    );
+    let dashboard = one(&docs, "ConfigMap");
+    assert_eq!(dashboard["metadata"]["namespace"].as_str(), Some(n));
+    assert_eq!(
+        dashboard["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    assert_eq!(
+        dashboard["metadata"]["labels"]["team"].as_str(),
+        Some("databases")
+    );
+    assert_eq!(
+        dashboard["metadata"]["annotations"],
+        yaml("{grafana_folder: Databases}")
+    );
+    let json = std::fs::read_to_string(chart().join("monitoring/dashboard.json"))?;
+    assert_eq!(
+        dashboard["data"]["pgop.json"].as_str(),
+        Some(json.trim_end()),
+        "the ConfigMap holds monitoring/dashboard.json"
+    );
+    // The default dashboard labels are the Grafana sidecar's.
+    let sidecar = template(n, n, "monitoring: {dashboard: {enabled: true}}\n")?;
+    assert_eq!(
+        one(&sidecar, "ConfigMap")["metadata"]["labels"]["grafana_dashboard"].as_str(),
+        Some("1")
+    );
+    assert_eq!(
+        one(&sidecar, "ConfigMap")["metadata"]["namespace"].as_str(),
+        Some(n)
+    );
+    pgop_testenv::crds::install(&admin, [prometheusrule_crd()?]).await?;
+    let monitoring: Vec<Value> = docs
+        .into_iter()
+        .filter(|d| ["PodMonitor", "PrometheusRule", "ConfigMap"].contains(&kind_of(d)))
+        .collect();
+    apply(&admin, &monitoring).await?;
     ns.delete().await?;
     Ok(())
 }

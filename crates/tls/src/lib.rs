@@ -61,6 +61,8 @@ pub enum Error {
     },
     #[error("the {what} holds no certificate")]
     NoCertificate { what: &'static str },
+    #[error("the {what} is not an X.509 certificate with a readable validity")]
+    Validity { what: &'static str },
     #[error("the authority's key is not a key pgop can sign with")]
     Key(#[source] rcgen::Error),
     #[error("failed to build the TLS configuration ({what})")]
@@ -455,8 +457,11 @@ pub fn manager_server_name() -> ServerName<'static> {
     ServerName::try_from(MANAGER_SERVER_NAME).expect("MANAGER_SERVER_NAME is a DNS name")
 }
 
+mod expiry;
 pub mod listener;
 pub mod postgres;
+
+pub use expiry::not_after;
 
 #[cfg(test)]
 mod tests;

@@ -14,7 +14,7 @@ fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
 /// WAL archiving that fails shows on `/metrics`, not only in the cluster's status: a primary
 /// whose `archive_command` fails (the "pgop" it runs is `/bin/false`) reports
 /// `pgop_wal_archive_failing 1` and a failed count once PostgreSQL tried to archive a WAL
-/// file, next to the rest of its state.
+/// file, next to the rest of its state and its data volume's usage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_wal_archiving_shows_in_metrics() -> TestResult {
     let node = Node::new("met-1");
@@ -94,6 +94,20 @@ async fn failing_wal_archiving_shows_in_metrics() -> TestResult {
     let position = sample(&text, "pgop_wal_position_bytes", labels).ok_or("no WAL position")?;
     let switched = pgop_api::instance_status::parse_lsn(&switched).ok_or("an LSN")?;
     assert!(position >= switched as f64, "{position} < {switched}");
+    // The data directory's filesystem, as statvfs sees it.
+    let volume = |text: &str| -> Result<[f64; 3], String> {
+        let v = |name: &str| sample(text, name, labels).ok_or(format!("no {name} in\n{text}"));
+        Ok([
+            v("pgop_volume_capacity_bytes")?,
+            v("pgop_volume_used_bytes")?,
+            v("pgop_volume_available_bytes")?,
+        ])
+    };
+    let [capacity, used, available] = volume(&text)?;
+    assert!(
+        capacity > 0.0 && used > 0.0 && used <= capacity && available <= capacity - used,
+        "capacity {capacity}, used {used}, available {available}"
+    );
 
     // Once PostgreSQL is down: pgop_up 0, and no archiving series (unknown, not "fine").
     node.instance.stop().await?;
@@ -105,5 +119,7 @@ async fn failing_wal_archiving_shows_in_metrics() -> TestResult {
         Some(1.0)
     );
     assert!(!text.contains("pgop_wal_archive_failing{"), "{text}");
+    // The volume is still known.
+    assert!(volume(&text)?[0] > 0.0);
     Ok(())
 }

@@ -150,6 +150,33 @@ impl Env {
         self.operator = Some((stop, task));
     }
 
+    /// The options [`Env::start_operator`] runs the operator with (this namespace, the
+    /// local node's PostgreSQL user), for a test that adds its own.
+    pub fn operator_options(&self) -> pgop_operator::Options {
+        self.options.clone()
+    }
+
+    /// Starts the operator with `options` (see [`Env::operator_options`]), bound before it
+    /// runs; the address of its metrics, when it serves them.
+    pub async fn start_operator_with(
+        &mut self,
+        options: pgop_operator::Options,
+    ) -> Result<Option<std::net::SocketAddr>> {
+        let operator = pgop_operator::Operator::bind(self.client.clone(), options).await?;
+        let metrics = operator.metrics_address();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let run = operator.run(async move {
+                let _ = rx.await;
+            });
+            if let Err(e) = run.await {
+                panic!("the operator failed: {}", pgop_operator::error_chain(&e));
+            }
+        });
+        self.operator = Some((stop, task));
+        Ok(metrics)
+    }
+
     /// Kills the operator where it stands: reconciles in flight are dropped mid-way.
     pub async fn kill_operator(&mut self) {
         if let Some((_, task)) = self.operator.take() {
