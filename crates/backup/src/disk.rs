@@ -14,10 +14,13 @@ pub struct Usage {
     pub available_bytes: u64,
 }
 
-/// The filesystem that holds `path`, when `statvfs` answers.
+/// The filesystem that holds `path`, or its nearest existing ancestor while `path` does not
+/// exist (a data directory before initdb, below the volume's mount), when `statvfs`
+/// answers.
 pub fn usage(path: &Path) -> Option<Usage> {
     use std::os::unix::ffi::OsStrExt;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c_path = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
     // SAFETY: statvfs writes into the zeroed struct; c_path is a valid C string.
     let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
     let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
@@ -43,12 +46,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_filesystem_of_a_directory_has_a_size_and_a_missing_path_none() {
+    fn the_filesystem_of_a_directory_or_of_its_nearest_ancestor_has_a_size() {
         let dir = std::env::temp_dir();
         let u = usage(&dir).expect("statvfs of the temporary directory");
         assert!(u.capacity_bytes > 0);
         assert!(u.used_bytes <= u.capacity_bytes);
         assert!(u.available_bytes <= u.capacity_bytes);
-        assert_eq!(usage(&dir.join("pgop-no-such-directory/x")), None);
+        let missing = usage(&dir.join("pgop-no-such-directory/x")).expect("its ancestor's");
+        assert_eq!(missing.capacity_bytes, u.capacity_bytes);
+        assert_eq!(usage(Path::new("relative-and-missing")), None);
     }
 }

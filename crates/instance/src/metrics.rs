@@ -39,43 +39,12 @@ pub struct Manager<'a> {
 }
 
 /// The size and usage of a filesystem, as statvfs(3) reports it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Volume {
-    /// Its size (`f_blocks` × `f_frsize`).
-    pub capacity_bytes: u64,
-    /// In use: its blocks that are not free (`f_blocks − f_bfree`).
-    pub used_bytes: u64,
-    /// What a user other than root, such as PostgreSQL's, may still write (`f_bavail`):
-    /// less than capacity − used by the blocks the filesystem keeps for root.
-    pub available_bytes: u64,
-}
+pub use pgop_backup::disk::Usage as Volume;
 
 /// statvfs(3) of the filesystem `path` is on; of its nearest existing ancestor while
 /// `path` does not exist (PGDATA before initdb creates it, below the volume's mount).
-// statvfs's field types differ between platforms (u32 on some 32-bit ones).
-#[allow(clippy::useless_conversion)]
 pub fn volume(path: &Path) -> Option<Volume> {
-    let existing = path.ancestors().find(|p| p.exists())?;
-    let c_path = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
-    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c_path` is a NUL-terminated string and `stat` points to writable memory
-    // of the right type, which statvfs fills when it returns 0.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
-    if rc != 0 {
-        tracing::debug!(path = %existing.display(), error = %std::io::Error::last_os_error(), "statvfs failed");
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so it initialised `stat`.
-    let stat = unsafe { stat.assume_init() };
-    let frsize = u64::from(stat.f_frsize);
-    let blocks = u64::from(stat.f_blocks);
-    Some(Volume {
-        capacity_bytes: blocks.saturating_mul(frsize),
-        used_bytes: blocks
-            .saturating_sub(u64::from(stat.f_bfree))
-            .saturating_mul(frsize),
-        available_bytes: u64::from(stat.f_bavail).saturating_mul(frsize),
-    })
+    pgop_backup::disk::usage(path)
 }
 
 /// When each of PostgreSQL's certificates in `files` expires: the server certificate it

@@ -1059,15 +1059,11 @@ impl Instance {
     /// The filesystem of the data volume: the one holding the data directory, or its
     /// parent (the volume's mount) before initdb made it.
     pub fn volume_usage(&self) -> Option<pgop_api::instance_status::VolumeUsage> {
-        let pgdata = &self.options.layout.pgdata;
-        let at = if pgdata.exists() {
-            pgdata.as_path()
-        } else {
-            pgdata.parent()?
-        };
-        pgop_backup::disk::usage(at).map(|u| pgop_api::instance_status::VolumeUsage {
-            capacity_bytes: u.capacity_bytes,
-            used_bytes: u.used_bytes,
+        crate::metrics::volume(&self.options.layout.pgdata).map(|u| {
+            pgop_api::instance_status::VolumeUsage {
+                capacity_bytes: u.capacity_bytes,
+                used_bytes: u.used_bytes,
+            }
         })
     }
 
