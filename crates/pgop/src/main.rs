@@ -4,6 +4,7 @@ mod backup;
 mod crd;
 mod dev;
 mod instance;
+mod kubectl;
 mod migrate;
 mod operator;
 
@@ -51,6 +52,9 @@ enum Command {
     /// "Upgrading"). Safe to run twice and while the operator runs; needs the operator's
     /// conversion webhook up. Uses the kubeconfig (KUBECONFIG).
     MigrateStorage(migrate::Args),
+    /// The kubectl plugin (`kubectl pgop`, when this binary is on the PATH as
+    /// `kubectl-pgop`): status, promote, restart, backup, fence, hibernate (docs/kubectl.md).
+    Kubectl(kubectl::Args),
 }
 
 /// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance manager, whose output
@@ -98,6 +102,17 @@ pub async fn kube_client(component: &str) -> Result<kube::Client, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if kubectl::invoked_as_plugin() {
+        init_tracing("warn", false);
+        let cli = kubectl::PluginCli::parse();
+        return match kubectl::run(cli.args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("kubectl pgop: {}", error_chain(&*err));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = Cli::parse();
     // The dev environment polls components until they answer; their refusals are noise.
     let json = match &cli.command {
@@ -110,7 +125,7 @@ async fn main() -> ExitCode {
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",
             Command::Operator(_) | Command::Instance(_) | Command::Backup(_) => "info",
-            Command::Crd | Command::MigrateStorage(_) => "warn",
+            Command::Crd | Command::MigrateStorage(_) | Command::Kubectl(_) => "warn",
         },
         json,
     );
@@ -121,6 +136,7 @@ async fn main() -> ExitCode {
         Command::Backup(args) => backup::run(args).await,
         Command::Crd => crd::run(),
         Command::MigrateStorage(args) => migrate::run(args).await,
+        Command::Kubectl(args) => kubectl::run(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -151,5 +167,6 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         super::Cli::command().debug_assert();
+        super::kubectl::PluginCli::command().debug_assert();
     }
 }

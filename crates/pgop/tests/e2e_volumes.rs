@@ -12,50 +12,8 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::Api;
 use pgop_api::conditions;
 use serde_json::json;
-
-const MIB: u64 = 1024 * 1024;
-
-/// A claim's request and capacity, and the filesystem of its volume (capacity and use)
-/// as `statvfs` sees it on this machine, in MiB.
-async fn volume(env: &Env, claim: &str) -> Result<(String, String, u64, u64)> {
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), env.n())
-        .get(claim)
-        .await?;
-    let request = pvc
-        .spec
-        .as_ref()
-        .and_then(|s| s.resources.as_ref())
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get("storage"))
-        .map(|q| q.0.clone())
-        .unwrap_or_default();
-    let capacity = pvc
-        .status
-        .as_ref()
-        .and_then(|s| s.capacity.as_ref())
-        .and_then(|c| c.get("storage"))
-        .map(|q| q.0.clone())
-        .unwrap_or_default();
-    let pv_name = pvc
-        .spec
-        .and_then(|s| s.volume_name)
-        .ok_or("the claim is not bound")?;
-    let pv = Api::<PersistentVolume>::all(env.client.clone())
-        .get(&pv_name)
-        .await?;
-    let path = pgop_testenv::node::provisioner_host_path(&pv).ok_or("no host path")?;
-    let fs = pgop_backup::disk::usage(&path).ok_or("statvfs failed")?;
-    Ok((
-        request,
-        capacity,
-        fs.capacity_bytes / MIB,
-        fs.used_bytes / MIB,
-    ))
-}
 
 fn condition(s: &pgop_api::PostgresClusterStatus, type_: &str) -> Option<(String, String, String)> {
     conditions::find_condition(&s.conditions, type_)
@@ -79,7 +37,7 @@ async fn fill_until_grown(
         .await?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while std::time::Instant::now() < deadline {
-            let (request, _, fs_size, fs_used) = volume(env, claim).await?;
+            let (request, _, fs_size, fs_used) = env.volume(claim).await?;
             if request != size {
                 eprintln!(
                     "{claim}: {request} asked after {batch} batches ({fs_used} of {fs_size} MiB used)"
@@ -88,7 +46,7 @@ async fn fill_until_grown(
             }
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         }
-        let (_, _, fs_size, fs_used) = volume(env, claim).await?;
+        let (_, _, fs_size, fs_used) = env.volume(claim).await?;
         eprintln!("batch {batch}: {claim} {fs_used} of {fs_size} MiB used");
     }
     Err(format!("{claim} still asks for {size} after {limit} batches").into())
@@ -118,7 +76,7 @@ async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> 
     let (ok, reason, _) =
         condition(status, conditions::VOLUMES_RESIZED).ok_or("no VolumesResized")?;
     assert_eq!((ok.as_str(), reason.as_str()), ("True", "Resized"));
-    let (request, capacity, fs_size, fs_used) = volume(&env, &primary).await?;
+    let (request, capacity, fs_size, fs_used) = env.volume(&primary).await?;
     eprintln!(
         "{primary} at the start: {request} asked, {capacity} given, {fs_used} of {fs_size} MiB used"
     );
@@ -152,7 +110,7 @@ async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> 
             .is_some_and(|g| g.grown_at.is_some() && !g.at_limit)
     );
     for claim in [primary.as_str(), standby] {
-        let (request, capacity, fs_size, _) = volume(&env, claim).await?;
+        let (request, capacity, fs_size, _) = env.volume(claim).await?;
         assert_eq!(
             (request.as_str(), capacity.as_str(), fs_size),
             ("192Mi", "192Mi", 192),
@@ -197,7 +155,7 @@ async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> 
     assert!(at_limit, "status.autoGrow.atLimit");
     let warning = env.wait_event("VolumeAutoGrowLimit").await?;
     assert!(warning.contains("maxSize (256Mi)"), "{warning}");
-    let (request, _, fs_size, fs_used) = volume(&env, &primary).await?;
+    let (request, _, fs_size, fs_used) = env.volume(&primary).await?;
     assert_eq!((request.as_str(), fs_size), ("256Mi", 256));
     assert!(fs_used * 100 >= 60 * 256, "{fs_used} MiB used");
     let rows: i64 = app
@@ -219,7 +177,7 @@ async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> 
     })
     .await?;
     for claim in [primary.as_str(), standby] {
-        let (request, capacity, fs_size, _) = volume(&env, claim).await?;
+        let (request, capacity, fs_size, _) = env.volume(claim).await?;
         assert_eq!(
             (request.as_str(), capacity.as_str(), fs_size),
             ("512Mi", "512Mi", 512),
@@ -235,7 +193,7 @@ async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> 
         s.phase == Some(pgop_api::cluster::ClusterPhase::Invalid)
     })
     .await?;
-    assert_eq!(volume(&env, &primary).await?.0, "512Mi");
+    assert_eq!(env.volume(&primary).await?.0, "512Mi");
     env.patch(name, json!({"spec": {"storage": {"size": "512Mi"}}}))
         .await?;
     env.wait_ready(name, 2).await?;

@@ -122,6 +122,47 @@ impl Env {
         self.ns.name()
     }
 
+    /// A claim's request and capacity, and the filesystem of its volume (size and use, in
+    /// MiB) as `statvfs` sees it on this machine.
+    pub async fn volume(&self, claim: &str) -> Result<(String, String, u64, u64)> {
+        use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+        const MIB: u64 = 1024 * 1024;
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), self.n())
+            .get(claim)
+            .await?;
+        let quantity = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+            q.map(|q| q.0.clone()).unwrap_or_default()
+        };
+        let request = quantity(
+            pvc.spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage")),
+        );
+        let capacity = quantity(
+            pvc.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage")),
+        );
+        let pv_name = pvc
+            .spec
+            .and_then(|s| s.volume_name)
+            .ok_or("the claim is not bound")?;
+        let pv = Api::<PersistentVolume>::all(self.client.clone())
+            .get(&pv_name)
+            .await?;
+        let path = pgop_testenv::node::provisioner_host_path(&pv).ok_or("no host path")?;
+        let fs = pgop_backup::disk::usage(&path).ok_or("statvfs failed")?;
+        Ok((
+            request,
+            capacity,
+            fs.capacity_bytes / MIB,
+            fs.used_bytes / MIB,
+        ))
+    }
+
     pub fn clusters(&self) -> Api<PostgresCluster> {
         Api::namespaced(self.client.clone(), self.n())
     }
@@ -564,6 +605,12 @@ impl Writer {
     /// Stops writing; every id PostgreSQL acknowledged, and the longest time without an
     /// acknowledged commit once the first one was (between two, or from the last to the
     /// stop). `None` when nothing was acknowledged.
+    /// Stops the writer; every acknowledged id with when its commit returned.
+    pub async fn stop_with_times(self) -> Result<Vec<(i64, std::time::Instant)>> {
+        self.stop.store(true, Ordering::Relaxed);
+        Ok(self.task.await?)
+    }
+
     pub async fn stop_timed(self) -> Result<(Vec<i64>, Option<Duration>)> {
         self.stop.store(true, Ordering::Relaxed);
         let stopped = std::time::Instant::now();
