@@ -202,6 +202,45 @@ async fn kubectl_pgop_subcommands_report_and_act_on_a_running_cluster() -> Resul
     );
     env.wait_ready(name, 2).await?;
 
+    // report: a tarball with the cluster, its children, Events and logs, and no secret
+    // value anywhere in it.
+    let tarball = dir.join("shop.tar");
+    let path = tarball.to_string_lossy().into_owned();
+    let out = plugin(&env, &bin, &["report", name, "--output", &path]).await?;
+    assert!(out.contains("Secrets' values redacted"), "{out}");
+    let bytes = std::fs::read(&tarball)?;
+    let password = env.password(name).await?;
+    assert!(
+        !bytes
+            .windows(password.len())
+            .any(|w| w == password.as_bytes()),
+        "the app password is in the report"
+    );
+    let unpacked = dir.join("unpacked");
+    std::fs::create_dir_all(&unpacked)?;
+    let status = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(&unpacked)
+        .status()?;
+    assert!(status.success(), "tar -xf of the report");
+    let read = |f: &str| std::fs::read_to_string(unpacked.join("report").join(f));
+    assert!(read("cluster.yaml")?.contains("kind: PostgresCluster"));
+    assert!(read("status.txt")?.contains("Cluster shop"));
+    let secrets = read("secrets.yaml")?;
+    assert!(
+        secrets.contains("shop-app") && secrets.contains("<redacted: "),
+        "{secrets}"
+    );
+    assert!(read("pods.yaml")?.contains("shop-1"));
+    assert!(read("events.yaml")?.contains("SwitchoverCompleted"));
+    assert!(read("backups.yaml")?.contains(created));
+    let logs: Vec<String> = std::fs::read_dir(unpacked.join("report/logs"))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert_eq!(logs.len(), 2, "one log (or why not) per Pod: {logs:?}");
+
     // The same binary as `pgop kubectl`.
     let pgop = Path::new(env!("CARGO_BIN_EXE_pgop"));
     let (ok, out, err) = run(&env, pgop, &["kubectl", "status", name, "-n", n]).await?;

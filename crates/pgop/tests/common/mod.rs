@@ -299,6 +299,38 @@ impl Env {
             },
         )
         .await
+        .inspect_err(|_| self.print_pod_logs(name))
+    }
+
+    /// The last lines of every instance Pod's logs of the cluster `name` on the local node,
+    /// on stderr: what a failing wait shows of the instance managers.
+    pub fn print_pod_logs(&self, name: &str) {
+        let Ok(dirs) = std::fs::read_dir(self.node.pods_dir()) else {
+            return;
+        };
+        for dir in dirs.flatten() {
+            let Ok(logs) = std::fs::read_dir(dir.path()) else {
+                continue;
+            };
+            for log in logs.flatten() {
+                let path = log.path();
+                if path.extension().is_none_or(|e| e != "log") {
+                    continue;
+                }
+                let Ok(text) = std::fs::read_to_string(&path) else {
+                    continue;
+                };
+                if !text.contains(&format!("\"{name}-")) && !text.contains(&format!("{name}-")) {
+                    continue;
+                }
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(40)..];
+                eprintln!("--- {} (last {} lines)", path.display(), tail.len());
+                for line in tail {
+                    eprintln!("{line}");
+                }
+            }
+        }
     }
 
     pub async fn current_primary(&self, name: &str) -> Result<String> {
