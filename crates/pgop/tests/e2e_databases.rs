@@ -14,26 +14,7 @@ use kube::api::{Api, PostParams};
 use pgop_api::conditions;
 use serde_json::json;
 
-/// Connects to the primary's database `dbname` as `user`.
-async fn connect_to(
-    host: &str,
-    dbname: &str,
-    user: &str,
-    password: &str,
-) -> Result<tokio_postgres::Client> {
-    let (client, conn) = tokio_postgres::Config::new()
-        .host(host)
-        .port(5432)
-        .user(user)
-        .dbname(dbname)
-        .password(password)
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .ssl_mode(tokio_postgres::config::SslMode::Require)
-        .connect(pgop_tls::postgres::PostgresTls::without_verification()?)
-        .await?;
-    tokio::spawn(conn);
-    Ok(client)
-}
+const FIVE_SECONDS: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn databases_applied(s: &pgop_api::PostgresClusterStatus) -> Option<(String, String, String)> {
     conditions::find_condition(&s.conditions, conditions::DATABASES_APPLIED)
@@ -117,7 +98,7 @@ async fn e2e_declared_databases_schemas_and_extensions_are_kept_as_declared() ->
     // As declared: owner, encoding, locale, limit, schemas, extensions.
     let primary = env.current_primary(name).await?;
     let ip = env.pod_ip(&primary).await?;
-    let shop = connect_to(&ip, "shop", "reporting", REPORTING).await?;
+    let shop = connect_to(&ip, "shop", "reporting", REPORTING, FIVE_SECONDS).await?;
     let row = shop
         .query_one(
             "select pg_get_userbyid(datdba)::text, pg_encoding_to_char(encoding)::text, \

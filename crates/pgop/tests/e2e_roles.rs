@@ -13,21 +13,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use pgop_api::conditions;
 use serde_json::json;
 
-/// Connects to the primary's `app` database as `user`.
-async fn connect_as(host: &str, user: &str, password: &str) -> Result<tokio_postgres::Client> {
-    let (client, conn) = tokio_postgres::Config::new()
-        .host(host)
-        .port(5432)
-        .user(user)
-        .dbname("app")
-        .password(password)
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .ssl_mode(tokio_postgres::config::SslMode::Require)
-        .connect(pgop_tls::postgres::PostgresTls::without_verification()?)
-        .await?;
-    tokio::spawn(conn);
-    Ok(client)
-}
+const FIVE_SECONDS: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn roles_applied(s: &pgop_api::PostgresClusterStatus) -> Option<(String, String, String)> {
     conditions::find_condition(&s.conditions, conditions::ROLES_APPLIED)
@@ -68,7 +54,7 @@ async fn e2e_declared_roles_are_created_kept_in_step_and_dropped_on_request() ->
     let ip = env.pod_ip(&primary).await?;
 
     // Created as declared, with the Secret's password (quotes and all).
-    let c = connect_as(&ip, "reporting", "first 'pass\" word").await?;
+    let c = connect_to(&ip, "app", "reporting", "first 'pass\" word", FIVE_SECONDS).await?;
     let row = c
         .query_one(
             "select rolcanlogin, rolcreatedb, rolsuper, rolconnlimit, \
@@ -107,11 +93,13 @@ async fn e2e_declared_roles_are_created_kept_in_step_and_dropped_on_request() ->
         )
         .await?;
     eventually("the new password", TIMEOUT, || async {
-        connect_as(&ip, "reporting", "second").await.ok()
+        connect_to(&ip, "app", "reporting", "second", FIVE_SECONDS)
+            .await
+            .ok()
     })
     .await;
     assert!(
-        connect_as(&ip, "reporting", "first 'pass\" word")
+        connect_to(&ip, "app", "reporting", "first 'pass\" word", FIVE_SECONDS)
             .await
             .is_err()
     );
@@ -125,7 +113,7 @@ async fn e2e_declared_roles_are_created_kept_in_step_and_dropped_on_request() ->
         ]}}),
     )
     .await?;
-    let c = connect_as(&ip, "reporting", "second").await?;
+    let c = connect_to(&ip, "app", "reporting", "second", FIVE_SECONDS).await?;
     eventually("the membership in readers revoked", TIMEOUT, || async {
         let row = c
             .query_one("select pg_has_role('reporting', 'readers', 'member')", &[])

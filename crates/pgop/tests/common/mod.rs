@@ -499,13 +499,24 @@ pub async fn connect_within(
     password: &str,
     timeout: Duration,
 ) -> Result<tokio_postgres::Client> {
-    // Over TLS (PostgreSQL refuses plaintext), as `sslmode=require`: these tests connect
-    // by Pod IP and check data, not the server's identity (the TLS tests do).
+    connect_to(host, "app", "app", password, timeout).await
+}
+
+/// Connects to `dbname` on `host` as `user`, over TLS (PostgreSQL refuses plaintext), as
+/// `sslmode=require`: these tests connect by Pod IP and check data, not the server's
+/// identity (the TLS tests do).
+pub async fn connect_to(
+    host: &str,
+    dbname: &str,
+    user: &str,
+    password: &str,
+    timeout: Duration,
+) -> Result<tokio_postgres::Client> {
     let (client, conn) = tokio_postgres::Config::new()
         .host(host)
         .port(5432)
-        .user("app")
-        .dbname("app")
+        .user(user)
+        .dbname(dbname)
         .password(password)
         .connect_timeout(timeout)
         .ssl_mode(tokio_postgres::config::SslMode::Require)
