@@ -103,7 +103,8 @@ pub async fn kube_client(component: &str) -> Result<kube::Client, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     if kubectl::invoked_as_plugin() {
-        init_tracing("warn", false);
+        // What fails reaches the user as an error or in the report, not as client logs.
+        init_tracing("warn,kube_client=off", false);
         let cli = kubectl::PluginCli::parse();
         return match kubectl::run(cli.args).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -125,7 +126,8 @@ async fn main() -> ExitCode {
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",
             Command::Operator(_) | Command::Instance(_) | Command::Backup(_) => "info",
-            Command::Crd | Command::MigrateStorage(_) | Command::Kubectl(_) => "warn",
+            Command::Kubectl(_) => "warn,kube_client=off",
+            Command::Crd | Command::MigrateStorage(_) => "warn",
         },
         json,
     );
