@@ -147,7 +147,11 @@ async fn execute(
                 .into_iter()
                 .filter(|b| b.spec.cluster.name == cluster)
                 .collect::<Vec<_>>();
-            let view = view(&c, &backups, Timestamp::now());
+            let mut view = view(&c, &backups, Timestamp::now());
+            match certificates(client, ns, &cluster, Timestamp::now()).await {
+                Ok(c) => view.certificates = c,
+                Err(e) => view.certificates_error = Some(e),
+            }
             match output {
                 Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&view)?)?,
                 Output::Text => render(&view, out, colour)?,
@@ -322,7 +326,11 @@ async fn report(
         .into_iter()
         .filter(|b| b.spec.cluster.name == name)
         .collect();
-    let v = view(c, &backups, Timestamp::now());
+    let mut v = view(c, &backups, Timestamp::now());
+    match certificates(client, ns, &name, Timestamp::now()).await {
+        Ok(c) => v.certificates = c,
+        Err(e) => v.certificates_error = Some(e),
+    }
     let mut screen = Vec::new();
     render(&v, &mut screen, false)?;
     files.push(("status.txt".into(), screen));
@@ -586,7 +594,20 @@ struct View {
     primary_for_seconds: Option<i64>,
     instances: Vec<InstanceView>,
     backups: BackupsView,
+    /// The cluster's certificates (from their Secrets' `database.example.com/not-after`).
+    certificates: Vec<CertificateView>,
+    /// Why they could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    certificates_error: Option<String>,
     conditions: Vec<ConditionView>,
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CertificateView {
+    secret: String,
+    not_after: String,
+    expires_in_days: i64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -718,6 +739,8 @@ fn view(c: &PostgresCluster, backups: &[PostgresBackup], now: Timestamp) -> View
             by_phase,
             running,
         },
+        certificates: Vec::new(),
+        certificates_error: None,
         conditions: status
             .conditions
             .iter()
@@ -729,6 +752,40 @@ fn view(c: &PostgresCluster, backups: &[PostgresBackup], now: Timestamp) -> View
             })
             .collect(),
     }
+}
+
+/// When each certificate of the cluster expires: the `database.example.com/not-after`
+/// annotation of its Secrets (read as metadata only: no value leaves the API server).
+async fn certificates(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+    now: Timestamp,
+) -> Result<Vec<CertificateView>, String> {
+    let selector =
+        ListParams::default().labels(&format!("{}={cluster}", pgop_api::labels::CLUSTER));
+    let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .list_metadata(&selector)
+        .await
+        .map_err(|e| format!("the Secrets could not be listed: {e}"))?;
+    let mut out: Vec<CertificateView> = secrets
+        .items
+        .iter()
+        .filter_map(|s| {
+            let at: Timestamp = s
+                .annotations()
+                .get(pgop_api::constants::ANNOTATION_NOT_AFTER)?
+                .parse()
+                .ok()?;
+            Some(CertificateView {
+                secret: s.name_any(),
+                not_after: at.to_string(),
+                expires_in_days: (at - now).get_seconds().div_euclid(86_400),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.secret.cmp(&b.secret));
+    Ok(out)
 }
 
 /// `3m12s`, `2h05m`, `4d3h`.
@@ -866,6 +923,24 @@ fn render(v: &View, out: &mut impl Write, colour: bool) -> std::io::Result<()> {
         }
     )?;
     writeln!(out)?;
+    writeln!(out, "{}", paint("Certificates", BOLD, colour))?;
+    match (&v.certificates_error, v.certificates.as_slice()) {
+        (Some(why), _) => writeln!(out, "  {why}")?,
+        (None, []) => writeln!(out, "  none found")?,
+        (None, certs) => {
+            for c in certs {
+                let days = c.expires_in_days;
+                let left = format!("in {days} days");
+                let left = match days {
+                    ..0 => paint("expired", RED, colour),
+                    0..30 => paint(&left, YELLOW, colour),
+                    _ => left,
+                };
+                writeln!(out, "  {}: expires {} ({left})", c.secret, c.not_after)?;
+            }
+        }
+    }
+    writeln!(out)?;
     writeln!(out, "{}", paint("Conditions", BOLD, colour))?;
     let mut rows = vec![[
         "TYPE".to_string(),
@@ -942,7 +1017,19 @@ mod tests {
         }))
         .expect("cluster");
         let now: Timestamp = "2026-12-04T10:03:12Z".parse().expect("time");
-        let v = view(&c, &[], now);
+        let mut v = view(&c, &[], now);
+        v.certificates = vec![
+            CertificateView {
+                secret: "shop-server-tls".into(),
+                not_after: "2027-03-01T00:00:00Z".into(),
+                expires_in_days: 86,
+            },
+            CertificateView {
+                secret: "shop-replication-tls".into(),
+                not_after: "2026-12-20T00:00:00Z".into(),
+                expires_in_days: 15,
+            },
+        ];
         assert_eq!(v.primary_for_seconds, Some(192));
         assert_eq!(v.instances[1].lag_bytes, Some(0x200));
         assert_eq!(
@@ -959,11 +1046,17 @@ mod tests {
             "shop-2  standby (fenced)  yes    1         0/3000200  0/3000000  512 B",
             "next base backup:     2026-12-05T03:00:00Z",
             "Ready  True    AllInstancesReady  2 of 2 instances are ready",
+            "shop-server-tls: expires 2027-03-01T00:00:00Z (in 86 days)",
         ] {
             assert!(text.contains(part), "{part:?} in\n{text}");
         }
         let mut coloured = Vec::new();
         render(&v, &mut coloured, true).expect("render");
-        assert!(String::from_utf8_lossy(&coloured).contains("\x1b[32mReady\x1b[0m"));
+        let coloured = String::from_utf8_lossy(&coloured).into_owned();
+        assert!(coloured.contains("\x1b[32mReady\x1b[0m"));
+        assert!(
+            coloured.contains("(\x1b[33min 15 days\x1b[0m)"),
+            "{coloured}"
+        );
     }
 }

@@ -73,6 +73,8 @@ async fn kubectl_pgop_subcommands_report_and_act_on_a_running_cluster() -> Resul
         "Backups".to_string(),
         "next base backup:     not scheduled".to_string(),
         "Conditions".to_string(),
+        "Certificates".to_string(),
+        "shop-server-tls: expires ".to_string(),
     ] {
         assert!(text.contains(&part), "{part:?} in\n{text}");
     }
@@ -100,6 +102,14 @@ async fn kubectl_pgop_subcommands_report_and_act_on_a_running_cluster() -> Resul
         .ok_or("the standby in the JSON")?;
     assert_eq!(standby_doc["role"], json!("standby"));
     assert!(standby_doc["lagBytes"].is_u64(), "{standby_doc}");
+    let certs = doc["certificates"]
+        .as_array()
+        .ok_or("certificates in the JSON")?;
+    assert!(
+        certs.iter().any(|c| c["secret"] == json!("shop-server-tls")
+            && c["expiresInDays"].as_i64().is_some_and(|d| d > 0)),
+        "{doc}"
+    );
     assert!(
         doc["conditions"]
             .as_array()
