@@ -730,6 +730,26 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "schema owner",
+        set: |s, v| {
+            s["databases"] = json!([{"name": "shop", "owner": "app",
+                "schemas": [{"name": "sales", "owner": v}]}])
+        },
+        rust: |v| formats::is_identifier(v) && pgop_api::databases::is_usable_owner(v),
+        samples: &["app", "reporting", "streaming_replica", "pg_monitor", "App"],
+        strict: true,
+    },
+    Format {
+        name: "extension schema",
+        set: |s, v| {
+            s["databases"] = json!([{"name": "shop", "owner": "app",
+                "extensions": [{"name": "pgcrypto", "schema": v}]}])
+        },
+        rust: formats::is_identifier,
+        samples: &["public", "sales", "a.b", "Sales", "_x"],
+        strict: true,
+    },
+    Format {
         name: "extension name",
         set: |s, v| {
             s["databases"] = json!([{"name": "shop", "owner": "app", "extensions": [{"name": v}]}])
@@ -746,6 +766,17 @@ const FORMATS: &[Format] = &[
         },
         rust: formats::is_extension_version,
         samples: &["1.3", "2.5.0", "1.0beta1", "1_0-rc.1", ".1", "-1"],
+        strict: true,
+    },
+    Format {
+        // A size of one byte, so that every quantity is at least it (maxSize >= size).
+        name: "auto-grow maximum",
+        set: |s, v| s["storage"] = json!({"size": "1", "autoGrow": {"maxSize": v}}),
+        rust: formats::is_quantity,
+        samples: &[
+            "1", "10Gi", "500M", "1.5Ti", "0.5Gi", "0", "0Gi", "01Gi", "1e9", "100m", "10 Gi",
+            "-1Gi",
+        ],
         strict: true,
     },
     Format {
