@@ -150,6 +150,9 @@ pub struct VolumeUsage {
     pub capacity_bytes: u64,
     /// Bytes in use.
     pub used_bytes: u64,
+    /// Bytes PostgreSQL (not root) may still write.
+    #[serde(default)]
+    pub available_bytes: u64,
 }
 
 impl VolumeUsage {

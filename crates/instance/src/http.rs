@@ -110,16 +110,17 @@ async fn pg_status(State(instance): State<Arc<Instance>>) -> Json<crate::status:
 async fn metrics(State(instance): State<Arc<Instance>>) -> Response {
     let status = instance.status().await;
     let jobs = instance.backup_jobs();
-    // statvfs and two small files: off the async threads, as any filesystem call.
-    let layout = instance.options().layout.clone();
-    let (volume, certificates) = tokio::task::spawn_blocking(move || {
-        (
-            crate::metrics::volume(&layout.pgdata),
-            crate::metrics::certificates(&crate::config::tls_files(&layout)),
-        )
-    })
-    .await
-    .unwrap_or_default();
+    // The data volume as the status read it (one statvfs per scrape, not two).
+    let volume = status.volume.map(|v| crate::metrics::Volume {
+        capacity_bytes: v.capacity_bytes,
+        used_bytes: v.used_bytes,
+        available_bytes: v.available_bytes,
+    });
+    // Two small files: off the async threads, as any filesystem call.
+    let files = crate::config::tls_files(&instance.options().layout);
+    let certificates = tokio::task::spawn_blocking(move || crate::metrics::certificates(&files))
+        .await
+        .unwrap_or_default();
     let manager = crate::metrics::Manager {
         cluster: &instance.options().layout.cluster,
         crash_restarts: instance.restarts(),

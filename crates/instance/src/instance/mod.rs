@@ -1063,6 +1063,7 @@ impl Instance {
             pgop_api::instance_status::VolumeUsage {
                 capacity_bytes: u.capacity_bytes,
                 used_bytes: u.used_bytes,
+                available_bytes: u.available_bytes,
             }
         })
     }

@@ -246,6 +246,7 @@ mod tests {
         VolumeUsage {
             capacity_bytes: capacity,
             used_bytes: capacity * percent / 100,
+            available_bytes: capacity - capacity * percent / 100,
         }
     }
 
