@@ -14,8 +14,11 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/measure.rs"]
+mod measure;
 
 use common::*;
+use measure::secs;
 use pgop_api::constants::ANNOTATION_SWITCHOVER_TO;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -28,10 +31,6 @@ fn stats(v: &[Duration]) -> (Duration, Duration) {
     let median = s.get(s.len() / 2).copied().unwrap_or_default();
     let max = s.last().copied().unwrap_or_default();
     (median, max)
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
 
 async fn apply_to_ready(env: &Env, name: &str, replicas: i32) -> Result<Duration> {

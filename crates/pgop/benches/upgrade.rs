@@ -15,11 +15,14 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/measure.rs"]
+mod measure;
 
 use common::*;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
+use measure::secs;
 use pgop_api::cluster::MajorUpgradePhase;
 use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 use serde_json::json;
@@ -33,10 +36,6 @@ struct Run {
     downtime: Duration,
     total: Duration,
     offline: Duration,
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
 
 /// One cluster of three on 15 with `rows` rows, upgraded to 18 under a writer.

@@ -15,8 +15,11 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "support/measure.rs"]
+mod measure;
 
 use common::*;
+use measure::secs;
 use pgop_api::conditions;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -29,10 +32,6 @@ struct Row {
     claims: Duration,
     resized: Duration,
     gap: Duration,
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
 
 /// Waits from `start` until every claim has `size` as its capacity, then until

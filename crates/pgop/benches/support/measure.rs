@@ -1,11 +1,16 @@
-//! What the benchmarks measure of a process and of the API server: shared by `scale` and
-//! `live` (`#[path]`-included, so not a bench of its own).
+//! What the benchmarks measure of a process and of the API server, and how they print a
+//! duration: shared by the benches (`#[path]`-included, so not a bench of its own).
 #![allow(dead_code)] // each bench uses its own subset
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+/// A duration in seconds with two decimals, as the benches' tables print it.
+pub fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
 
 /// The whole number in environment variable `name`, or `default`.
 pub fn env_number(name: &str, default: u64) -> u64 {
