@@ -185,14 +185,22 @@ pub struct PostgresClusterSpec {
 
     /// PostgreSQL major version the instances run: 15 (the default) or 18. It picks the
     /// binaries each instance manager runs (`/usr/lib/postgresql/<version>/bin`, or where
-    /// `hack/install-postgres18.sh` puts 18 on the local node). Fixed once the cluster
-    /// exists: pgop does not upgrade a data directory to another major version yet.
+    /// `hack/install-postgres18.sh` puts 18 on the local node). Raising it on a running
+    /// cluster upgrades the data in place (`status.majorUpgrade`); it is never lowered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = SUPPORTED_POSTGRES_VERSIONS))]
     pub postgres_version: Option<i32>,
 
     /// The persistent volume of each instance.
     pub storage: StorageSpec,
+
+    /// A second volume per instance for the write-ahead log (`pg_wal`), apart from the
+    /// data: WAL writes do not compete with data files for the volume's throughput, and a
+    /// WAL that piles up (archiving failing) fills its own volume, not the data's. May be
+    /// added to a running cluster (each instance moves its WAL over at its next start, in
+    /// a rolling restart), never removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_storage: Option<WalStorageSpec>,
 
     /// CPU and memory requests and limits of each instance's PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -344,6 +352,24 @@ pub struct StorageSpec {
     /// volumes grow only when `size` does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_grow: Option<AutoGrowSpec>,
+}
+
+/// A separate volume for each instance's write-ahead log (`spec.walStorage`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = cel::storage_class_immutable())]
+#[serde(rename_all = "camelCase")]
+pub struct WalStorageSpec {
+    /// Size of each instance's WAL volume, a Kubernetes quantity of bytes greater than
+    /// zero (e.g. `2Gi`); it may grow, never shrink. It must hold `max_wal_size` (1GB by
+    /// default) and the WAL kept for standbys and archiving.
+    #[schemars(pattern(formats::QUANTITY_PATTERN))]
+    pub size: String,
+
+    /// StorageClass of the WAL volumes; the cluster's default StorageClass when unset.
+    /// Immutable once set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), pattern(formats::DNS_SUBDOMAIN_PATTERN))]
+    pub storage_class_name: Option<String>,
 }
 
 /// Lowest `storage.autoGrow.thresholdPercent`.

@@ -114,6 +114,9 @@ pub struct PgStatus {
     /// runs; unset when it could not be read (and from managers that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume: Option<VolumeUsage>,
+    /// The filesystem of the WAL volume (`spec.walStorage`); unset without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_volume: Option<VolumeUsage>,
     /// Why the last bootstrap of the data directory failed (a restore from a backup whose
     /// target is unreachable, a corrupt object, ...); unset once a bootstrap succeeds. The
     /// manager retries after a back-off.
@@ -242,6 +245,7 @@ impl PgStatus {
             databases: Vec::new(),
             archiving: None,
             volume: None,
+            wal_volume: None,
             bootstrap_error: None,
             postmaster_start_time: None,
             last_error: None,

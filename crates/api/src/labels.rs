@@ -30,6 +30,19 @@ pub const INSTANCE_NAME: &str = "database.example.com/instance";
 /// `database.example.com/role`: [`ROLE_PRIMARY`] or [`ROLE_REPLICA`].
 pub const ROLE: &str = "database.example.com/role";
 
+/// `database.example.com/volume` on an instance's PersistentVolumeClaims: [`VOLUME_DATA`]
+/// or [`VOLUME_WAL`] (claims made before the label are data claims).
+pub const VOLUME: &str = "database.example.com/volume";
+/// [`VOLUME`] of the data volume (PGDATA), the claim named like the instance.
+pub const VOLUME_DATA: &str = "data";
+/// [`VOLUME`] of the write-ahead log's volume (`spec.walStorage`), `<instance>-wal`.
+pub const VOLUME_WAL: &str = "wal";
+
+/// The name of an instance's WAL claim (`spec.walStorage`).
+pub fn wal_claim(instance: &str) -> String {
+    format!("{instance}-wal")
+}
+
 /// [`ROLE`] of the instance that accepts writes.
 pub const ROLE_PRIMARY: &str = "primary";
 /// [`ROLE`] of a streaming standby.

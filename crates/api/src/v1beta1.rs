@@ -23,7 +23,7 @@ use crate::cel;
 use crate::cluster::{
     self as v1alpha1, BackupStore, BootstrapSpec, DataDurability, INSTANCE_NAME_PATTERN,
     MAX_INSTANCE_NAME_LENGTH, MAX_PARAMETERS, MAX_REPLICAS, PostgresClusterStatus,
-    SUPPORTED_POSTGRES_VERSIONS, StorageSpec, TlsSpec,
+    SUPPORTED_POSTGRES_VERSIONS, StorageSpec, TlsSpec, WalStorageSpec,
 };
 use crate::credentials::CredentialsSpec;
 use crate::formats;
@@ -106,6 +106,14 @@ pub struct PostgresClusterSpec {
 
     /// The persistent volume of each instance.
     pub storage: StorageSpec,
+
+    /// A second volume per instance for the write-ahead log (`pg_wal`), apart from the
+    /// data: WAL writes do not compete with data files for the volume's throughput, and a
+    /// WAL that piles up (archiving failing) fills its own volume, not the data's. May be
+    /// added to a running cluster (each instance moves its WAL over at its next start, in
+    /// a rolling restart), never removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_storage: Option<WalStorageSpec>,
 
     /// CPU and memory requests and limits of each instance's PostgreSQL container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -205,8 +213,8 @@ fn default_instances() -> i32 {
 pub struct PostgresqlSpec {
     /// PostgreSQL major version the instances run: 15 (the default) or 18. It picks the
     /// binaries each instance manager runs (`/usr/lib/postgresql/<version>/bin`, or where
-    /// `hack/install-postgres18.sh` puts 18 on the local node). Fixed once the cluster
-    /// exists: pgop does not upgrade a data directory to another major version yet.
+    /// `hack/install-postgres18.sh` puts 18 on the local node). Raising it on a running
+    /// cluster upgrades the data in place (`status.majorUpgrade`); it is never lowered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("enum" = SUPPORTED_POSTGRES_VERSIONS))]
     pub version: Option<i32>,
@@ -389,6 +397,7 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             instances: s.replicas,
             image: s.image,
             storage: s.storage,
+            wal_storage: s.wal_storage,
             resources: s.resources,
             postgresql: PostgresqlSpec {
                 version: s.postgres_version,
@@ -438,6 +447,7 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             image: s.image,
             postgres_version: s.postgresql.version,
             storage: s.storage,
+            wal_storage: s.wal_storage,
             resources: s.resources,
             postgresql: v1alpha1::PostgresqlSpec {
                 parameters: s.postgresql.parameters,
@@ -752,6 +762,11 @@ mod tests {
         if g.coin() {
             v["storage"]["autoGrow"] = json!({"thresholdPercent": g.int(50, 95), "maxSize": "2Ti"});
         }
+        g.maybe(
+            v,
+            "walStorage",
+            |g| json!({"size": g.pick(&["1Gi", "512Mi"]), "storageClassName": "fast"}),
+        );
         g.maybe(v, "image", |g| {
             json!(g.pick(&["pgop:0.1.0", "registry.example.com:5000/pgop:0.2.0"]))
         });

@@ -126,6 +126,17 @@ pub fn validate_update(
             || cel::MSG_STORAGE_CLASS_IMMUTABLE.to_string(),
         );
     }
+    let old_wal_class = old
+        .wal_storage
+        .as_ref()
+        .and_then(|w| w.storage_class_name.as_ref());
+    if let (Some(old_class), Some(new_wal)) = (old_wal_class, &new.wal_storage) {
+        errors.check(
+            new_wal.storage_class_name.as_ref() == Some(old_class),
+            "spec.walStorage.storageClassName",
+            || cel::MSG_STORAGE_CLASS_IMMUTABLE.to_string(),
+        );
+    }
     for e in transition_errors(old, new, status) {
         errors.0.push(e);
     }
@@ -134,6 +145,7 @@ pub fn validate_update(
 
 /// The changes from `old` to `new` that pgop cannot carry out, each naming its field:
 /// - `spec.storage.size` may only grow (a volume cannot shrink);
+/// - `spec.walStorage` may be added, not removed, and its size may only grow;
 /// - `spec.bootstrap` is read once, when the cluster is created;
 /// - `spec.postgresVersion` ([`version_change_error`]) may be raised (an in-place major
 ///   upgrade), never set below the major the data holds, and not changed while an upgrade
@@ -154,6 +166,23 @@ pub fn transition_errors(
         errors.check(after >= before, "spec.storage.size", || {
             msg_storage_shrink(&new.storage.size, &old.storage.size)
         });
+    }
+    match (&old.wal_storage, &new.wal_storage) {
+        (Some(_), None) => errors.0.push(FieldError {
+            field: "spec.walStorage".to_string(),
+            message: MSG_WAL_STORAGE_REMOVED.to_string(),
+        }),
+        (Some(before), Some(after)) => {
+            if let (Some(b), Some(a)) = (
+                quantity::millis(&before.size),
+                quantity::millis(&after.size),
+            ) {
+                errors.check(a >= b, "spec.walStorage.size", || {
+                    msg_storage_shrink(&after.size, &before.size)
+                });
+            }
+        }
+        _ => {}
     }
     errors.check(old.bootstrap == new.bootstrap, "spec.bootstrap", || {
         MSG_BOOTSTRAP_IMMUTABLE.to_string()
@@ -204,6 +233,9 @@ pub fn version_change_error(
         _ => None,
     }
 }
+
+/// `spec.walStorage` removed from a cluster that has it.
+pub const MSG_WAL_STORAGE_REMOVED: &str = "may not be removed once set: the instances' write-ahead log lives on those volumes (make a new cluster without walStorage from a backup to go back to one volume)";
 
 /// `spec.bootstrap` changed after creation.
 pub const MSG_BOOTSTRAP_IMMUTABLE: &str = "may not change after the cluster is created: it is read only once, to make the first instance's data (create a new cluster to bootstrap differently)";
@@ -638,6 +670,18 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
                     spec.storage.size, grow.max_size
                 )
             });
+        }
+    }
+
+    if let Some(wal) = &spec.wal_storage {
+        errors.format(
+            "spec.walStorage.size",
+            &wal.size,
+            formats::is_quantity,
+            "a quantity of bytes greater than zero such as 2Gi or 500M",
+        );
+        if let Some(class) = &wal.storage_class_name {
+            errors.name("spec.walStorage.storageClassName", class);
         }
     }
 
@@ -1180,6 +1224,45 @@ mod tests {
         )
         .expect("cluster");
         assert_eq!(fields(validate_cluster(&cluster)), ["spec.roles"]);
+    }
+
+    #[test]
+    fn wal_storage_is_checked_and_may_be_added_grown_never_removed_or_shrunk() {
+        let with = |size: &str| {
+            spec(&format!(
+                "storage: {{size: 1Gi}}\nwalStorage: {{size: {size:?}, storageClassName: fast}}"
+            ))
+        };
+        assert_eq!(validate(&with("2Gi")), Ok(()));
+        for hostile in ["0", "-1Gi", "1Gi\n#", "$(id)", "1Gi; x", "1e3"] {
+            assert_eq!(
+                fields(validate(&with(hostile))),
+                ["spec.walStorage.size"],
+                "{hostile:?}"
+            );
+        }
+        assert_eq!(
+            fields(validate(&spec(
+                "storage: {size: 1Gi}\nwalStorage: {size: 1Gi, storageClassName: \"a/../b\"}"
+            ))),
+            ["spec.walStorage.storageClassName"]
+        );
+        let without = spec(MINIMAL);
+        assert_eq!(validate_update(&without, &with("1Gi"), None), Ok(()));
+        assert_eq!(validate_update(&with("1Gi"), &with("2Gi"), None), Ok(()));
+        assert_eq!(
+            fields(validate_update(&with("2Gi"), &with("1Gi"), None)),
+            ["spec.walStorage.size"]
+        );
+        let removed = validate_update(&with("1Gi"), &without, None).expect_err("removed");
+        assert_eq!(removed[0].field, "spec.walStorage");
+        assert_eq!(removed[0].message, MSG_WAL_STORAGE_REMOVED);
+        let other_class =
+            spec("storage: {size: 1Gi}\nwalStorage: {size: 1Gi, storageClassName: slow}");
+        assert_eq!(
+            fields(validate_update(&with("1Gi"), &other_class, None)),
+            ["spec.walStorage.storageClassName"]
+        );
     }
 
     #[test]

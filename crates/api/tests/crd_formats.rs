@@ -780,6 +780,22 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "WAL volume size",
+        set: |s, v| s["walStorage"] = json!({"size": v}),
+        rust: formats::is_quantity,
+        samples: &[
+            "1", "2Gi", "500M", "0", "0Gi", "01Gi", "1e9", "100m", "10 Gi", "-1Gi",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "WAL StorageClass",
+        set: |s, v| s["walStorage"] = json!({"size": "1Gi", "storageClassName": v}),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["fast", "fast-wal.v1", "-a", "A", "a..b", "a_b"],
+        strict: true,
+    },
+    Format {
         name: "fenced instance",
         set: |s, v| s["fencedInstances"] = json!([v]),
         rust: |v| pgop_api::cel::is_instance_of("formats", v),

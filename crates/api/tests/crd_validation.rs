@@ -91,6 +91,18 @@ const BAD: &[Case] = &[
         spec: "storage: {size: 1Gi}",
         field: "spec.storage.storageClassName",
     },
+    Case {
+        what: "WAL storage class changed",
+        name: "bad-wal-class-change",
+        before: Some("storage: {size: 1Gi}\nwalStorage: {size: 1Gi, storageClassName: fast}"),
+        spec: "storage: {size: 1Gi}\nwalStorage: {size: 1Gi, storageClassName: slow}",
+        field: "spec.walStorage.storageClassName",
+    },
+    case(
+        "WAL volume of no size",
+        "storage: {size: 1Gi}\nwalStorage: {size: 0}",
+        "spec.walStorage.size",
+    ),
     case(
         "pgop-owned parameter",
         "storage: {size: 1Gi}\npostgresql: {parameters: {port: '5433', work_mem: 8MB}}",

@@ -129,6 +129,10 @@ pub struct Layout {
     pub listen_addresses: String,
     pub port: u16,
     pub socket_dir: PathBuf,
+    /// The WAL volume's directory (`spec.walStorage`): `PGDATA/pg_wal` is made a link to
+    /// `<wal_dir>/pg_wal` before PostgreSQL starts ([`crate::pg::waldir`]). `None`: the
+    /// WAL stays in PGDATA.
+    pub wal_dir: Option<PathBuf>,
 }
 
 /// The role the configuration is rendered for.
@@ -756,6 +760,7 @@ mod tests {
             listen_addresses: "10.0.0.1".into(),
             port: 5432,
             socket_dir: "/run/postgresql".into(),
+            wal_dir: None,
         }
     }
 

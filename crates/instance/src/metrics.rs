@@ -721,6 +721,7 @@ mod tests {
             listen_addresses: "127.0.0.1".into(),
             port: 5432,
             socket_dir: dir.0.clone(),
+            wal_dir: None,
         };
         let files = crate::config::tls_files(&layout);
         // Before the manager wrote them: nothing.

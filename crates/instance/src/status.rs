@@ -81,6 +81,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         databases: Vec::new(),
         archiving: Some(archiving(client).await?),
         volume: None,
+        wal_volume: None,
         bootstrap_error: None,
         postmaster_start_time: row.try_get(11).map_err(e)?,
         last_error: None,

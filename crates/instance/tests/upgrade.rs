@@ -69,6 +69,7 @@ impl Site {
                 listen_addresses: "127.0.0.1".into(),
                 port: self.port,
                 socket_dir: self.socket_dir(),
+                wal_dir: None,
             },
             binaries,
             run_as: run_as(),

@@ -290,6 +290,7 @@ async fn main() -> Result {
             listen_addresses: "127.0.0.1".into(),
             port,
             socket_dir: socket_dir.clone(),
+            wal_dir: None,
         },
         binaries,
         run_as: run_as(),

@@ -93,6 +93,10 @@ struct RunArgs {
     upgrade_mode: UpgradeMode,
     #[arg(long, env = "PGOP_SOCKET_DIR", default_value = "/run/postgresql")]
     socket_dir: PathBuf,
+    /// The WAL volume's mount (set by the operator with `spec.walStorage`): the manager
+    /// keeps the write-ahead log in `<dir>/pg_wal` and makes `PGDATA/pg_wal` a link to it.
+    #[arg(long, env = "PGOP_WAL_DIR")]
+    wal_dir: Option<PathBuf>,
     #[arg(long, env = "PGOP_PG_PORT", default_value_t = POSTGRES_PORT)]
     pg_port: u16,
     /// Address of the health and status endpoints [default: the pod IP, port 8000].
@@ -273,6 +277,7 @@ async fn run_instance(args: RunArgs) -> Result<(), Error> {
         pg_port: args.pg_port,
         pgdata: args.pgdata,
         socket_dir: args.socket_dir,
+        wal_dir: args.wal_dir,
         http_listen,
         tls_listen,
         binaries,

@@ -913,6 +913,7 @@ impl InProcess {
             pg_port,
             pgdata: dir.join("data/pgdata"),
             socket_dir: dir.join("run"),
+            wal_dir: None,
             http_listen: format!("127.0.0.1:{http_port}").parse()?,
             tls_listen: "127.0.0.1:0".parse()?,
             binaries: pgop_instance::Binaries::locate(None)?,

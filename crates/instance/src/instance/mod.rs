@@ -32,6 +32,8 @@ pub enum Error {
     Bootstrap(#[source] bootstrap::Error),
     #[error("failed to start PostgreSQL: the data directory is {0:?}")]
     DataNotReady(DataState),
+    #[error("failed to put the write-ahead log on its volume")]
+    PlaceWal(#[source] crate::pg::waldir::Error),
     #[error("failed to start PostgreSQL")]
     StartPostgres(#[source] supervisor::Error),
     #[error("failed to wait for PostgreSQL to accept connections")]
@@ -511,6 +513,7 @@ impl Instance {
     }
 
     async fn start_postmaster_floored(&self) -> Result<tokio_postgres::Client, Error> {
+        self.place_wal().await?;
         self.write_config()?;
         let unchecked = {
             let d = self.desired();
@@ -534,6 +537,41 @@ impl Instance {
             Err(err) => return Err(self.stay_down(err).await),
         };
         Ok(client)
+    }
+
+    /// Puts the WAL on its volume (`spec.walStorage`) before PostgreSQL starts: a new data
+    /// directory's (initdb, a clone, a restore, pg_upgrade's) or one that predates the
+    /// volume is moved there once ([`crate::pg::waldir`]).
+    async fn place_wal(&self) -> Result<(), Error> {
+        let o = &self.options;
+        let (pgdata, wal_dir, run_as) =
+            (o.layout.pgdata.clone(), o.layout.wal_dir.clone(), o.run_as);
+        let placed = tokio::task::spawn_blocking(move || {
+            crate::pg::waldir::place(&pgdata, wal_dir.as_deref(), run_as)
+        })
+        .await
+        .map_err(|e| {
+            Error::PlaceWal(crate::pg::waldir::Error::Io {
+                what: "wait for the move of",
+                path: o.layout.pgdata.join("pg_wal"),
+                source: std::io::Error::other(e.to_string()),
+            })
+        })?
+        .map_err(Error::PlaceWal)?;
+        match placed {
+            crate::pg::waldir::Placed::AlreadyThere => {}
+            crate::pg::waldir::Placed::Moved { files, bytes } => tracing::info!(
+                files,
+                bytes,
+                wal_dir = ?o.layout.wal_dir,
+                "moved the write-ahead log to its volume"
+            ),
+            crate::pg::waldir::Placed::Relinked => tracing::info!(
+                wal_dir = ?o.layout.wal_dir,
+                "pointed pg_wal at the WAL volume's directory"
+            ),
+        }
+        Ok(())
     }
 
     /// After a failed start: a postmaster that exits at start is not restarted in a loop
@@ -1059,13 +1097,12 @@ impl Instance {
     /// The filesystem of the data volume: the one holding the data directory, or its
     /// parent (the volume's mount) before initdb made it.
     pub fn volume_usage(&self) -> Option<pgop_api::instance_status::VolumeUsage> {
-        crate::metrics::volume(&self.options.layout.pgdata).map(|u| {
-            pgop_api::instance_status::VolumeUsage {
-                capacity_bytes: u.capacity_bytes,
-                used_bytes: u.used_bytes,
-                available_bytes: u.available_bytes,
-            }
-        })
+        usage_of(&self.options.layout.pgdata)
+    }
+
+    /// The filesystem of the WAL volume (`spec.walStorage`); none without one.
+    pub fn wal_volume_usage(&self) -> Option<pgop_api::instance_status::VolumeUsage> {
+        usage_of(self.options.layout.wal_dir.as_deref()?)
     }
 
     /// The status served on `/pg/status`.
@@ -1111,6 +1148,7 @@ impl Instance {
         status.restart_refused = restart_refused;
         status.major_upgrade_error = major_upgrade_error;
         status.volume = self.volume_usage();
+        status.wal_volume = self.wal_volume_usage();
         if status.role == PgRole::Primary {
             let d = self.desired();
             status.roles = d.roles.gate.report.clone();
@@ -1173,6 +1211,15 @@ fn unclean_primary(control: &crate::pg::ControlData) -> bool {
             state,
             "in production" | "in crash recovery" | "shutting down"
         )
+    })
+}
+
+/// The size and use of the filesystem `path` is on (see [`crate::metrics::volume`]).
+fn usage_of(path: &std::path::Path) -> Option<pgop_api::instance_status::VolumeUsage> {
+    crate::metrics::volume(path).map(|u| pgop_api::instance_status::VolumeUsage {
+        capacity_bytes: u.capacity_bytes,
+        used_bytes: u.used_bytes,
+        available_bytes: u.available_bytes,
     })
 }
 

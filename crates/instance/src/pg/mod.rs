@@ -5,6 +5,7 @@ pub mod binaries;
 pub mod controldata;
 pub mod sql;
 pub mod timeline;
+pub mod waldir;
 
 pub use binaries::{Binaries, RunAs};
 pub use controldata::ControlData;

@@ -219,6 +219,8 @@ pub struct Settings {
     pub pg_port: u16,
     pub pgdata: PathBuf,
     pub socket_dir: PathBuf,
+    /// The WAL volume's mount (`PGOP_WAL_DIR`, with `spec.walStorage`).
+    pub wal_dir: Option<PathBuf>,
     pub http_listen: SocketAddr,
     /// Where the mutual-TLS endpoint listens ([`crate::tls`]).
     pub tls_listen: SocketAddr,
@@ -354,6 +356,7 @@ pub async fn run(
                 listen_addresses: settings.listen_addresses.clone(),
                 port: settings.pg_port,
                 socket_dir: settings.socket_dir.clone(),
+                wal_dir: settings.wal_dir.clone(),
             },
             binaries: settings.binaries.clone(),
             run_as: settings.run_as,

@@ -108,6 +108,7 @@ impl Node {
                 listen_addresses: "127.0.0.1".into(),
                 port,
                 socket_dir: dir.0.join("run"),
+                wal_dir: None,
             },
             binaries: binaries(),
             run_as: run_as(),

@@ -586,7 +586,7 @@ where
     }
 }
 
-/// Deletes the Pod and PVC of every named instance that still has them.
+/// Deletes the Pod and the claims (data, WAL) of every named instance that still has them.
 pub async fn delete_instances(
     client: &Client,
     namespace: &str,
@@ -598,8 +598,10 @@ pub async fn delete_instances(
         if let Some(pod) = find(&observed.pods, name) {
             delete(client, namespace, pod, background(), out).await?;
         }
-        if let Some(pvc) = find(&observed.pvcs, name) {
-            delete(client, namespace, pvc, background(), out).await?;
+        for claim in [name.clone(), pgop_api::labels::wal_claim(name)] {
+            if let Some(pvc) = find(&observed.pvcs, &claim) {
+                delete(client, namespace, pvc, background(), out).await?;
+            }
         }
     }
     Ok(())

@@ -1,16 +1,39 @@
 //! What a running cluster cannot change, caught by the controller when the validating
-//! webhook did not (it was down, or the change predates it): a `spec.storage.size` below
-//! the volumes', and a PostgreSQL major below the one the data holds. Each is a
-//! field error; the reconcile turns it into phase Invalid before any child is touched.
+//! webhook did not (it was down, or the change predates it): a `spec.storage.size` (or
+//! `spec.walStorage.size`) below the volumes', `spec.walStorage` removed, and a PostgreSQL
+//! major below the one the data holds. Each is a field error; the reconcile turns it into
+//! phase Invalid before any child is touched.
 
-/// `spec.storage.size` below the size a volume of the cluster asks for already (the
-/// largest such volume is named).
+/// `spec.storage.size` below the size a data volume of the cluster asks for already (the
+/// largest such volume is named); `spec.walStorage.size` below a WAL volume's; no
+/// `spec.walStorage` while the cluster has WAL volumes (the instances' WAL lives there).
 pub fn storage_shrink(
     spec: &pgop_api::v1beta1::PostgresClusterSpec,
     pvcs: &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
 ) -> Option<pgop_api::validation::FieldError> {
-    let wanted = pgop_api::quantity::millis(&spec.storage.size)?;
-    let (size, _) = pvcs
+    use super::build::pvc::is_wal;
+    let (data, wal): (Vec<_>, Vec<_>) = pvcs.iter().partition(|p| !is_wal(p));
+    if let Some(e) = shrink("spec.storage.size", &spec.storage.size, &data) {
+        return Some(e);
+    }
+    match &spec.wal_storage {
+        Some(w) => shrink("spec.walStorage.size", &w.size, &wal),
+        None if !wal.is_empty() => Some(pgop_api::validation::FieldError {
+            field: "spec.walStorage".to_string(),
+            message: pgop_api::validation::MSG_WAL_STORAGE_REMOVED.to_string(),
+        }),
+        None => None,
+    }
+}
+
+/// `field`'s `size` below what one of `pvcs` asks for already (the largest is named).
+fn shrink(
+    field: &str,
+    size: &str,
+    pvcs: &[&k8s_openapi::api::core::v1::PersistentVolumeClaim],
+) -> Option<pgop_api::validation::FieldError> {
+    let wanted = pgop_api::quantity::millis(size)?;
+    let (current, _) = pvcs
         .iter()
         .filter_map(|pvc| {
             let size = pvc
@@ -26,8 +49,8 @@ pub fn storage_shrink(
         .filter(|(_, millis)| *millis > wanted)
         .max_by_key(|(_, millis)| *millis)?;
     Some(pgop_api::validation::FieldError {
-        field: "spec.storage.size".to_string(),
-        message: pgop_api::validation::msg_storage_shrink(&spec.storage.size, size),
+        field: field.to_string(),
+        message: pgop_api::validation::msg_storage_shrink(size, current),
     })
 }
 
@@ -101,6 +124,26 @@ mod tests {
             .expect("a shrink");
         assert_eq!(e.field, "spec.storage.size");
         assert!(e.message.contains("1Gi is smaller than 2Gi"), "{e}");
+        // A WAL claim is measured against spec.walStorage, and may not lose it.
+        let wal = |size: &str| {
+            let mut p = pvc(size);
+            p.metadata.name = Some("db-1-wal".into());
+            p.metadata.labels = Some([("database.example.com/volume".into(), "wal".into())].into());
+            p
+        };
+        let e = super::storage_shrink(&spec, &[pvc("1Gi"), wal("4Gi")]).expect("no walStorage");
+        assert_eq!(e.field, "spec.walStorage");
+        let with_wal: pgop_api::v1beta1::PostgresClusterSpec = serde_json::from_value(
+            serde_json::json!({"storage": {"size": "1Gi"}, "walStorage": {"size": "2Gi"}}),
+        )
+        .expect("spec");
+        assert_eq!(
+            super::storage_shrink(&with_wal, &[pvc("1Gi"), wal("2Gi")]),
+            None
+        );
+        let e = super::storage_shrink(&with_wal, &[pvc("1Gi"), wal("4Gi")]).expect("a shrink");
+        assert_eq!(e.field, "spec.walStorage.size");
+        assert!(e.message.contains("2Gi is smaller than 4Gi"), "{e}");
     }
 
     #[test]

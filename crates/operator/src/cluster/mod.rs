@@ -306,6 +306,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     let usage = volume_usage(&probes);
     let storage = storage::decide(
         &defaulted.spec.storage,
+        defaulted.spec.wal_storage.as_ref(),
         cluster.status.as_ref().and_then(|s| s.auto_grow.as_ref()),
         &observed.pvcs,
         &usage,
@@ -1438,7 +1439,7 @@ fn set_volumes_resized(
         .and_then(|s| find_condition(&s.conditions, VOLUMES_RESIZED))
         .filter(|c| c.reason == "ResizeRefused")
         .map(|c| c.message.as_str());
-    let (ok, reason, message) = storage::resized(&storage.size, pvcs, usage, refused.or(on_record));
+    let (ok, reason, message) = storage::resized(storage, pvcs, usage, refused.or(on_record));
     let generation = cluster.metadata.generation;
     set_condition(
         &mut status.conditions,
@@ -1471,8 +1472,20 @@ async fn volumes_refused(
         .map(|(claim, why)| {
             format!(
                 "PersistentVolumeClaim {claim} keeps its size: the API server refused the \
-                 change to {} (spec.storage.size, or what auto-grow reached) ({why})",
-                storage.size
+                 change to {} ({why})",
+                match storage.wal_size.as_deref() {
+                    Some(size)
+                        if pvcs
+                            .iter()
+                            .any(|p| p.name_any() == *claim && build::pvc::is_wal(p)) =>
+                    {
+                        format!("{size} (spec.walStorage.size)")
+                    }
+                    _ => format!(
+                        "{} (spec.storage.size, or what auto-grow reached)",
+                        storage.size
+                    ),
+                }
             )
         })
         .collect::<Vec<_>>()

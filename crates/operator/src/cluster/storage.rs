@@ -11,7 +11,7 @@
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use pgop_api::cluster::{AutoGrowStatus, StorageSpec};
+use pgop_api::cluster::{AutoGrowStatus, StorageSpec, WalStorageSpec};
 use pgop_api::instance_status::VolumeUsage;
 use pgop_api::quantity;
 
@@ -26,6 +26,9 @@ pub struct Storage {
     /// The size every claim asks for: the largest of `spec.storage.size` and what
     /// auto-grow reached (now or before).
     pub size: String,
+    /// The size every WAL claim asks for (`spec.walStorage.size`; auto-grow leaves the
+    /// WAL volumes alone).
+    pub wal_size: Option<String>,
     /// `status.autoGrow` to write.
     pub record: Option<AutoGrowStatus>,
     /// A Normal `VolumeAutoGrown` Event, when the volumes grow in this pass.
@@ -66,10 +69,16 @@ fn request_and_capacity(pvc: &PersistentVolumeClaim) -> (Option<u128>, Option<u1
     (request, capacity)
 }
 
+/// The data claims among a cluster's claims (not `spec.walStorage`'s).
+fn data_claims(pvcs: &[PersistentVolumeClaim]) -> impl Iterator<Item = &PersistentVolumeClaim> {
+    pvcs.iter().filter(|p| !super::build::pvc::is_wal(p))
+}
+
 /// Decides the size of the volumes. `usage` is what each instance's manager reports of
 /// its data volume now.
 pub fn decide(
     spec: &StorageSpec,
+    wal: Option<&WalStorageSpec>,
     recorded: Option<&AutoGrowStatus>,
     pvcs: &[PersistentVolumeClaim],
     usage: &[(&str, VolumeUsage)],
@@ -81,6 +90,7 @@ pub fn decide(
     };
     let mut out = Storage {
         size: size.clone(),
+        wal_size: wal.map(|w| w.size.clone()),
         record: recorded.cloned(),
         grown: None,
         at_limit: None,
@@ -100,7 +110,7 @@ pub fn decide(
         }
         return out;
     };
-    let settled = pvcs.iter().all(|pvc| match request_and_capacity(pvc) {
+    let settled = data_claims(pvcs).all(|pvc| match request_and_capacity(pvc) {
         (Some(request), Some(capacity)) => request >= current && capacity >= request,
         _ => false,
     }) && usage
@@ -149,13 +159,40 @@ pub fn decide(
     out
 }
 
-/// The `VolumesResized` condition's status, reason and message: whether every claim asks
-/// for `size` and has it, and every instance's filesystem shows it. `refused` is the API
-/// server's refusal of the last change (from the apply), kept while the claims still ask
-/// for less.
+/// The `VolumesResized` condition's status, reason and message: whether every data claim
+/// asks for `storage.size` and has it, and every instance's filesystem shows it, and every
+/// WAL claim asks for `wal_size` and has it. `refused` is the API server's refusal of the
+/// last change (from the apply), kept while the claims still ask for less.
 pub fn resized(
-    size: &str,
+    storage: &Storage,
     pvcs: &[PersistentVolumeClaim],
+    usage: &[(&str, VolumeUsage)],
+    refused: Option<&str>,
+) -> (bool, &'static str, String) {
+    let data: Vec<&PersistentVolumeClaim> = data_claims(pvcs).collect();
+    let data = claims_resized(&storage.size, &data, usage, refused);
+    let Some(wal_size) = storage.wal_size.as_deref().filter(|_| data.0) else {
+        return data;
+    };
+    let wal: Vec<&PersistentVolumeClaim> = pvcs
+        .iter()
+        .filter(|p| super::build::pvc::is_wal(p))
+        .collect();
+    match claims_resized(wal_size, &wal, &[], refused) {
+        (true, reason, _) => (
+            true,
+            reason,
+            format!("{}; every WAL volume has {wal_size}", data.2),
+        ),
+        not_yet => not_yet,
+    }
+}
+
+/// [`resized`] for one kind of claim: `claims` against `size`, and the filesystems in
+/// `usage`.
+fn claims_resized(
+    size: &str,
+    pvcs: &[&PersistentVolumeClaim],
     usage: &[(&str, VolumeUsage)],
     refused: Option<&str>,
 ) -> (bool, &'static str, String) {
@@ -258,7 +295,7 @@ mod tests {
     fn without_auto_grow_the_size_is_the_spec_s_or_what_auto_grow_reached_before() {
         let pvcs = [pvc("c-1", "1Gi", Some("1Gi"))];
         let full = [("c-1", used(GIB, 99))];
-        let s = decide(&spec("1Gi", None), None, &pvcs, &full, &now());
+        let s = decide(&spec("1Gi", None), None, None, &pvcs, &full, &now());
         assert_eq!((s.size.as_str(), s.grown, s.record), ("1Gi", None, None));
         let before = AutoGrowStatus {
             size: "1536Mi".into(),
@@ -266,10 +303,24 @@ mod tests {
             count: 1,
             at_limit: false,
         };
-        let s = decide(&spec("1Gi", None), Some(&before), &pvcs, &full, &now());
+        let s = decide(
+            &spec("1Gi", None),
+            None,
+            Some(&before),
+            &pvcs,
+            &full,
+            &now(),
+        );
         assert_eq!(s.size, "1536Mi");
         // A spec raised past it wins.
-        let s = decide(&spec("2Gi", None), Some(&before), &pvcs, &full, &now());
+        let s = decide(
+            &spec("2Gi", None),
+            None,
+            Some(&before),
+            &pvcs,
+            &full,
+            &now(),
+        );
         assert_eq!(s.size, "2Gi");
     }
 
@@ -281,9 +332,9 @@ mod tests {
             pvc("c-2", "1Gi", Some("1Gi")),
         ];
         let quiet = [("c-1", used(GIB, 50)), ("c-2", used(GIB, 79))];
-        assert_eq!(decide(&grow, None, &pvcs, &quiet, &now()).size, "1Gi");
+        assert_eq!(decide(&grow, None, None, &pvcs, &quiet, &now()).size, "1Gi");
         let full = [("c-1", used(GIB, 50)), ("c-2", used(GIB, 85))];
-        let s = decide(&grow, None, &pvcs, &full, &now());
+        let s = decide(&grow, None, None, &pvcs, &full, &now());
         assert_eq!(s.size, "1536Mi");
         assert_eq!(
             s.record.as_ref().map(|r| (r.size.as_str(), r.count)),
@@ -302,19 +353,19 @@ mod tests {
             pvc("c-1", "1536Mi", Some("1Gi")),
             pvc("c-2", "1536Mi", Some("1Gi")),
         ];
-        let s = decide(&grow, recorded.as_ref(), &asking, &full, &now());
+        let s = decide(&grow, None, recorded.as_ref(), &asking, &full, &now());
         assert_eq!((s.size.as_str(), s.grown.is_none()), ("1536Mi", true));
         let given = [
             pvc("c-1", "1536Mi", Some("1536Mi")),
             pvc("c-2", "1536Mi", Some("1536Mi")),
         ];
-        let s = decide(&grow, recorded.as_ref(), &given, &full, &now());
+        let s = decide(&grow, None, recorded.as_ref(), &given, &full, &now());
         assert_eq!((s.size.as_str(), s.grown.is_none()), ("1536Mi", true));
         let grown_fs = [
             ("c-1", used(GIB * 3 / 2, 50)),
             ("c-2", used(GIB * 3 / 2, 90)),
         ];
-        let s = decide(&grow, recorded.as_ref(), &given, &grown_fs, &now());
+        let s = decide(&grow, None, recorded.as_ref(), &given, &grown_fs, &now());
         // 1.5 GiB * 1.5 = 2.25 GiB, capped at 2 GiB.
         assert_eq!(s.size, "2048Mi");
         assert_eq!(s.record.as_ref().map(|r| r.count), Some(2));
@@ -326,7 +377,7 @@ mod tests {
             pvc("c-2", "2Gi", Some("2Gi")),
         ];
         let full_fs = [("c-1", used(2 * GIB, 50)), ("c-2", used(2 * GIB, 95))];
-        let s = decide(&grow, recorded.as_ref(), &at_max, &full_fs, &now());
+        let s = decide(&grow, None, recorded.as_ref(), &at_max, &full_fs, &now());
         assert_eq!(s.size, "2048Mi");
         assert!(s.grown.is_none());
         assert!(
@@ -339,14 +390,14 @@ mod tests {
                 .as_ref()
                 .is_some_and(|r| r.at_limit && r.count == 2)
         );
-        let again = decide(&grow, s.record.as_ref(), &at_max, &full_fs, &now());
+        let again = decide(&grow, None, s.record.as_ref(), &at_max, &full_fs, &now());
         assert_eq!(
             (again.at_limit, again.record.clone()),
             (None, s.record.clone())
         );
         // Below the threshold again, the limit is lifted.
         let freed = [("c-1", used(2 * GIB, 50)), ("c-2", used(2 * GIB, 60))];
-        let s = decide(&grow, again.record.as_ref(), &at_max, &freed, &now());
+        let s = decide(&grow, None, again.record.as_ref(), &at_max, &freed, &now());
         assert!(s.record.as_ref().is_some_and(|r| !r.at_limit));
     }
 
@@ -355,17 +406,76 @@ mod tests {
         let grow = spec("1Gi", Some((80, 50, "4Gi")));
         let pvcs = [pvc("c-1", "1Gi", Some("1Gi")), pvc("c-2", "1Gi", None)];
         let full = [("c-1", used(GIB, 90))];
-        assert_eq!(decide(&grow, None, &pvcs, &full, &now()).size, "1Gi");
+        assert_eq!(decide(&grow, None, None, &pvcs, &full, &now()).size, "1Gi");
+    }
+
+    fn wanted(size: &str, wal_size: Option<&str>) -> Storage {
+        Storage {
+            size: size.into(),
+            wal_size: wal_size.map(Into::into),
+            record: None,
+            grown: None,
+            at_limit: None,
+        }
+    }
+
+    fn wal_pvc(name: &str, request: &str, capacity: Option<&str>) -> PersistentVolumeClaim {
+        let mut p = pvc(name, request, capacity);
+        p.metadata.labels = Some(
+            [(
+                pgop_api::labels::VOLUME.to_string(),
+                pgop_api::labels::VOLUME_WAL.to_string(),
+            )]
+            .into(),
+        );
+        p
+    }
+
+    #[test]
+    fn wal_claims_follow_wal_storage_and_are_not_data_volumes() {
+        // A WAL claim larger than the data size is no shrink, and does not hold auto-grow.
+        let pvcs = [
+            pvc("c-1", "1Gi", Some("1Gi")),
+            wal_pvc("c-1-wal", "4Gi", Some("4Gi")),
+        ];
+        let fs = [("c-1", used(GIB, 10))];
+        assert_eq!(
+            resized(&wanted("1Gi", Some("4Gi")), &pvcs, &fs, None),
+            (
+                true,
+                "Resized",
+                "every volume has 1Gi; every WAL volume has 4Gi".to_string()
+            )
+        );
+        let r = resized(&wanted("1Gi", Some("8Gi")), &pvcs, &fs, None);
+        assert_eq!(
+            (r.0, r.1, r.2.as_str()),
+            (false, "Resizing", "c-1-wal asked to grow to 8Gi")
+        );
+        let grow = spec("1Gi", Some((80, 50, "4Gi")));
+        let full = [("c-1", used(GIB, 90))];
+        assert_eq!(
+            decide(&grow, None, None, &pvcs, &full, &now()).size,
+            "1536Mi"
+        );
     }
 
     #[test]
     fn the_condition_follows_a_resize_from_request_to_filesystem() {
         let small = [pvc("c-1", "1Gi", Some("1Gi"))];
-        assert_eq!(resized("2Gi", &small, &[], None).1, "Resizing");
-        let refused = resized("2Gi", &small, &[], Some("forbidden: only dynamically ..."));
+        assert_eq!(
+            resized(&wanted("2Gi", None), &small, &[], None).1,
+            "Resizing"
+        );
+        let refused = resized(
+            &wanted("2Gi", None),
+            &small,
+            &[],
+            Some("forbidden: only dynamically ..."),
+        );
         assert_eq!((refused.0, refused.1), (false, "ResizeRefused"));
         let asked = [pvc("c-1", "2Gi", Some("1Gi"))];
-        let r = resized("2Gi", &asked, &[], Some("stale"));
+        let r = resized(&wanted("2Gi", None), &asked, &[], Some("stale"));
         assert_eq!(
             (r.1, r.2.as_str()),
             (
@@ -375,10 +485,13 @@ mod tests {
         );
         let given = [pvc("c-1", "2Gi", Some("2Gi"))];
         let old_fs = [("c-1", used(GIB, 10))];
-        assert_eq!(resized("2Gi", &given, &old_fs, None).1, "Resizing");
+        assert_eq!(
+            resized(&wanted("2Gi", None), &given, &old_fs, None).1,
+            "Resizing"
+        );
         let new_fs = [("c-1", used(2 * GIB - 50 * 1024 * 1024, 10))];
         assert_eq!(
-            resized("2Gi", &given, &new_fs, None),
+            resized(&wanted("2Gi", None), &given, &new_fs, None),
             (true, "Resized", "every volume has 2Gi".to_string())
         );
     }

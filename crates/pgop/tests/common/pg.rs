@@ -175,6 +175,7 @@ impl Node {
                 listen_addresses: "127.0.0.1".into(),
                 port,
                 socket_dir: socket_dir.clone(),
+                wal_dir: None,
             },
             binaries: binaries(),
             run_as: run_as(),

@@ -6,7 +6,7 @@ mod network;
 mod pdb;
 pub use pdb::Budgets;
 pub(crate) mod pod;
-mod pvc;
+pub mod pvc;
 pub use pgop_api::quantity;
 mod rbac;
 mod secret;
@@ -245,7 +245,7 @@ pub fn children(
         pod_disruption_budgets: pdb::pod_disruption_budgets(&common, budgets),
         pvcs: instances
             .iter()
-            .map(|i| pvc::pvc(&common, spec, &i.name))
+            .flat_map(|i| pvc::pvcs(&common, spec, &i.name))
             .collect(),
         pods: instances
             .iter()

@@ -25,6 +25,9 @@ use pgop_api::v1beta1::PostgresClusterSpec;
 pub const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 pub const PGDATA: &str = "/var/lib/postgresql/data/pgdata";
 /// Writable scratch space on a read-only root filesystem: the socket directory and /tmp.
+/// Where the instance's WAL claim is mounted (`spec.walStorage`); the manager keeps the
+/// WAL in a directory below it and makes `PGDATA/pg_wal` a link to it.
+pub const WAL_MOUNT: &str = "/var/lib/postgresql/wal";
 pub const RUN_MOUNT: &str = "/run/postgresql";
 pub const TMP_MOUNT: &str = "/tmp";
 /// Where a volume backup store is mounted (the instance manager's default
@@ -39,6 +42,8 @@ pub mod env {
     pub const CLUSTER: &str = "PGOP_CLUSTER";
     pub const PGDATA: &str = "PGDATA";
     pub const SOCKET_DIR: &str = "PGOP_SOCKET_DIR";
+    /// The WAL volume's mount (`spec.walStorage`); unset without one.
+    pub const WAL_DIR: &str = "PGOP_WAL_DIR";
     /// The PostgreSQL major version to run: the one the cluster's data holds
     /// (`status.postgresVersion`).
     pub const POSTGRES_MAJOR: &str = "PGOP_POSTGRES_MAJOR";
@@ -249,6 +254,11 @@ pub fn pod(
                     value_env(env::UPGRADE_MODE, mode.as_str()),
                 ]
             }))
+            .chain(
+                spec.wal_storage
+                    .as_ref()
+                    .map(|_| value_env(env::WAL_DIR, WAL_MOUNT)),
+            )
             .collect(),
         ),
         ports: Some(vec![
@@ -299,6 +309,9 @@ pub fn pod(
                 mount("run", RUN_MOUNT),
                 mount("tmp", TMP_MOUNT),
             ];
+            if spec.wal_storage.is_some() {
+                mounts.push(mount("pgwal", WAL_MOUNT));
+            }
             if backup_claim.is_some() {
                 mounts.push(mount("backup", BACKUP_MOUNT));
             }
@@ -359,6 +372,14 @@ pub fn pod(
                     empty_dir("tmp"),
                 ]
                 .into_iter()
+                .chain(spec.wal_storage.as_ref().map(|_| Volume {
+                    name: "pgwal".to_string(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: labels::wal_claim(&instance.name),
+                        ..PersistentVolumeClaimVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                }))
                 .chain(backup_claim.map(|claim| Volume {
                     name: "backup".to_string(),
                     persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {

@@ -285,15 +285,18 @@ fn the_pod_runs_the_instance_manager_under_a_restricted_security_context() {
     assert_eq!(probe_path(&c.readiness_probe).as_deref(), Some("/readyz"));
     assert_eq!(probe_path(&c.liveness_probe).as_deref(), Some("/healthz"));
     let env: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    for name in ["POD_NAME", "POD_NAMESPACE", "PGOP_CLUSTER"] {
+    for name in ["POD_NAME", "POD_NAMESPACE", "PGOP_CLUSTER", "PGOP_WAL_DIR"] {
         assert!(env.contains(&name), "{name} missing from {env:?}");
     }
-    let claim = spec
+    let claims: Vec<&str> = spec
         .volumes
         .iter()
         .flatten()
-        .find_map(|v| v.persistent_volume_claim.as_ref());
-    assert_eq!(claim.map(|c| c.claim_name.as_str()), Some("main-2"));
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.as_str())
+        .collect();
+    // The data claim, and the WAL's (the fixture has spec.walStorage).
+    assert_eq!(claims, ["main-2", "main-2-wal"]);
     // Every path PostgreSQL writes to is a volume (the root filesystem is read-only).
     let mounts: Vec<&str> = c
         .volume_mounts
@@ -303,7 +306,12 @@ fn the_pod_runs_the_instance_manager_under_a_restricted_security_context() {
         .collect();
     assert_eq!(
         mounts,
-        vec!["/var/lib/postgresql/data", "/run/postgresql", "/tmp"]
+        vec![
+            "/var/lib/postgresql/data",
+            "/run/postgresql",
+            "/tmp",
+            "/var/lib/postgresql/wal"
+        ]
     );
 }
 
