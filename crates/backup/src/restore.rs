@@ -117,6 +117,52 @@ impl Target {
     }
 }
 
+/// The timeline recovery follows: the newest timeline in the store whose history descends
+/// from the backup's (a failover after it, say), found as PostgreSQL's `latest` finds
+/// timelines (history files `N+1`, `N+2`, ... until one is missing), but never one that
+/// does not: an in-place major upgrade starts its new cluster (another system) on a new
+/// timeline whose history names no parent, and recovery of an older backup cannot follow
+/// it. The backup's own timeline when none descends.
+async fn target_timeline(store: &Store, backup: &Manifest) -> Result<u32, Error> {
+    let mut histories = Vec::new();
+    let mut next = backup.timeline.saturating_add(1);
+    loop {
+        let name = format!("{next:08X}.history");
+        let Some(wal) = crate::wal::WalName::parse(&name) else {
+            break;
+        };
+        let Some(content) = store.get(&wal.key(), true).await? else {
+            break;
+        };
+        histories.push((next, String::from_utf8_lossy(&content).into_owned()));
+        next = next.saturating_add(1);
+    }
+    let end = pgop_api::instance_status::parse_lsn(&backup.end_lsn).unwrap_or(0);
+    Ok(descendant_timeline(backup.timeline, end, &histories))
+}
+
+/// The highest of `histories` (timeline, history file) that branched off `timeline` at or
+/// after `lsn` (directly or through others), else `timeline`.
+fn descendant_timeline(timeline: u32, lsn: u64, histories: &[(u32, String)]) -> u32 {
+    histories
+        .iter()
+        .filter(|(_, text)| {
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .filter_map(|l| {
+                    let mut fields = l.split_whitespace();
+                    let parent = fields.next()?.parse::<u32>().ok()?;
+                    let switch = pgop_api::instance_status::parse_lsn(fields.next()?)?;
+                    Some((parent, switch))
+                })
+                .any(|(parent, switch)| parent == timeline && switch >= lsn)
+        })
+        .map(|(tli, _)| *tli)
+        .max()
+        .unwrap_or(timeline)
+}
+
 pub async fn restore(
     config: &StoreConfig,
     tools: &PgTools,
@@ -264,7 +310,10 @@ async fn recover(
     set("hot_standby", "off");
     set("logging_collector", "off");
     set("restore_command", &restore_command);
-    set("recovery_target_timeline", "latest");
+    // Not `latest`: the newest timeline in the store may be another system's (an in-place
+    // major upgrade archives its new cluster's WAL on a new timeline of the same store).
+    let timeline = target_timeline(store, backup).await?;
+    set("recovery_target_timeline", &timeline.to_string());
     match &options.target {
         Target::EndOfWal => {}
         Target::Time(t) => {
@@ -515,6 +564,34 @@ pub fn shell_quote(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn recovery_follows_timelines_that_descend_from_the_backup_only() {
+        use super::descendant_timeline as follow;
+        // Failovers after the backup (0/3000100 on timeline 1): timeline 3 descends.
+        let failovers = [
+            (
+                2,
+                "1\t0/5000000\tno recovery target specified\n".to_string(),
+            ),
+            (
+                3,
+                "1\t0/5000000\tno recovery target specified\n2\t0/7000000\tx\n".to_string(),
+            ),
+        ];
+        assert_eq!(follow(1, 0x3000100, &failovers), 3);
+        // A branch before the backup's end is not its future.
+        let early = [(2, "1\t0/2000000\tx\n".to_string())];
+        assert_eq!(follow(1, 0x3000100, &early), 1);
+        // An in-place major upgrade's timeline (another system: no parent) is not
+        // followed, nor what descends from it.
+        let upgraded = [
+            (2, "# pgop: PostgreSQL 18 after pg_upgrade\n".to_string()),
+            (3, "2\t0/9000000\tfailover\n".to_string()),
+        ];
+        assert_eq!(follow(1, 0x3000100, &upgraded), 1);
+        // A backup of the upgraded cluster follows its later failovers.
+        assert_eq!(follow(2, 0x8000000, &upgraded[1..]), 3);
+    }
 
     #[test]
     fn a_target_that_could_change_the_recovery_file_is_refused() {
