@@ -5,14 +5,18 @@
 //! is in that directory. A cluster made without `walStorage` gets it later: the instances
 //! are rolled one by one and each moves its WAL over at its start, with a writer committing
 //! throughout and every acknowledged row still there. Removing `walStorage` again turns the
-//! cluster Invalid and touches nothing.
+//! cluster Invalid and touches nothing. A second test takes the two other ways a data
+//! directory is made: pg_upgrade's new cluster (15 to 18 in place) and a restore from the
+//! backup the upgrade took first, into a new cluster with `walStorage`.
 
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
 use kube::Api;
-use pgop_api::cluster::ClusterPhase;
+use kube::api::PostParams;
+use pgop_api::cluster::{ClusterPhase, MajorUpgradePhase};
+use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -226,5 +230,94 @@ async fn e2e_wal_storage_holds_the_wal_through_bootstrap_clone_rewind_and_a_late
     );
     assert_eq!(lost, 0, "acknowledged commits lost");
     rows_everywhere(&env, later, &password, "t", 1000).await?;
+    env.stop().await
+}
+
+#[tokio::test]
+async fn e2e_wal_storage_holds_the_wal_of_an_upgraded_cluster_and_of_a_restored_one() -> Result {
+    if pgop_instance::Binaries::for_major(18, None).is_err() {
+        return Err("PostgreSQL 18 is not installed: run hack/install-postgres18.sh".into());
+    }
+    let _serial = SERIAL.lock().await;
+    let env = start("walupgrade").await?;
+    let s3 = S3Server::start(&env.plane.dir().join("s3-walstorage"))?;
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "s3"}, "stringData":
+        {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}}))?;
+    Api::<Secret>::namespaced(env.client.clone(), env.n())
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let store = json!({"s3": {"bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
+        "path": "walstorage", "credentialsSecret": {"name": "s3"}}});
+    let name = "upg";
+    env.create(
+        name,
+        json!({"replicas": 2, "storage": {"size": "1Gi"}, "walStorage": {"size": "512Mi"},
+               "backup": {"store": store}}),
+    )
+    .await?;
+    env.wait_ready(name, 2).await?;
+    let password = env.password(name).await?;
+    write_through_rw(
+        &env,
+        name,
+        &password,
+        "create table t (id int); insert into t select generate_series(1, 1000)",
+    )
+    .await?;
+
+    // pg_upgrade's new cluster (its WAL in PGDATA) is moved onto the volume at its start;
+    // the standby is cloned afresh at 18.
+    env.patch(name, json!({"spec": {"postgresVersion": 18}}))
+        .await?;
+    let done = env
+        .wait_cluster(
+            name,
+            "the upgrade completed",
+            std::time::Duration::from_secs(300),
+            |s| {
+                s.major_upgrade
+                    .as_ref()
+                    .is_some_and(|u| u.phase == MajorUpgradePhase::Completed)
+            },
+        )
+        .await?;
+    let backup = done
+        .status
+        .and_then(|s| s.major_upgrade)
+        .and_then(|u| u.backup)
+        .ok_or("the upgrade named no backup")?;
+    env.wait_ready(name, 2).await?;
+    for (pod, ip) in env.pod_ips(name).await? {
+        wal_on_its_volume(&env, &pod, None).await?;
+        let version: String = connect(&ip, &password)
+            .await?
+            .query_one("show server_version_num", &[])
+            .await?
+            .get(0);
+        assert!(version.starts_with("18"), "{pod} runs {version}");
+    }
+    rows_everywhere(&env, name, &password, "t", 1000).await?;
+
+    // A restore (the base backup unpacked into PGDATA, then WAL replayed) into a new
+    // cluster with walStorage: its WAL ends up on its volume too.
+    env.create(
+        "restored",
+        json!({"replicas": 1, "storage": {"size": "1Gi"}, "walStorage": {"size": "512Mi"},
+               "bootstrap": {"recovery": {"backup": backup}}}),
+    )
+    .await?;
+    env.wait_ready("restored", 1).await?;
+    wal_on_its_volume(&env, "restored-1", None).await?;
+    let restored_password = env.password("restored").await?;
+    let ip = env.pod_ip("restored-1").await?;
+    assert_eq!(count_on(&ip, &restored_password, "t").await?, 1000);
+    write_through_rw(
+        &env,
+        "restored",
+        &restored_password,
+        "insert into t values (1001)",
+    )
+    .await?;
+    drop(s3);
     env.stop().await
 }
