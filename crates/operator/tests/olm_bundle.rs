@@ -3,8 +3,10 @@
 //! (the Deployment, the RBAC, the webhooks, the version, the examples); operator-sdk's
 //! validation library (`bundle-validate`, built by `hack/install-bundle-validate.sh`) finds
 //! nothing in it, default validators and the OperatorHub suite alike, and does find what
-//! is wrong in broken copies of it; and a real kube-apiserver accepts, with strict field
-//! validation, the CSV against OLM's own CRD, and its Deployment and rules as objects.
+//! is wrong in broken copies of it; a real kube-apiserver accepts, with strict field
+//! validation, the CSV against OLM's own CRD, and its Deployment and rules as objects; and
+//! pgop converts PostgresClusters with a certificate mounted the way OLM mounts its own,
+//! for the bundle's CRDs, on which the `alm-examples` apply.
 //!
 //! Helm is built by `hack/install-testenv.sh` into the testenv bin directory.
 
@@ -566,6 +568,134 @@ async fn the_api_server_accepts_the_csv_its_deployment_and_rules() -> Result {
             api.delete(&name, &Default::default()).await?;
         }
     }
+    ns.delete().await?;
+    Ok(())
+}
+
+/// What OLM does with the bundle's webhooks, without OLM: a certificate written as OLM
+/// mounts its Secret (`tls.crt` and `tls.key` in one directory), pgop's webhook server
+/// serving from that directory (`--webhook-cert-dir`, the certificate source the CSV's
+/// Deployment names), and the bundle's CRDs with their conversion pointed at it and the
+/// authority in the `caBundle` (OLM points it at its Service). The `alm-examples` are then
+/// created as a console would (strict field validation), and the PostgresCluster example,
+/// stored in `v1beta1`, reads as `v1alpha1` through pgop's conversion over that certificate.
+/// Its own control plane: the CRDs it installs convert through this test's webhook.
+#[tokio::test]
+async fn pgop_converts_with_a_certificate_mounted_as_olm_does_and_the_examples_apply() -> Result {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::WebhookClientConfig;
+    use pgop_operator::webhook::{Config, Webhook, cert};
+    use pgop_testenv::{ControlPlane, Options, TestNamespace, wait};
+
+    let csv = csv()?;
+    let args = strings(
+        &csv["spec"]["install"]["spec"]["deployments"][0]["spec"]["template"]["spec"]["containers"]
+            [0]["args"],
+    );
+    assert!(
+        args.contains(&format!("--webhook-cert-dir={OLM_CERT_DIR}")),
+        "{args:?}"
+    );
+
+    let plane = ControlPlane::start(Options::default()).await?;
+    let client = plane.client()?;
+    let now = jiff::Timestamp::now();
+    let authority = pgop_tls::Authority::generate_webhook(now)?;
+    let issued = authority.issue_webhook_server(&["127.0.0.1".to_string()], now, 30)?;
+    let mounted = TempDir::new("serving-certs")?;
+    std::fs::write(mounted.0.join("tls.crt"), &issued.cert_pem)?;
+    std::fs::write(mounted.0.join("tls.key"), &issued.key_pem)?;
+    let webhook = Webhook::bind(
+        client.clone(),
+        Config {
+            listen: "127.0.0.1:0".parse()?,
+            certificate: cert::Source::Files {
+                dir: mounted.0.clone(),
+                check_every: std::time::Duration::from_secs(60),
+            },
+        },
+    )
+    .await?;
+    let port = webhook.local_addr().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(webhook.run(async move {
+        let _ = stopped.await;
+    }));
+
+    let mut crds = Vec::new();
+    for file in [
+        "manifests/database.example.com_postgresclusters.yaml",
+        "manifests/database.example.com_postgresbackups.yaml",
+    ] {
+        crds.extend(pgop_testenv::crds::from_yaml(&std::fs::read_to_string(
+            bundle().join(file),
+        )?)?);
+    }
+    let mut converting = 0;
+    for crd in &mut crds {
+        let webhook = crd
+            .spec
+            .conversion
+            .as_mut()
+            .filter(|c| c.strategy == "Webhook")
+            .and_then(|c| c.webhook.as_mut());
+        if let Some(webhook) = webhook {
+            webhook.client_config = Some(WebhookClientConfig {
+                url: Some(format!(
+                    "https://127.0.0.1:{port}{}",
+                    pgop_api::CONVERT_PATH
+                )),
+                ca_bundle: Some(ByteString(authority.cert_pem().as_bytes().to_vec())),
+                service: None,
+            });
+            converting += 1;
+        }
+    }
+    assert_eq!(converting, 1, "one CRD converts by webhook");
+    pgop_testenv::crds::install(&client, crds).await?;
+
+    let ns = TestNamespace::create(plane.config(), "olm-examples").await?;
+    let n = ns.name();
+    let params = PatchParams::apply("pgop-olm-bundle-test")
+        .force()
+        .validation_strict();
+    let examples: Vec<serde_json::Value> = serde_json::from_str(
+        csv["metadata"]["annotations"]["alm-examples"]
+            .as_str()
+            .ok_or("alm-examples")?,
+    )?;
+    for example in examples {
+        let mut obj: DynamicObject = serde_json::from_value(example)?;
+        obj.metadata.namespace = Some(n.to_string());
+        let types = obj.types.as_ref().ok_or("apiVersion/kind")?;
+        let gvk = GroupVersionKind::try_from(types)?;
+        let (resource, _) = discovery::pinned_kind(&client, &gvk).await?;
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), n, &resource);
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &params, &Patch::Apply(&obj))
+            .await
+            .map_err(|e| {
+                format!(
+                    "the API server refused the example {} {name}: {e}",
+                    gvk.kind
+                )
+            })?;
+    }
+
+    let alpha: Api<pgop_api::PostgresCluster> = Api::namespaced(client.clone(), n);
+    let read = wait::until(
+        "the example cluster to read as v1alpha1 through pgop's conversion",
+        TIMEOUT,
+        || {
+            let alpha = alpha.clone();
+            async move { alpha.get("example").await.map_err(|e| e.to_string()) }
+        },
+    )
+    .await?;
+    assert_eq!(read.spec.replicas, 3);
+
+    let _ = stop.send(());
+    server.await??;
     ns.delete().await?;
     Ok(())
 }
