@@ -11,8 +11,9 @@
 # and checks bundle/ with it. Why not operator-sdk itself: the Go module proxy does not
 # serve github.com/operator-framework/operator-sdk (docs/olm.md).
 #
-# Measured on two shared cores, downloads included: see docs/olm.md. The module and build
-# caches (about 1 GB) are removed afterwards, leaving the binary.
+# Measured on two shared cores beside other builds, downloads included: 3 minutes and a
+# 38 MB binary (docs/olm.md); the module and build caches (about 1.4 GB) are removed
+# afterwards, leaving the binary.
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/bundle-validate" && pwd)
 root=${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/bundle-validate
