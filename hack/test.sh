@@ -2,7 +2,8 @@
 # Runs pgop's whole test suite: unit tests, integration tests against a real Kubernetes
 # control plane (built first by hack/install-testenv.sh if it is missing), backup tests
 # against a real S3 server (hack/install-s3-server.sh installs it), the alert rules' tests
-# with promtool (hack/install-promtool.sh), and the real-node tier
+# with promtool (hack/install-promtool.sh), the OLM bundle's with operator-sdk's validation
+# library (hack/install-bundle-validate.sh), and the real-node tier
 # (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh),
 # on PostgreSQL 15 (Debian's packages) and 18 (hack/install-postgres18.sh).
 # Missing Debian packages are installed by hack/install-packages.sh. Needs root.
@@ -33,6 +34,9 @@ hack/install-s3-server.sh >/dev/null
 # The alert rules' tests run promtool (crates/pgop/tests/monitoring_rules.rs), built once
 # from the Go module proxy into ~/.cache/pgop/promtool (about 2 minutes the first time).
 hack/install-promtool.sh >/dev/null
+# The OLM bundle's tests run operator-sdk's validation library (crates/operator/tests/
+# olm_bundle.rs), built once from the Go module proxy into ~/.cache/pgop/bundle-validate.
+hack/install-bundle-validate.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 # The images the real-node tests import into their nodes (docs/images.md), with the
 # debug build of pgop, which the tests build anyway (a release build from nothing takes

@@ -487,6 +487,10 @@ fn helm_lint_is_clean_with_every_value_set() -> Result {
             "watchNamespaces: [team-a]\nwebhook: {enabled: true, failurePolicy: Fail, timeoutSeconds: 10}\n"
                 .to_string(),
         ),
+        (
+            "webhooks-cert-dir",
+            "watchNamespaces: [team-a]\nwebhook: {enabled: true, certDir: /certs}\n".to_string(),
+        ),
     ];
     for (label, values) in sets {
         let file = ValuesFile::new(&format!("lint-{label}"), &values)?;
@@ -531,6 +535,10 @@ fn values_the_operator_cannot_honour_are_refused() -> Result {
         ("clusterSelector: \"a='x'\"\n", "clusterSelector"),
         // The webhooks: what the API server accepts, on a port of their own; the chart
         // sets no caBundle (the operator keeps it).
+        // webhook.certDir: an absolute path, written unquoted into the arguments.
+        ("webhook: {certDir: certs}\n", "certDir"),
+        ("webhook: {certDir: '/a b'}\n", "certDir"),
+        ("webhook: {certDir: '/a: b'}\n", "certDir"),
         // The runbook URL lands unquoted in every rule's annotations.
         (
             "monitoring: {prometheusRule: {runbookURL: 'docs/runbooks.md #x'}}\n",
