@@ -16,7 +16,9 @@ case $what in
   demo) ;;
   test)
     pkgs+=(containerd runc containernetworking-plugins iptables iproute2 conntrack util-linux nftables
-      buildah umoci mmdebstrap gcc libc6-dev binutils git)
+      buildah umoci mmdebstrap gcc libc6-dev binutils git
+      # hack/render-bundle.sh (the OLM bundle's test renders it) reads YAML with PyYAML.
+      python3-yaml)
     ;;
   *) echo "usage: $0 demo|test" >&2; exit 2 ;;
 esac
