@@ -366,16 +366,22 @@ fn failed(mut record: MajorUpgrade, now: &Time, message: String) -> MajorUpgrade
     record
 }
 
-/// `message` cut to [`MAX_MESSAGE`] bytes, on a character boundary.
+/// `message` cut to about [`MAX_MESSAGE`] bytes, on character boundaries: its first
+/// third and its last two thirds, `…` between. A failure report names the failing step
+/// first and ends with the tail of the log that says why (pg_upgrade's dump log, say).
 fn cut(message: &str) -> String {
     if message.len() <= MAX_MESSAGE {
         return message.to_string();
     }
-    let mut end = MAX_MESSAGE;
-    while !message.is_char_boundary(end) {
-        end -= 1;
+    let mut head = MAX_MESSAGE / 3;
+    while !message.is_char_boundary(head) {
+        head -= 1;
     }
-    format!("{}…", &message[..end])
+    let mut tail = message.len() - (MAX_MESSAGE - head);
+    while !message.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}…{}", &message[..head], &message[tail..])
 }
 
 /// The major of `server_version_num` (180001 → 18).

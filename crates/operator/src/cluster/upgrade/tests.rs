@@ -324,6 +324,11 @@ fn a_reported_failure_or_a_manager_that_keeps_exiting_rolls_back() {
             .is_some_and(|m| m.contains("PostgreSQL 18 not found"))
     );
     assert_eq!(cut(&"é".repeat(MAX_MESSAGE)).len(), MAX_MESSAGE + "…".len());
+    // The start and the end survive: the step that failed, and the log's last lines.
+    let long = format!("pg_upgrade failed\n{}\nERROR: the reason", "x".repeat(5000));
+    let short = cut(&long);
+    assert!(short.starts_with("pg_upgrade failed") && short.ends_with("ERROR: the reason"));
+    assert!(short.len() <= MAX_MESSAGE + "…".len());
 }
 
 #[test]
