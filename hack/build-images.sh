@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds pgop's container images without a Docker daemon, from Debian's packages:
 #
-#   pgop          images/Containerfile: the release binary and PostgreSQL 15 (Debian's)
+#   pgop          images/Containerfile: the release binary, PostgreSQL 15 (Debian's) and
+#                 PostgreSQL 18 (hack/install-postgres18.sh's build, relocated)
 #   pgop-pause    images/pause/: the pod sandbox's pause process (our own, static C)
 #   pgop-coredns  images/coredns/: CoreDNS, built by hack/install-testenv.sh
 #
@@ -68,7 +69,7 @@ die() { log "error: $*"; exit 1; }
 # --- tools ------------------------------------------------------------------------------
 [ "$(id -u)" = 0 ] || die "needs root: buildah and mmdebstrap run rootful here (sudo $0)"
 need=()
-for tool in buildah:buildah mmdebstrap:mmdebstrap gcc:gcc strip:binutils \
+for tool in buildah:buildah mmdebstrap:mmdebstrap gcc:gcc strip:binutils patchelf:patchelf \
   /usr/lib/x86_64-linux-gnu/libc.a:libc6-dev git:git; do
   t=${tool%%:*}
   if [[ $t == /* ]]; then [ -e "$t" ] || need+=("${tool#*:}"); else
@@ -217,6 +218,49 @@ t=$SECONDS
 log "pgop binary ($profile profile) ready in $((SECONDS - t))s"
 stage_binary "$out/ctx/pgop"
 
+# --- PostgreSQL 18 ----------------------------------------------------------------------
+# Debian bookworm packages PostgreSQL 15 only; 18 is hack/install-postgres18.sh's build from
+# Debian's source (installed here first when missing), copied into the build context as
+# postgresql-18/ (bin, lib, share: no headers, no static libraries) and relocated to the
+# image's /usr/lib/postgresql/18: every program's and library's run path becomes relative
+# ($ORIGIN/../lib, $ORIGIN), so that each finds its own libpq and not Debian's (15's).
+pg18_root=${PGOP_POSTGRES_ROOT:-/var/cache/pgop/postgresql}/18
+if [ ! -x "$pg18_root/bin/postgres" ]; then
+  log "PostgreSQL 18 is missing: hack/install-postgres18.sh (builds it once, 5 to 8 minutes)"
+  logged install-postgres18 "$repo/hack/install-postgres18.sh"
+fi
+pg18_version=$("$pg18_root/bin/postgres" --version)
+stage_postgres18() { # stage_postgres18 CONTEXT-DIR
+  local dir=$1/postgresql-18 stamp=$1/postgresql-18.stamp key
+  key=$(printf '%s\n' "$pg18_version" "$(readlink -f "$pg18_root")" "$(sha <"${BASH_SOURCE[0]}")" | sha)
+  if [ -d "$dir" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then
+    return
+  fi
+  rm -rf "$dir" "$stamp"
+  mkdir -p "$dir"
+  cp -a "$pg18_root/bin" "$pg18_root/share" "$dir/"
+  mkdir -p "$dir/lib"
+  find "$pg18_root/lib" -maxdepth 1 -type f -name '*.so*' -exec cp -a {} "$dir/lib/" \;
+  find "$pg18_root/lib" -maxdepth 1 -type l -name '*.so*' -exec cp -a {} "$dir/lib/" \;
+  local f
+  while IFS= read -r -d '' f; do
+    if head -c 4 "$f" | grep -q 'ELF'; then
+      strip --strip-unneeded "$f"
+      case $f in
+        "$dir"/bin/*) patchelf --set-rpath '$ORIGIN/../lib' "$f" ;;
+        *) patchelf --set-rpath '$ORIGIN' "$f" ;;
+      esac
+    fi
+  done < <(find "$dir/bin" "$dir/lib" -type f -print0)
+  echo "$key" >"$stamp"
+}
+stage_postgres18 "$out/ctx/pgop"
+[ -z "$next" ] || stage_postgres18 "$out/ctx/pgop-next"
+# The staged tree's content, for the images' input keys.
+tree_sha() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum) | sha; }
+pg18_sha=$(tree_sha "$out/ctx/pgop/postgresql-18")
+log "PostgreSQL 18 staged: $pg18_version ($(du -sh --apparent-size "$out/ctx/pgop/postgresql-18" | cut -f1))"
+
 # --- the Debian base --------------------------------------------------------------------
 suite=bookworm
 mirrors=(
@@ -263,7 +307,7 @@ base_id=$(image_id "$base_tag")
 pgop_names=("docker.io/library/pgop:$version" "docker.io/library/pgop:$version-$commit")
 pgop_archive=$out/pgop-$version-$commit.oci.tar
 pgop_key=$(printf '%s\n' "$(sha <"$out/ctx/pgop/pgop")" "$(sha <"$repo/images/Containerfile")" \
-  "$base_id" "${pgop_names[@]}" | sha)
+  "$base_id" "$pg18_sha" "${pgop_names[@]}" | sha)
 build_pgop() {
   bud pgop "$out/ctx/pgop" "$repo/images/Containerfile" --build-arg "BASE=$base_tag" \
     "${@/#/--tag=}"
@@ -276,7 +320,7 @@ if [ -n "$next" ]; then
   next_names=("docker.io/library/pgop:$next" "docker.io/library/pgop:$next-$commit")
   next_archive=$out/pgop-$next-$commit.oci.tar
   next_key=$(printf '%s\n' "$(sha <"$out/ctx/pgop-next/pgop")" "$(sha <"$repo/images/Containerfile")" \
-    "$base_id" "${next_names[@]}" | sha)
+    "$base_id" "$pg18_sha" "${next_names[@]}" | sha)
   build_next() {
     bud pgop-next "$out/ctx/pgop-next" "$repo/images/Containerfile" --build-arg "BASE=$base_tag" \
       "${@/#/--tag=}"
