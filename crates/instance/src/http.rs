@@ -111,11 +111,12 @@ async fn metrics(State(instance): State<Arc<Instance>>) -> Response {
     let status = instance.status().await;
     let jobs = instance.backup_jobs();
     // The data volume as the status read it (one statvfs per scrape, not two).
-    let volume = status.volume.map(|v| crate::metrics::Volume {
+    let usage = |v: pgop_api::instance_status::VolumeUsage| crate::metrics::Volume {
         capacity_bytes: v.capacity_bytes,
         used_bytes: v.used_bytes,
         available_bytes: v.available_bytes,
-    });
+    };
+    let (volume, wal_volume) = (status.volume.map(usage), status.wal_volume.map(usage));
     // Two small files: off the async threads, as any filesystem call.
     let files = crate::config::tls_files(&instance.options().layout);
     let certificates = tokio::task::spawn_blocking(move || crate::metrics::certificates(&files))
@@ -125,6 +126,7 @@ async fn metrics(State(instance): State<Arc<Instance>>) -> Response {
         cluster: &instance.options().layout.cluster,
         crash_restarts: instance.restarts(),
         volume,
+        wal_volume,
         certificates: &certificates,
     };
     match crate::metrics::encode(&status, &jobs, manager) {

@@ -33,6 +33,8 @@ pub struct Manager<'a> {
     pub crash_restarts: u32,
     /// The filesystem PGDATA is on; `None` when statvfs failed.
     pub volume: Option<Volume>,
+    /// The WAL volume's filesystem (`spec.walStorage`); `None` without one.
+    pub wal_volume: Option<Volume>,
     /// PostgreSQL's certificates as served, by name (`server`, `replication`), and when
     /// each expires; those that could not be read are left out.
     pub certificates: &'a [(&'static str, jiff::Timestamp)],
@@ -308,8 +310,29 @@ pub fn encode(
         "Bytes PostgreSQL may still write on the filesystem of the data directory (PGDATA); less than capacity minus used by the blocks reserved for root",
         Unit::Bytes,
     );
+    let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     if let Some(v) = manager.volume {
-        let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        set(&capacity, vec![], bytes(v.capacity_bytes));
+        set(&used, vec![], bytes(v.used_bytes));
+        set(&available, vec![], bytes(v.available_bytes));
+    }
+    // The WAL volume (spec.walStorage): its own series, only with one.
+    if let Some(v) = manager.wal_volume {
+        let capacity = b.int_with_unit(
+            "wal_volume_capacity",
+            "Size of the filesystem of the WAL volume (spec.walStorage) pg_wal links to",
+            Unit::Bytes,
+        );
+        let used = b.int_with_unit(
+            "wal_volume_used",
+            "Bytes in use on the filesystem of the WAL volume (spec.walStorage)",
+            Unit::Bytes,
+        );
+        let available = b.int_with_unit(
+            "wal_volume_available",
+            "Bytes PostgreSQL may still write on the filesystem of the WAL volume (spec.walStorage); when none is left, PostgreSQL stops",
+            Unit::Bytes,
+        );
         set(&capacity, vec![], bytes(v.capacity_bytes));
         set(&used, vec![], bytes(v.used_bytes));
         set(&available, vec![], bytes(v.available_bytes));
@@ -374,6 +397,7 @@ mod tests {
         cluster: "demo",
         crash_restarts: 2,
         volume: None,
+        wal_volume: None,
         certificates: &[],
     };
 
@@ -648,6 +672,20 @@ mod tests {
         assert_eq!(v("pgop_volume_capacity_bytes", ""), Some(10_737_418_240.0));
         assert_eq!(v("pgop_volume_used_bytes", ""), Some(9_663_676_416.0));
         assert_eq!(v("pgop_volume_available_bytes", ""), Some(536_870_912.0));
+        let with_wal = Manager {
+            wal_volume: Some(Volume {
+                capacity_bytes: 2 << 30,
+                used_bytes: 1 << 30,
+                available_bytes: 1 << 30,
+            }),
+            ..manager
+        };
+        let wal =
+            parse(&encode(&PgStatus::stopped("demo-1", false), &[], with_wal).expect("encode"));
+        let w = |name: &str| value(&wal, name, BASE);
+        assert_eq!(w("pgop_wal_volume_capacity_bytes"), Some(2_147_483_648.0));
+        assert_eq!(w("pgop_wal_volume_used_bytes"), Some(1_073_741_824.0));
+        assert_eq!(w("pgop_wal_volume_available_bytes"), Some(1_073_741_824.0));
         assert_eq!(
             v(
                 "pgop_certificate_expiry_timestamp_seconds",
@@ -669,7 +707,11 @@ mod tests {
         );
         // Unknown: no series, not zeros.
         let text = encode(&primary(), &[], DEMO).expect("encode");
-        for absent in ["pgop_volume_", "pgop_certificate_expiry"] {
+        for absent in [
+            "pgop_volume_",
+            "pgop_wal_volume_",
+            "pgop_certificate_expiry",
+        ] {
             assert!(!text.contains(absent), "{absent} in\n{text}");
         }
     }

@@ -1,8 +1,8 @@
 //! The metrics pgop's alert rules and dashboard (`deploy/monitoring/`) query are metrics pgop
 //! serves: a real API server, the operator in-process (with its metrics and its webhooks'
 //! own certificate), the local node running `pgop instance run`, real PostgreSQL and a real
-//! S3 server. The cluster is brought through what makes the conditional series appear: WAL
-//! archived, a completed base backup, a standby replaying under writes, a failover. Every
+//! S3 server. The cluster is brought through what makes the conditional series appear: a
+//! WAL volume, WAL archived, a completed base backup, a standby replaying under writes, a failover. Every
 //! sample name scraped meanwhile from the operator and the instance managers is collected,
 //! and every pgop metric name in the rules' and the dashboard's queries must be among them.
 
@@ -119,7 +119,8 @@ async fn e2e_every_metric_the_alert_rules_and_the_dashboard_query_is_served() ->
     env.create(
         "mon",
         // archive_timeout 5s: WAL reaches the store within seconds of a commit.
-        json!({"replicas": 2, "storage": {"size": "1Gi"},
+        // walStorage: the WAL volume's series exist only with one.
+        json!({"replicas": 2, "storage": {"size": "1Gi"}, "walStorage": {"size": "512Mi"},
                "postgresql": {"parameters": {"archive_timeout": "5s"}},
                "backup": {"store": {"s3": {
                    "bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
