@@ -279,7 +279,16 @@ impl ControlPlane {
                 "--egress-selector-config-file={}",
                 dir.join("egress-selector.yaml").display()
             ))
-            .arg("--enable-aggregator-routing=true");
+            .arg("--enable-aggregator-routing=true")
+            // Pods' logs, exec and port forwarding: the API server calls the kubelets by
+            // their node address (the egress tunnel reaches addresses, not names) as the
+            // admin, whom the kubelets' webhook authorization allows (system:masters).
+            .arg("--kubelet-preferred-address-types=InternalIP")
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                pki.admin_cert.display()
+            ))
+            .arg(format!("--kubelet-client-key={}", pki.admin_key.display()));
         } else {
             // The `kubernetes` Service's Endpoints cannot hold a loopback address.
             cmd.arg("--advertise-address=127.0.0.1")
