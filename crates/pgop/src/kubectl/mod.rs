@@ -16,6 +16,8 @@ use pgop_api::v1beta1::PostgresCluster;
 use serde_json::json;
 use std::io::Write;
 
+mod logs;
+mod psql;
 mod report;
 mod status;
 
@@ -67,6 +69,27 @@ enum Command {
     Hibernate { cluster: String },
     /// Bring a hibernated cluster back (`spec.hibernate: false`).
     Resume { cluster: String },
+    /// This machine's psql, logged in with the cluster's app Secret (no password on any
+    /// command line), to the primary or a standby, through `kubectl port-forward`;
+    /// arguments after `--` go to psql.
+    Psql {
+        cluster: String,
+        /// A ready standby instead of the primary.
+        #[arg(long)]
+        replica: bool,
+        #[arg(last = true)]
+        psql_args: Vec<String>,
+    },
+    /// The logs of every instance Pod, merged in time order.
+    Logs {
+        cluster: String,
+        /// `text` (the default: time, Pod, level, message) or `json` (one object a line).
+        #[arg(short = 'o', long, default_value = "text")]
+        output: Output,
+        /// Only the last N lines of each Pod.
+        #[arg(long)]
+        tail: Option<i64>,
+    },
     /// Write a tarball of what support needs about a cluster: the cluster, its status
     /// screen, Pods, claims, Services, Events, PostgresBackups, its Secrets with every value
     /// redacted, and the Pods' logs.
@@ -128,6 +151,27 @@ pub async fn run(args: Args) -> Result<(), Error> {
     let client = Client::try_from(config)?;
     let mut out = std::io::stdout().lock();
     let colour = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    if let Command::Psql {
+        cluster,
+        replica,
+        psql_args,
+    } = &args.command
+    {
+        let c = find(&client, &namespace, cluster).await?;
+        let code = psql::run(
+            &client,
+            &namespace,
+            args.context.as_deref(),
+            &c,
+            *replica,
+            psql_args,
+        )
+        .await?;
+        if code != 0 {
+            std::process::exit(code);
+        }
+        return Ok(());
+    }
     execute(&client, &namespace, args.command, &mut out, colour).await
 }
 
@@ -140,6 +184,15 @@ async fn execute(
 ) -> Result<(), Error> {
     let clusters: Api<PostgresCluster> = Api::namespaced(client.clone(), ns);
     match command {
+        Command::Psql { .. } => return Err("psql runs from `run`".into()),
+        Command::Logs {
+            cluster,
+            output,
+            tail,
+        } => {
+            find(client, ns, &cluster).await?;
+            logs::print(client, ns, &cluster, tail, output == Output::Json, out).await?;
+        }
         Command::Status { cluster, output } => {
             let c = find(client, ns, &cluster).await?;
             let view = status::read(client, ns, &c).await?;
