@@ -251,7 +251,7 @@ async fn execute(
                 .await?;
             writeln!(
                 out,
-                "postgresbackup/{name} created; `kubectl get pgb {name} -n {ns} -w` follows it"
+                "postgresbackup/{name} created; `kubectl get postgresbackup {name} -n {ns} -w` follows it"
             )?;
         }
         Command::Fence { cluster, instance } => {
