@@ -102,10 +102,10 @@ third-party Rust crates under their own licences (all allowed by the project's d
 EOF
 chmod 0755 "$stage/archive/kubectl-pgop"
 chmod 0644 "$stage/archive/LICENSE"
-# Reproducible: sorted names, one fixed mtime, root:root by number, no pax time records;
-# gzip -n leaves out the name and time stamp.
+# Reproducible: the names in byte order (as --sort=name would), one fixed mtime, root:root
+# by number, GNU format (no pax time records); gzip -n leaves out the name and time stamp.
 tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
-  -C "$stage/archive" -cf "$stage/archive.tar" kubectl-pgop LICENSE
+  -C "$stage/archive" -cf "$stage/archive.tar" LICENSE kubectl-pgop
 gzip -n <"$stage/archive.tar" >"$stage/$archive"
 sha256=$(sha256sum "$stage/$archive" | cut -d' ' -f1)
 
