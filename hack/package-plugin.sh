@@ -65,11 +65,14 @@ if [ "$elf" != 7f454c46 ] || [ "$machine" != 3e00 ]; then
   exit 1
 fi
 
-# The version is the binary's own (`pgop --version` prints "pgop 0.1.0"); krew wants
-# a semantic version with a leading v.
-version=$("$binary" --version | awk '{ print $NF }')
-[[ "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?$ ]] ||
-  { echo "package-plugin: $binary --version gave \"$version\", not a semantic version" >&2; exit 1; }
+# The version is the binary's own: `pgop --version` prints "pgop 0.1.0" ("kubectl pgop
+# 0.1.0" when run as kubectl-pgop); krew wants a semantic version with a leading v.
+said=$("$binary" --version 2>/dev/null | head -n1 || true)
+version=${said##* }
+if [[ ! "$said" =~ ^(kubectl\ )?pgop\  ]] || [[ ! "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+([-+][0-9A-Za-z.+-]+)?$ ]]; then
+  echo "package-plugin: $binary --version said \"$said\", not \"pgop <semantic version>\": is it pgop?" >&2
+  exit 1
+fi
 archive=kubectl-pgop_${version}_linux_amd64.tar.gz
 placeholder=
 if [ -z "$release_url" ]; then
