@@ -3,7 +3,8 @@
 # control plane (built first by hack/install-testenv.sh if it is missing), backup tests
 # against a real S3 server (hack/install-s3-server.sh installs it), the alert rules' tests
 # with promtool (hack/install-promtool.sh), the OLM bundle's with operator-sdk's validation
-# library (hack/install-bundle-validate.sh), and the real-node tier
+# library (hack/install-bundle-validate.sh), the kubectl plugin's krew packaging with krew
+# (hack/install-krew.sh), and the real-node tier
 # (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh),
 # on PostgreSQL 15 (Debian's packages) and 18 (hack/install-postgres18.sh).
 # Missing Debian packages are installed by hack/install-packages.sh. Needs root.
@@ -37,6 +38,10 @@ hack/install-promtool.sh >/dev/null
 # The OLM bundle's tests run operator-sdk's validation library (crates/operator/tests/
 # olm_bundle.rs), built once from the Go module proxy into ~/.cache/pgop/bundle-validate.
 hack/install-bundle-validate.sh >/dev/null
+# The kubectl plugin's krew packaging test (crates/pgop/tests/kubectl_krew.rs) runs krew
+# and validate-krew-manifest, built once from the Go module proxy into ~/.cache/pgop/krew
+# (about a minute the first time).
+hack/install-krew.sh >/dev/null
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 # The images the real-node tests import into their nodes (docs/images.md), with the
 # debug build of pgop, which the tests build anyway (a release build from nothing takes
