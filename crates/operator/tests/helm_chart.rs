@@ -39,17 +39,7 @@ fn chart() -> PathBuf {
 
 /// The helm that `hack/install-testenv.sh` builds, or an error naming that script.
 fn helm() -> Result<PathBuf> {
-    let path = pgop_testenv::binaries::bin_dir().join("helm");
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "helm not found at {}; build it with `{}`",
-            path.display(),
-            pgop_testenv::INSTALL_COMMAND
-        )
-        .into())
-    }
+    Ok(pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Helm)?)
 }
 
 /// Runs helm; its stdout, or an error with its stderr.

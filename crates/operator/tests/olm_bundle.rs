@@ -15,6 +15,7 @@ mod common;
 use common::*;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery;
+use pgop_testenv::TempDir;
 use serde_yaml::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,17 +37,7 @@ fn bundle() -> PathBuf {
 
 /// The helm that `hack/install-testenv.sh` builds, or an error naming that script.
 fn helm() -> Result<PathBuf> {
-    let path = pgop_testenv::binaries::bin_dir().join("helm");
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "helm not found at {}; build it with `{}`",
-            path.display(),
-            pgop_testenv::INSTALL_COMMAND
-        )
-        .into())
-    }
+    Ok(pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Helm)?)
 }
 
 /// bundle-validate: `PGOP_BUNDLE_VALIDATE`, else where `hack/install-bundle-validate.sh`
@@ -99,24 +90,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-/// A directory of its own under the temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> Result<Self> {
-        let path = std::env::temp_dir().join(format!("pgop-olm-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Every file under `dir`, by path relative to it, with its contents.
@@ -186,7 +159,7 @@ fn strings(value: &Value) -> Vec<String> {
 
 #[test]
 fn bundle_is_the_chart_rendered_for_olm() -> Result {
-    let out = TempDir::new("render")?;
+    let out = TempDir::new("olm-render")?;
     let status = Command::new(root().join("hack/render-bundle.sh"))
         .arg("--out")
         .arg(&out.0)
@@ -602,7 +575,7 @@ async fn pgop_converts_with_a_certificate_mounted_as_olm_does_and_the_examples_a
     let now = jiff::Timestamp::now();
     let authority = pgop_tls::Authority::generate_webhook(now)?;
     let issued = authority.issue_webhook_server(&["127.0.0.1".to_string()], now, 30)?;
-    let mounted = TempDir::new("serving-certs")?;
+    let mounted = TempDir::new("olm-serving-certs")?;
     std::fs::write(mounted.0.join("tls.crt"), &issued.cert_pem)?;
     std::fs::write(mounted.0.join("tls.key"), &issued.key_pem)?;
     let webhook = Webhook::bind(

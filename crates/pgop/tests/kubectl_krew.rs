@@ -9,6 +9,7 @@
 //! krew and validate-krew-manifest come from `hack/install-krew.sh`; a missing one fails
 //! the test with that command.
 
+use pgop_testenv::TempDir;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -59,24 +60,6 @@ fn validate_krew_manifest() -> Result<PathBuf> {
 fn kubectl() -> Result<PathBuf> {
     pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Kubectl)
         .map_err(|e| format!("{e}: run hack/install-testenv.sh").into())
-}
-
-/// A directory of its own under the temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> Result<Self> {
-        let path = std::env::temp_dir().join(format!("pgop-krew-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn text(out: &Output) -> String {
@@ -332,7 +315,7 @@ fn the_manifest_is_krews_and_names_the_archive() -> Result {
 fn validate_krew_manifest_accepts_the_manifest_and_installs_it_from_its_uri() -> Result {
     let packaged = packaged()?;
     let validate = validate_krew_manifest()?;
-    let dir = TempDir::new("validate")?;
+    let dir = TempDir::new("krew-validate")?;
     // validate-krew-manifest runs `kubectl krew install --manifest FILE` (downloading the
     // uri, checking the sha256 and that a LICENSE file was installed) in a KREW_ROOT of its
     // own, with the PATH it was given.
@@ -356,7 +339,7 @@ fn validate_krew_manifest_accepts_the_manifest_and_installs_it_from_its_uri() ->
 #[test]
 fn krew_installs_the_archive_and_kubectl_runs_it_as_kubectl_pgop() -> Result {
     let packaged = packaged()?;
-    let dir = TempDir::new("install")?;
+    let dir = TempDir::new("krew-install")?;
     let krew_root = dir.0.join("krew");
     let out = krew_install(
         &krew_root,
@@ -417,7 +400,7 @@ fn krew_installs_the_archive_and_kubectl_runs_it_as_kubectl_pgop() -> Result {
 #[test]
 fn krew_refuses_an_archive_whose_sha256_is_not_the_manifests() -> Result {
     let packaged = packaged()?;
-    let dir = TempDir::new("sha256")?;
+    let dir = TempDir::new("krew-sha256")?;
     let good = sha256(&packaged.archive)?;
     // Another well-formed sha256: the last hex digit changed.
     let last = good.chars().last().unwrap();

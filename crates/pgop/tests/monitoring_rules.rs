@@ -8,6 +8,7 @@
 mod monitoring;
 
 use monitoring::*;
+use pgop_testenv::TempDir;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -66,25 +67,6 @@ fn run_promtool(dir: &Path, args: &[&str]) -> Result<String> {
     }
 }
 
-/// A directory of its own under the temporary directory, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> Result<Self> {
-        let path =
-            std::env::temp_dir().join(format!("pgop-monitoring-{label}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path)?;
-        Ok(Self(path))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `groups` written as a plain rules file (what promtool reads) in `dir`.
 fn rules_file(dir: &Path, groups: &serde_yaml::Value) -> Result<PathBuf> {
     let mut file = serde_yaml::Mapping::new();
@@ -104,7 +86,7 @@ fn alert_names(groups: &serde_yaml::Value) -> Vec<String> {
 #[test]
 fn the_prometheusrule_passes_promtool_check_rules() -> Result {
     let groups = rule_groups()?;
-    let dir = TempDir::new("check")?;
+    let dir = TempDir::new("monitoring-check")?;
     rules_file(&dir.0, &groups)?;
     let out = run_promtool(&dir.0, &["check", "rules", "rules.yaml"])?;
     let n = rules(&groups).len();
@@ -281,7 +263,7 @@ fn every_query_of_the_dashboard_parses() -> Result {
     group.insert("name".into(), "dashboard".into());
     group.insert("rules".into(), records.into());
     let groups = serde_yaml::Value::Sequence(vec![group.into()]);
-    let dir = TempDir::new("dashboard")?;
+    let dir = TempDir::new("monitoring-dashboard")?;
     rules_file(&dir.0, &groups)?;
     let out = run_promtool(&dir.0, &["check", "rules", "rules.yaml"])?;
     assert!(
@@ -301,7 +283,7 @@ fn every_query_of_the_dashboard_parses() -> Result {
 
 #[test]
 fn promtool_missing_is_an_error_naming_its_installer() -> Result {
-    let empty = TempDir::new("no-promtool")?;
+    let empty = TempDir::new("monitoring-no-promtool")?;
     let err = find_promtool(None, &empty.0).expect_err("no promtool in an empty cache");
     let message = err.to_string();
     assert!(

@@ -28,6 +28,7 @@ mod process;
 pub mod real_nodes;
 pub mod s3;
 mod shared;
+mod tempdir;
 pub mod wait;
 mod workdir;
 
@@ -35,6 +36,7 @@ pub use binaries::{INSTALL_COMMAND, MissingBinary};
 pub use control_plane::{ControlPlane, Error, Options};
 pub use namespace::{Error as NamespaceError, TestNamespace};
 pub use shared::shared;
+pub use tempdir::TempDir;
 pub use workdir::KEEP_ENV;
 
 /// "failed to X: failed to Y: cause" from an error and its sources.
