@@ -83,6 +83,32 @@ impl Builder {
         family
     }
 
+    /// `<prefix>_{capacity,used,available}_bytes` of the filesystem `what` names, from
+    /// statvfs; no series when `usage` is unknown.
+    fn volume(&mut self, prefix: &str, what: &str, usage: Option<Volume>) {
+        let capacity = self.int_with_unit(
+            &format!("{prefix}_capacity"),
+            &format!("Size of {what}"),
+            Unit::Bytes,
+        );
+        let used = self.int_with_unit(
+            &format!("{prefix}_used"),
+            &format!("Bytes in use on {what}"),
+            Unit::Bytes,
+        );
+        let available = self.int_with_unit(
+            &format!("{prefix}_available"),
+            &format!("Bytes PostgreSQL may still write on {what}; less than capacity minus used by the blocks reserved for root"),
+            Unit::Bytes,
+        );
+        if let Some(v) = usage {
+            let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+            set(&capacity, vec![], bytes(v.capacity_bytes));
+            set(&used, vec![], bytes(v.used_bytes));
+            set(&available, vec![], bytes(v.available_bytes));
+        }
+    }
+
     fn int_with_unit(&mut self, name: &str, help: &str, unit: Unit) -> IntGauge {
         let family = IntGauge::default();
         self.registry
@@ -294,49 +320,17 @@ pub fn encode(
         }
     }
 
-    // The data volume (PGDATA's filesystem).
-    let capacity = b.int_with_unit(
-        "volume_capacity",
-        "Size of the filesystem the data directory (PGDATA) is on",
-        Unit::Bytes,
+    // The data volume (PGDATA's filesystem); the WAL volume (spec.walStorage) only with one.
+    b.volume(
+        "volume",
+        "the filesystem the data directory (PGDATA) is on",
+        manager.volume,
     );
-    let used = b.int_with_unit(
-        "volume_used",
-        "Bytes in use on the filesystem the data directory (PGDATA) is on",
-        Unit::Bytes,
+    b.volume(
+        "wal_volume",
+        "the filesystem of the WAL volume (spec.walStorage) pg_wal links to",
+        manager.wal_volume,
     );
-    let available = b.int_with_unit(
-        "volume_available",
-        "Bytes PostgreSQL may still write on the filesystem of the data directory (PGDATA); less than capacity minus used by the blocks reserved for root",
-        Unit::Bytes,
-    );
-    let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-    if let Some(v) = manager.volume {
-        set(&capacity, vec![], bytes(v.capacity_bytes));
-        set(&used, vec![], bytes(v.used_bytes));
-        set(&available, vec![], bytes(v.available_bytes));
-    }
-    // The WAL volume (spec.walStorage): its own series, only with one.
-    if let Some(v) = manager.wal_volume {
-        let capacity = b.int_with_unit(
-            "wal_volume_capacity",
-            "Size of the filesystem of the WAL volume (spec.walStorage) pg_wal links to",
-            Unit::Bytes,
-        );
-        let used = b.int_with_unit(
-            "wal_volume_used",
-            "Bytes in use on the filesystem of the WAL volume (spec.walStorage)",
-            Unit::Bytes,
-        );
-        let available = b.int_with_unit(
-            "wal_volume_available",
-            "Bytes PostgreSQL may still write on the filesystem of the WAL volume (spec.walStorage); when none is left, PostgreSQL stops",
-            Unit::Bytes,
-        );
-        set(&capacity, vec![], bytes(v.capacity_bytes));
-        set(&used, vec![], bytes(v.used_bytes));
-        set(&available, vec![], bytes(v.available_bytes));
-    }
 
     // PostgreSQL's certificates.
     let expiry = b.int_with_unit(
