@@ -39,7 +39,9 @@ fn chart() -> PathBuf {
 
 /// The helm that `hack/install-testenv.sh` builds, or an error naming that script.
 fn helm() -> Result<PathBuf> {
-    Ok(pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Helm)?)
+    Ok(pgop_testenv::binaries::locate(
+        pgop_testenv::binaries::Binary::Helm,
+    )?)
 }
 
 /// Runs helm; its stdout, or an error with its stderr.

@@ -37,7 +37,9 @@ fn bundle() -> PathBuf {
 
 /// The helm that `hack/install-testenv.sh` builds, or an error naming that script.
 fn helm() -> Result<PathBuf> {
-    Ok(pgop_testenv::binaries::locate(pgop_testenv::binaries::Binary::Helm)?)
+    Ok(pgop_testenv::binaries::locate(
+        pgop_testenv::binaries::Binary::Helm,
+    )?)
 }
 
 /// bundle-validate: `PGOP_BUNDLE_VALIDATE`, else where `hack/install-bundle-validate.sh`
