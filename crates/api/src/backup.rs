@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
     kind = "PostgresBackup",
     namespaced,
     doc = "One backup of a PostgresCluster (base or logical), taken on demand or by one of the cluster's backup schedules.",
+    shortname = "pgb",
     category = "pgop",
     status = "PostgresBackupStatus",
     derive = "PartialEq",
