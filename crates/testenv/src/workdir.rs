@@ -1,7 +1,12 @@
 //! The temporary directory of one control plane: `$TMPDIR/pgop-testenv/<pid>-<n>`.
 //!
-//! The owning pid is part of the name, so a later run can remove directories whose owner
-//! died without cleaning up (SIGKILL gives a process no chance to).
+//! A later run removes directories whose owner died without cleaning up (SIGKILL gives a
+//! process no chance to): the owner holds an exclusive `flock` on the directory's `.owner`
+//! file for as long as it lives (the kernel drops it with the process), so a directory
+//! whose lock can be taken is dead. A lock works across PID namespaces, where the pid in
+//! the name (`<pid>-<n>`) means nothing: a run in another namespace once removed a live
+//! control plane's directory because its pid was not alive in its own. Directories without
+//! the file (older runs) fall back to the pid.
 
 use crate::process;
 use std::io;
@@ -14,6 +19,18 @@ pub const KEEP_ENV: &str = "PGOP_TESTENV_KEEP";
 #[derive(Debug)]
 pub struct WorkDir {
     path: PathBuf,
+    /// `.owner`, locked while this process lives.
+    _owner: std::fs::File,
+}
+
+/// The owner's lock file in a work directory.
+const OWNER_FILE: &str = ".owner";
+
+/// Takes `file`'s exclusive lock without waiting; false when another process holds it.
+fn try_lock(file: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor this function's caller owns and keeps open.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
 fn root() -> PathBuf {
@@ -33,8 +50,15 @@ impl WorkDir {
             let path = root.join(format!("{pid}-{n}"));
             match std::fs::create_dir(&path) {
                 Ok(()) => {
+                    let owner = std::fs::File::create(path.join(OWNER_FILE))?;
+                    if !try_lock(&owner) {
+                        return Err(io::Error::other("could not lock a new work directory"));
+                    }
                     process::register_dir(&path);
-                    return Ok(Self { path });
+                    return Ok(Self {
+                        path,
+                        _owner: owner,
+                    });
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
@@ -72,10 +96,59 @@ fn sweep_dead(root: &Path) {
         else {
             continue;
         };
-        if pid != std::process::id() && !process::pid_alive(pid) {
+        if pid == std::process::id() {
+            continue;
+        }
+        let dead = match std::fs::File::open(entry.path().join(OWNER_FILE)) {
+            Ok(owner) => try_lock(&owner),
+            // Being made this instant, or left by a run before the lock file: its pid.
+            Err(_) => {
+                let young = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age < std::time::Duration::from_secs(60));
+                !young && !process::pid_alive(pid)
+            }
+        };
+        if dead {
             // Pod processes of a killed run may have outlived it.
             process::kill_tagged(process::OWNER_ENV, &entry.path().display().to_string());
             let _ = std::fs::remove_dir_all(entry.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owners_lock_not_the_pid_says_whether_a_directory_is_alive() {
+        let root = std::env::temp_dir().join(format!("pgop-workdir-sweep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        // pid 1 is alive here; in another PID namespace it would be someone else.
+        let dead = root.join("1-900");
+        let alive = root.join("1-901");
+        for dir in [&dead, &alive] {
+            std::fs::create_dir_all(dir).expect("dir");
+            std::fs::File::create(dir.join(OWNER_FILE)).expect("owner file");
+        }
+        // The live one's owner holds its lock (a second open file conflicts, even here).
+        let held = std::fs::File::open(alive.join(OWNER_FILE)).expect("open");
+        assert!(try_lock(&held));
+        // Without a lock file, a young directory stays (being made) whatever its pid.
+        let young = root.join("4000000-1");
+        std::fs::create_dir_all(&young).expect("dir");
+        sweep_dead(&root);
+        assert!(
+            !dead.exists(),
+            "an unlocked directory is dead, its pid alive or not"
+        );
+        assert!(alive.exists(), "a locked directory is alive");
+        assert!(young.exists(), "a directory being made is left alone");
+        drop(held);
+        let _ = std::fs::remove_dir_all(&root);
     }
 }
