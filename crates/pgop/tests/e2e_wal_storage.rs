@@ -251,7 +251,11 @@ async fn e2e_wal_storage_holds_the_wal_of_an_upgraded_cluster_and_of_a_restored_
     let name = "upg";
     env.create(
         name,
+        // archive_timeout 5s: the upgrade's backup waits for its last WAL file in the
+        // store, which the default (60 s) leaves to the next minute on an idle primary; a
+        // loaded CI machine once took past the backup's 120 s that way.
         json!({"replicas": 2, "storage": {"size": "1Gi"}, "walStorage": {"size": "512Mi"},
+               "postgresql": {"parameters": {"archive_timeout": "5s"}},
                "backup": {"store": store}}),
     )
     .await?;
@@ -275,6 +279,13 @@ async fn e2e_wal_storage_holds_the_wal_of_an_upgraded_cluster_and_of_a_restored_
             "the upgrade completed",
             std::time::Duration::from_secs(300),
             |s| {
+                if let Some(u) = s
+                    .major_upgrade
+                    .as_ref()
+                    .filter(|u| u.phase == MajorUpgradePhase::Failed)
+                {
+                    panic!("the upgrade failed: {:?}", u.message);
+                }
                 s.major_upgrade
                     .as_ref()
                     .is_some_and(|u| u.phase == MajorUpgradePhase::Completed)
