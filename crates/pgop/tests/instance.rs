@@ -1039,8 +1039,9 @@ async fn managers_in_their_steady_state_send_no_reads_and_still_follow_the_statu
 
     let (primary_mark, standby_mark) = (primary_requests.len(), standby_requests.len());
     let steady = Instant::now();
+    // A number of writes, not a duration: a loaded machine once made only 19 in 30 s.
     let mut writes = 0;
-    while steady.elapsed() < Duration::from_secs(30) {
+    while writes < 25 {
         writes += 1;
         let lsn = format!("0/{:X}", 0x100_0000 + writes * 0x1000);
         let condition = serde_json::json!([{"type": "Ready", "status": "True",
@@ -1066,7 +1067,6 @@ async fn managers_in_their_steady_state_send_no_reads_and_still_follow_the_statu
         standby_sent.len(),
         standby_sent
     );
-    assert!(writes >= 20, "only {writes} status writes");
     assert_eq!(
         primary_requests.reads_since(primary_mark),
         Vec::<String>::new(),
