@@ -36,18 +36,9 @@ case "${1:-}" in
   *) usage ;;
 esac
 
-helm=${HELM:-}
-if [ -z "$helm" ]; then
-  bin=${PGOP_TESTENV_BIN_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/testenv/$KUBERNETES_VERSION/bin}
-  if [ -x "$bin/helm" ]; then
-    helm=$bin/helm
-  elif command -v helm >/dev/null; then
-    helm=$(command -v helm)
-  else
-    echo "render-deploy: helm not found in $bin or on PATH; build it with hack/install-testenv.sh (or set HELM)" >&2
-    exit 1
-  fi
-fi
+# shellcheck source=find-helm.sh
+. "$root/hack/find-helm.sh"
+find_helm render-deploy
 
 if $crds; then
   generated=$(mktemp)
