@@ -12,34 +12,19 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::Api;
 use kube::api::PostParams;
 use pgop_api::cluster::{ClusterPhase, MajorUpgradePhase};
 use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 use serde_json::json;
-use std::path::PathBuf;
-
-/// The directory on this machine that backs the claim's volume.
-async fn claim_dir(env: &Env, claim: &str) -> Result<PathBuf> {
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), env.n())
-        .get(claim)
-        .await?;
-    let pv_name = pvc
-        .spec
-        .and_then(|s| s.volume_name)
-        .ok_or_else(|| format!("{claim} is not bound"))?;
-    let pv = Api::<PersistentVolume>::all(env.client.clone())
-        .get(&pv_name)
-        .await?;
-    Ok(pgop_testenv::node::provisioner_host_path(&pv).ok_or("no host path")?)
-}
 
 /// Checks that `instance`'s `PGDATA/pg_wal` links to `pg_wal` on its WAL claim, and that
 /// the WAL segment `segment` (when given) is there; returns the number of segments there.
 async fn wal_on_its_volume(env: &Env, instance: &str, segment: Option<&str>) -> Result<usize> {
-    let pg_wal = claim_dir(env, instance).await?.join("pgdata/pg_wal");
-    let wal_dir = claim_dir(env, &pgop_api::labels::wal_claim(instance))
+    let pg_wal = env.claim_dir(instance).await?.join("pgdata/pg_wal");
+    let wal_dir = env
+        .claim_dir(&pgop_api::labels::wal_claim(instance))
         .await?
         .join("pg_wal");
     let link = std::fs::read_link(&pg_wal)
@@ -167,7 +152,7 @@ async fn e2e_wal_storage_holds_the_wal_through_bootstrap_clone_rewind_and_a_late
     )
     .await?;
     for (pod, _) in env.pod_ips(later).await? {
-        let pg_wal = claim_dir(&env, &pod).await?.join("pgdata/pg_wal");
+        let pg_wal = env.claim_dir(&pod).await?.join("pgdata/pg_wal");
         assert!(
             std::fs::symlink_metadata(&pg_wal)?.is_dir(),
             "{pod}: pg_wal in PGDATA"
@@ -195,7 +180,7 @@ async fn e2e_wal_storage_holds_the_wal_through_bootstrap_clone_rewind_and_a_late
                     if !wal_env {
                         return Err(format!("{pod} not rolled yet"));
                     }
-                    let dir = claim_dir(env, pod).await.map_err(|e| e.to_string())?;
+                    let dir = env.claim_dir(pod).await.map_err(|e| e.to_string())?;
                     if std::fs::read_link(dir.join("pgdata/pg_wal")).is_err() {
                         return Err(format!("{pod}: pg_wal not moved yet"));
                     }

@@ -125,7 +125,7 @@ impl Env {
     /// A claim's request and capacity, and the filesystem of its volume (size and use, in
     /// MiB) as `statvfs` sees it on this machine.
     pub async fn volume(&self, claim: &str) -> Result<(String, String, u64, u64)> {
-        use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+        use k8s_openapi::api::core::v1::PersistentVolumeClaim;
         const MIB: u64 = 1024 * 1024;
         let pvc = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), self.n())
             .get(claim)
@@ -146,14 +146,7 @@ impl Env {
                 .and_then(|s| s.capacity.as_ref())
                 .and_then(|c| c.get("storage")),
         );
-        let pv_name = pvc
-            .spec
-            .and_then(|s| s.volume_name)
-            .ok_or("the claim is not bound")?;
-        let pv = Api::<PersistentVolume>::all(self.client.clone())
-            .get(&pv_name)
-            .await?;
-        let path = pgop_testenv::node::provisioner_host_path(&pv).ok_or("no host path")?;
+        let path = self.claim_dir(claim).await?;
         let fs = pgop_backup::disk::usage(&path).ok_or("statvfs failed")?;
         Ok((
             request,
@@ -161,6 +154,22 @@ impl Env {
             fs.capacity_bytes / MIB,
             fs.used_bytes / MIB,
         ))
+    }
+
+    /// The directory on this machine that backs a bound claim's volume.
+    pub async fn claim_dir(&self, claim: &str) -> Result<std::path::PathBuf> {
+        use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), self.n())
+            .get(claim)
+            .await?;
+        let pv_name = pvc
+            .spec
+            .and_then(|s| s.volume_name)
+            .ok_or_else(|| format!("{claim} is not bound"))?;
+        let pv = Api::<PersistentVolume>::all(self.client.clone())
+            .get(&pv_name)
+            .await?;
+        Ok(pgop_testenv::node::provisioner_host_path(&pv).ok_or("no host path")?)
     }
 
     pub fn clusters(&self) -> Api<PostgresCluster> {
