@@ -8,9 +8,7 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -337,17 +335,10 @@ async fn e2e_a_running_cluster_moves_to_v1beta1_and_v1alpha1_is_retired() -> Res
     }
 
     // Deleted: every child goes with it, the garbage collector finding the owner through
-    // v1beta1. A reference left naming v1alpha1 (this ConfigMap's) keeps its object, as
-    // it would have kept every child had they not been renamed.
+    // v1beta1. (A reference still naming v1alpha1 has no such outcome: the collector
+    // either never resolves it or, with discovery cached from before the retirement,
+    // reads v1alpha1's 404 as the owner gone; a run in CI saw the latter.)
     let children = owned(&env.client, &n, &uid).await?;
-    let stranded: ConfigMap = serde_json::from_value(serde_json::json!({
-        "metadata": {"name": "names-v1alpha1", "ownerReferences": [{
-            "apiVersion": V1ALPHA1, "kind": "PostgresCluster", "name": "db", "uid": uid}]}
-    }))?;
-    let config_maps: Api<ConfigMap> = Api::namespaced(env.client.clone(), &n);
-    config_maps
-        .create(&PostParams::default(), &stranded)
-        .await?;
     env.clusters_v1beta1()
         .delete("db", &DeleteParams::default())
         .await?;
@@ -363,10 +354,6 @@ async fn e2e_a_running_cluster_moves_to_v1beta1_and_v1alpha1_is_retired() -> Res
     assert!(
         clusters.get_opt("db").await?.is_none(),
         "the cluster is gone"
-    );
-    assert!(
-        config_maps.get_opt("names-v1alpha1").await?.is_some(),
-        "an ownerReference naming a version no longer served is never resolved"
     );
     env.stop().await
 }
