@@ -1331,11 +1331,15 @@ async fn drive(admin: &Client, ns: &str, scenario: Scenario) -> Result {
                 return Ok(());
             }
             // A local volume pinned to a node that does not exist, bound to the standby's
-            // claim as the scheduler and the volume binder would have.
+            // claim as the scheduler and the volume binder would have. Its claimRef keeps
+            // the binder from giving it to a claim of a case running beside this one (a
+            // run in CI saw that: this claim's volumeName was then taken, and the patch
+            // below refused as a change of an immutable spec).
             let node = format!("gone-{ns}");
             let pv: PersistentVolume = serde_json::from_value(serde_json::json!({
                 "metadata": {"name": format!("lost-{ns}")},
                 "spec": {
+                    "claimRef": {"namespace": ns, "name": LOST},
                     "capacity": {"storage": "1Gi"},
                     "accessModes": ["ReadWriteOnce"],
                     "persistentVolumeReclaimPolicy": "Retain",
