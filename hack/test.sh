@@ -48,11 +48,8 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}
 # about 25 minutes on 2 cores), and a second pgop image whose binary reports the next
 # version, for the upgrade tests (e2e_real_upgrade).
 PGOP_IMAGE_PROFILE=${PGOP_IMAGE_PROFILE:-dev} hack/build-images.sh --next-version >/dev/null
-# --no-fail-fast unless the caller already passed it (before any `--`): cargo refuses
-# a flag given twice.
-no_fail_fast=(--no-fail-fast)
-for arg in "$@"; do
-  [ "$arg" = -- ] && break
-  [ "$arg" = --no-fail-fast ] && no_fail_fast=()
-done
-exec cargo test --workspace "${no_fail_fast[@]}" "$@"
+# The test binaries run two at a time (hack/run-tests.py: most of them wait on PostgreSQL,
+# the API server and timers, and one leaves a core idle), longest first; every binary runs
+# whatever the others do, and the failures are listed at the end as cargo lists them.
+# PGOP_TEST_JOBS=1 runs them one after the other.
+exec python3 hack/run-tests.py "$@"

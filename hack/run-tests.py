@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Builds pgop's test binaries once and runs them, several at a time.
+
+    hack/run-tests.py [--jobs N] [cargo test build arguments] [-- test binary arguments]
+
+`cargo test` runs one test binary after the other. Most of pgop's binaries spend their
+time waiting on PostgreSQL, the API server, kubelets and timers, so on these 2-core
+machines one binary leaves a core idle. This runs up to N binaries at once (each still
+running its own tests two at a time, as libtest does), longest first, so the suite ends
+sooner. Every binary keeps its own control plane, nodes and directories (the tests never
+share process-global state), so running them side by side changes only the load.
+
+A binary's output is printed whole when it ends, headed by cargo's own
+"     Running <source> (<binary>)" line, and the failures are listed at the end in
+cargo's words (`error: N targets failed:` and one `-p <package> --test <name>` each),
+so logs read as they do under `cargo test --no-fail-fast`. Every binary runs, whatever
+the others do. The exit status is 101 when a binary failed, as cargo's.
+
+Durations of the last run are kept in ~/.cache/pgop/test-durations.tsv (outside the
+checkout) and order the next run; hack/test-durations.tsv, committed, orders a first run.
+PGOP_TEST_JOBS sets N (default 2). Doc tests run last, through cargo.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.environ.get("PGOP_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pgop"))
+SEEN = os.path.join(CACHE, "test-durations.tsv")
+COMMITTED = os.path.join(ROOT, "hack", "test-durations.tsv")
+
+
+def read_durations(path):
+    durations = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 2 and not line.startswith("#"):
+                    try:
+                        durations[parts[1]] = float(parts[0])
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return durations
+
+
+def machine_busy():
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def split_args(argv):
+    jobs = int(os.environ.get("PGOP_TEST_JOBS", "2"))
+    cargo, binary = [], []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            binary = argv[i + 1 :]
+            break
+        if arg == "--jobs" and i + 1 < len(argv):
+            jobs = int(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--jobs="):
+            jobs = int(arg.split("=", 1)[1])
+        elif arg != "--no-fail-fast":
+            cargo.append(arg)
+        i += 1
+    if jobs < 1:
+        sys.exit("--jobs must be at least 1")
+    return jobs, cargo, binary
+
+
+def build(cargo_args):
+    """Builds every test binary; returns [(package, kind, name, source, executable, dir)]."""
+    command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"] + cargo_args
+    if not any(a in ("-p", "--package", "--workspace") or a.startswith("--package=") for a in cargo_args):
+        command.insert(2, "--workspace")
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    binaries = []
+    for line in process.stdout:
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+            continue
+        if not message.get("profile", {}).get("test"):
+            continue
+        target = message["target"]
+        package = message["package_id"]
+        # package_id: "path+file:///.../crates/instance#pgop-instance@0.1.0", or
+        # "path+file:///.../crates/pgop#0.1.0" when the name is the directory's.
+        if "#" in package:
+            url, fragment = package.split("#", 1)
+            name = fragment.split("@", 1)[0] if "@" in fragment else url.rstrip("/").rsplit("/", 1)[-1]
+        else:
+            name = package.split()[0]
+        kind = target["kind"][0]
+        source = os.path.relpath(target["src_path"], os.path.dirname(message["manifest_path"]))
+        binaries.append((name, kind, target["name"], source, message["executable"],
+                         os.path.dirname(message["manifest_path"])))
+    if process.wait() != 0:
+        sys.exit(process.returncode)
+    return binaries
+
+
+def rerun_hint(package, kind, name):
+    if kind == "test":
+        return f"-p {package} --test {name}"
+    if kind == "bin":
+        return f"-p {package} --bin {name}"
+    return f"-p {package} --lib"
+
+
+def main():
+    jobs, cargo_args, binary_args = split_args(sys.argv[1:])
+    started = time.monotonic()
+    binaries = build(cargo_args)
+    built = time.monotonic() - started
+    print(f"[run-tests] built {len(binaries)} test binaries in {built:.0f} s; running {jobs} at a time",
+          flush=True)
+
+    durations = read_durations(COMMITTED)
+    durations.update(read_durations(SEEN))
+    key = lambda b: f"{b[0]}/{b[2]}"
+    # Longest first: the long ones start while there is still short work to fill the gaps.
+    pending = sorted(binaries, key=lambda b: -durations.get(key(b), 30.0))
+
+    lock = threading.Lock()
+    failed, measured = [], {}
+    running = {}
+    stop = threading.Event()
+
+    def run(entry):
+        package, kind, name, source, executable, directory = entry
+        with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as out:
+            env = dict(os.environ, CARGO_MANIFEST_DIR=directory, CARGO_PKG_NAME=package)
+            t0 = time.monotonic()
+            busy0, total0 = machine_busy()
+            process = subprocess.Popen([executable] + binary_args, cwd=directory, env=env,
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            with lock:
+                running[process.pid] = process
+            status = process.wait()
+            with lock:
+                running.pop(process.pid, None)
+            elapsed = time.monotonic() - t0
+            busy1, total1 = machine_busy()
+            out.seek(0)
+            text = out.read()
+        load = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
+        with lock:
+            sys.stdout.write(f"     Running {source} ({executable})\n")
+            sys.stdout.write(text)
+            if status != 0:
+                sys.stdout.write(f"error: test failed, to rerun pass `{rerun_hint(package, kind, name)}`\n")
+                failed.append(rerun_hint(package, kind, name))
+            sys.stdout.write(f"[run-tests] {package}/{name}: {elapsed:.1f} s, exit {status}, "
+                             f"machine busy {load:.0f}%, {time.monotonic() - started:.0f} s since start\n\n")
+            sys.stdout.flush()
+            measured[key(entry)] = elapsed
+
+    def worker():
+        while not stop.is_set():
+            with lock:
+                if not pending:
+                    return
+                entry = pending.pop(0)
+            run(entry)
+
+    def interrupted(signum, _frame):
+        stop.set()
+        with lock:
+            for process in running.values():
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(1.0)
+
+    # Doc tests: cargo builds and runs them (the --no-run build above does not).
+    # Only for a whole-package selection: cargo refuses --doc beside --test, --lib, ...
+    selectors = ("--test", "--tests", "--lib", "--bin", "--bins", "--example", "--examples",
+                 "--bench", "--benches", "--all-targets")
+    if not any(a.split("=", 1)[0] in selectors for a in cargo_args):
+        scope = [] if any(a in ("-p", "--package") for a in cargo_args) else ["--workspace"]
+        print("     Running doc tests (cargo test --doc)", flush=True)
+        doc = subprocess.run(["cargo", "test", "--doc"] + scope + cargo_args + ["--"] + binary_args,
+                             cwd=ROOT)
+        if doc.returncode != 0:
+            failed.append("--doc")
+
+    all_durations = read_durations(SEEN)
+    all_durations.update(measured)
+    try:
+        os.makedirs(CACHE, exist_ok=True)
+        with open(SEEN + ".part", "w", encoding="utf-8") as f:
+            for name, seconds in sorted(all_durations.items(), key=lambda kv: -kv[1]):
+                f.write(f"{seconds:.0f}\t{name}\n")
+        os.replace(SEEN + ".part", SEEN)
+    except OSError as error:
+        print(f"[run-tests] could not record durations in {SEEN}: {error}", file=sys.stderr)
+
+    print(f"[run-tests] {len(binaries)} binaries in {time.monotonic() - started:.0f} s "
+          f"({jobs} at a time)", flush=True)
+    if failed:
+        print(f"error: {len(failed)} target{'s' if len(failed) > 1 else ''} failed:")
+        for hint in failed:
+            print(f"    `{hint}`")
+        sys.exit(101)
+
+
+if __name__ == "__main__":
+    main()
