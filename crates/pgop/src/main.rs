@@ -59,21 +59,59 @@ enum Command {
 
 /// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance manager, whose output
 /// is a pod's log (PostgreSQL's own lines are JSON there too), and for the operator with
-/// `--log-format json`.
-fn init_tracing(default: &str, json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+/// `--log-format json`. With `service`, spans are in traces (pgop_telemetry): exported
+/// over OTLP when the OpenTelemetry variables name an endpoint; the exporter returned is
+/// shut down (flushed) when the command ends.
+fn init_tracing(
+    default: &str,
+    json: bool,
+    service: Option<&str>,
+) -> Result<Option<pgop_telemetry::Exporter>, String> {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    // RUST_LOG filters the log; traces take pgop's spans whatever it says (each layer
+    // its own filter).
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
+            .and(filter_fn(pgop_telemetry::for_logs))
+    };
     // Colours only on a terminal: a Pod's log file gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+    // One list of boxed layers over the registry: a Vec of layers is a layer, whatever
+    // the output format.
+    let mut layers: Vec<Box<dyn Layer<tracing_subscriber::Registry> + Send + Sync>> = Vec::new();
     if json {
-        fmt.json().init();
+        layers.push(
+            tracing_subscriber::fmt::layer()
+                .json()
+                .with_writer(std::io::stderr)
+                .with_filter(filter())
+                .boxed(),
+        );
     } else {
-        fmt.init();
+        layers.push(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .with_writer(std::io::stderr)
+                .with_filter(filter())
+                .boxed(),
+        );
     }
+    let mut exporter = None;
+    if let Some(service) = service {
+        let (layer, started) = pgop_telemetry::from_env(service, VERSION)?;
+        layers.push(
+            layer
+                .with_filter(filter_fn(pgop_telemetry::for_traces))
+                .boxed(),
+        );
+        exporter = started;
+    }
+    tracing_subscriber::registry().with(layers).init();
+    Ok(exporter)
 }
 
 /// `User-Agent: pgop-<component>/<version>`: every request a pgop component sends says
@@ -104,7 +142,10 @@ pub async fn kube_client(component: &str) -> Result<kube::Client, String> {
 async fn main() -> ExitCode {
     if kubectl::invoked_as_plugin() {
         // What fails reaches the user as an error or in the report, not as client logs.
-        init_tracing("warn,kube_client=off", false);
+        if let Err(e) = init_tracing("warn,kube_client=off", false, None) {
+            eprintln!("kubectl pgop: {e}");
+            return ExitCode::FAILURE;
+        }
         let cli = kubectl::PluginCli::parse();
         return match kubectl::run(cli.args).await {
             Ok(()) => ExitCode::SUCCESS,
@@ -122,7 +163,13 @@ async fn main() -> ExitCode {
         Command::Dev(args) => args.operator.log_format == operator::LogFormat::Json,
         _ => false,
     };
-    init_tracing(
+    // Traces from the two long-running components (docs/observability.md, "Traces").
+    let service = match &cli.command {
+        Command::Operator(_) => Some("pgop-operator"),
+        Command::Instance(_) => Some("pgop-instance"),
+        _ => None,
+    };
+    let exporter = match init_tracing(
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",
             Command::Operator(_) | Command::Instance(_) | Command::Backup(_) => "info",
@@ -130,7 +177,14 @@ async fn main() -> ExitCode {
             Command::Crd | Command::MigrateStorage(_) => "warn",
         },
         json,
-    );
+        service,
+    ) {
+        Ok(exporter) => exporter,
+        Err(e) => {
+            eprintln!("pgop: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let result = match cli.command {
         Command::Dev(args) => dev::run(args).await,
         Command::Operator(args) => operator::run(args).await,
@@ -140,6 +194,9 @@ async fn main() -> ExitCode {
         Command::MigrateStorage(args) => migrate::run(args).await,
         Command::Kubectl(args) => kubectl::run(args).await,
     };
+    if let Some(exporter) = exporter {
+        exporter.shutdown(std::time::Duration::from_secs(5)).await;
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
