@@ -791,6 +791,13 @@ pub struct PostgresClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_primary_since: Option<Time>,
 
+    /// The trace of the operator's pass that last changed `targetPrimary` (a W3C Trace
+    /// Context `traceparent`): the target's promotion is a span of that trace, so one
+    /// trace shows a failover or switchover from decision to promotion. Informational;
+    /// a value that is not a `traceparent` is ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary_trace: Option<String>,
+
     /// Number of instances that exist (the scale subresource's replicas).
     #[serde(default)]
     pub replicas: i32,
@@ -994,6 +1001,7 @@ impl Default for PostgresClusterStatus {
             current_primary: None,
             target_primary: None,
             target_primary_since: None,
+            target_primary_trace: None,
             replicas: 0,
             ready_replicas: 0,
             selector: None,

@@ -881,6 +881,9 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         current_primary: Some("main-1".into()),
         target_primary: Some("main-1".into()),
         target_primary_since: None,
+        target_primary_trace: Some(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+        ),
         replicas: 2,
         ready_replicas: 2,
         selector: Some(pgop_api::labels::instance_selector("main")),

@@ -35,7 +35,36 @@ pub fn router(instance: Arc<Instance>) -> Router {
         .route(PATH_READYZ, get(readyz))
         .route(PATH_PG_STATUS, get(pg_status))
         .route(PATH_METRICS, get(metrics))
+        .route_layer(axum::middleware::from_fn(traced))
         .with_state(instance)
+}
+
+/// A request that names a trace (`traceparent`, sent by the operator from a reconcile)
+/// is served in a span of that trace (pgop_telemetry), so the operator's pass and the
+/// manager's work are one trace. Requests without one (the kubelet's probes, Prometheus)
+/// make no span.
+async fn traced(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let Some(parent) = pgop_telemetry::extract(request.headers()) else {
+        return next.run(request).await;
+    };
+    // The route's template, never the path as sent (a backup's name is in it).
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let span = tracing::info_span!(
+        target: pgop_telemetry::TRACE_ONLY,
+        "http request",
+        otel.kind = "server",
+        otel.name = %format!("{} {route}", request.method()),
+        traceparent = %parent,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
 }
 
 /// Every route, the state-changing ones (backups, retention) and the backup jobs
@@ -46,6 +75,7 @@ pub fn authenticated_router(instance: Arc<Instance>) -> Router {
             .route(PATH_BACKUPS, post(start_backup))
             .route(&format!("{PATH_BACKUPS}/{{name}}"), get(backup_job))
             .route(PATH_RETENTION, post(retention))
+            .route_layer(axum::middleware::from_fn(traced))
             .with_state(instance),
     )
 }

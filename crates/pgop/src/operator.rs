@@ -59,6 +59,20 @@ fn unique(namespaces: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// `--instance-otlp-endpoint`: an http:// or https:// URL (checked as the managers will
+/// read it), or empty for none.
+fn parse_otlp_endpoint(value: &str) -> Result<String, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(String::new());
+    }
+    pgop_telemetry::Config::from_vars("pgop-instance", crate::VERSION, |name| {
+        (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| value.to_string())
+    })
+    .map_err(|e| e.replace("OTEL_EXPORTER_OTLP_ENDPOINT: ", ""))?;
+    Ok(value.to_string())
+}
+
 /// `pgop operator --log-format`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -98,6 +112,12 @@ pub struct Args {
     /// local `postgres` group].
     #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
     pub instance_gid: Option<i64>,
+    /// The OTLP/HTTP endpoint (http:// or https://, the collector's port 4318) the
+    /// instance managers export traces to: set as OTEL_EXPORTER_OTLP_ENDPOINT in every
+    /// instance container, so a change restarts every instance (rolling). The operator's
+    /// own traces follow its OTEL_EXPORTER_OTLP_ENDPOINT (docs/operator.md, "Traces").
+    #[arg(long, env = "PGOP_INSTANCE_OTLP_ENDPOINT", value_name = "URL", value_parser = parse_otlp_endpoint)]
+    pub instance_otlp_endpoint: Option<String>,
     /// The log format on stderr: `text` (one line per event, readable in a terminal) or
     /// `json` (one JSON object per line, for a log pipeline). Every line of a cluster's
     /// reconcile carries its cluster and namespace (the `reconcile` span's fields).
@@ -368,6 +388,7 @@ impl Args {
                     .instance_gid
                     .unwrap_or(Settings::default().run_as_group),
                 operator_namespace: env.pod_namespace.clone(),
+                instance_otlp_endpoint: self.instance_otlp_endpoint.filter(|u| !u.is_empty()),
             },
             metrics_bind_address: match self.metrics_bind_address {
                 None => Some(DEFAULT_METRICS_BIND_ADDRESS),
@@ -444,6 +465,33 @@ mod tests {
             pod_name: None,
             hostname: "laptop".into(),
             pid: 4242,
+        }
+    }
+
+    #[test]
+    fn the_instance_otlp_endpoint_is_a_url_or_nothing() {
+        let endpoint = |flags: &[&str]| {
+            args(flags)
+                .options(&outside())
+                .expect("options")
+                .settings
+                .instance_otlp_endpoint
+        };
+        assert_eq!(endpoint(&[]), None);
+        assert_eq!(endpoint(&["--instance-otlp-endpoint="]), None);
+        assert_eq!(
+            endpoint(&["--instance-otlp-endpoint", "http://otel.obs:4318"]).as_deref(),
+            Some("http://otel.obs:4318")
+        );
+        for bad in ["otel:4318", "file:///etc/passwd", "http://a b", "$(reboot)"] {
+            let argv = ["pgop-operator", "--instance-otlp-endpoint", bad];
+            let error = Cli::try_parse_from(argv).err().map(|e| e.to_string());
+            assert!(
+                error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("--instance-otlp-endpoint")),
+                "{bad}: {error:?}"
+            );
         }
     }
 

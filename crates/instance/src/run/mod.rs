@@ -891,14 +891,32 @@ async fn reconcile(
                 .map_err(manage)?;
         }
         Action::Promote => {
-            // First the synchronous standbys, so that the first commit as primary waits.
-            let sync = sync_spec(cluster);
-            instance
-                .set_synchronous(sync, &plan.sync_standbys)
-                .await
-                .map_err(manage)?;
-            tracing::info!("promoting: the cluster status names this instance the primary");
-            instance.promote().await.map_err(manage)?;
+            use tracing::Instrument;
+            // A span of the trace of the operator's pass that chose this instance
+            // (status.targetPrimaryTrace, read strictly by pgop_telemetry).
+            let parent = cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.target_primary_trace.as_deref())
+                .and_then(pgop_telemetry::SpanContext::from_traceparent)
+                .map(|c| c.traceparent());
+            let span = tracing::info_span!(
+                target: pgop_telemetry::TRACE_ONLY,
+                "promote",
+                traceparent = parent.as_deref(),
+            );
+            async {
+                // First the synchronous standbys, so that the first commit as primary waits.
+                let sync = sync_spec(cluster);
+                instance
+                    .set_synchronous(sync, &plan.sync_standbys)
+                    .await
+                    .map_err(manage)?;
+                tracing::info!("promoting: the cluster status names this instance the primary");
+                instance.promote().await.map_err(manage)
+            }
+            .instrument(span)
+            .await?;
         }
         Action::Clone { primary } => {
             let upstream = upstream_for(primary).await?;

@@ -101,6 +101,21 @@ pub fn choose_instance(status: &PostgresClusterStatus, method: BackupMethod) -> 
 const NOT_MANAGED_RECHECK: Duration = Duration::from_secs(60);
 
 pub async fn reconcile(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use tracing::Instrument;
+    // A trace per pass, as the cluster's (pgop_telemetry): the manager's side of
+    // `POST /pg/backups` joins it.
+    let span = tracing::info_span!(
+        parent: None,
+        "reconcile backup",
+        backup = %backup.name_any(),
+        namespace = %backup.namespace().unwrap_or_default(),
+        trace_id = tracing::field::Empty,
+    );
+    pgop_telemetry::record_trace_id(&span);
+    reconcile_backup(backup, ctx).instrument(span).await
+}
+
+async fn reconcile_backup(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = backup.namespace().ok_or(Error::NoNamespace)?;
     let name = backup.name_any();
     let status = backup.status.clone().unwrap_or_default();

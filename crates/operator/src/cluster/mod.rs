@@ -76,6 +76,7 @@ use pgop_api::v1beta1::PostgresCluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// How often a cluster is looked at while a decision waits on the clock (see
 /// [`next_pass`]).
@@ -145,14 +146,19 @@ fn now() -> Time {
 
 /// Reconciles one PostgresCluster (read in `v1beta1`). See the module doc for the steps.
 pub async fn reconcile(cluster: Arc<PostgresCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    use tracing::Instrument;
     // Every line logged during the pass names the cluster (in JSON logs, as the span's
     // fields on each line).
+    // The pass is a trace of its own (pgop_telemetry; a root, not under kube-runtime's
+    // span): its steps are child spans, its calls to the instance managers carry its
+    // context, and its log lines its trace id.
     let span = tracing::info_span!(
+        parent: None,
         "reconcile",
         cluster = %cluster.name_any(),
-        namespace = %cluster.namespace().unwrap_or_default()
+        namespace = %cluster.namespace().unwrap_or_default(),
+        trace_id = tracing::field::Empty,
     );
+    pgop_telemetry::record_trace_id(&span);
     let action = reconcile_inner(&cluster, &ctx).instrument(span).await?;
     ctx.backoff.reset(&key(cluster.as_ref()));
     Ok(action)
@@ -220,6 +226,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         &namespace,
         &name,
     )
+    .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "read"))
     .await?;
 
     // The volumes are at least as large as auto-grow made them (storage.rs).
@@ -257,7 +264,9 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     }
 
     // 4. plan
-    let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed).await?;
+    let planned = plan_instances(ctx, cluster, &defaulted, &namespace, &observed)
+        .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "plan"))
+        .await?;
     let named = &planned.named;
 
     // A major raised: the in-place upgrade (upgrade.rs) takes the cluster down, upgrades
@@ -301,7 +310,9 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     }
 
     // 5. probe the instances and decide the roles
-    let probes = probes(ctx, cluster, &observed).await;
+    let probes = probes(ctx, cluster, &observed)
+        .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "probe"))
+        .await;
     // The volumes' size: auto-grow when an instance reports its volume filling up.
     let usage = volume_usage(&probes);
     let storage = storage::decide(
@@ -331,7 +342,9 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     let primary_budget = nodes::primary_budget_wanted(&placed, &roles, &ctx.nodes);
 
     // 6. build: only a confirmed primary carries the primary role label
-    let credentials = credentials(ctx, cluster, &defaulted, &namespace, named, &observed).await?;
+    let credentials = credentials(ctx, cluster, &defaulted, &namespace, named, &observed)
+        .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "credentials"))
+        .await?;
     let build = |roles: &roles::Roles| {
         let labelled = (!roles.in_transition()).then_some(roles.current.as_str());
         let budgets = build::Budgets::new(named.len(), roles.in_transition(), primary_budget);
@@ -373,6 +386,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         &upgrade,
         (&storage, &usage),
     )
+    .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "status"))
     .await?;
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
@@ -420,7 +434,9 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     // 9. schedule: the scheduled backups due now
     let next_firing = match &backups {
         Some(backups) => {
-            schedule_backups(ctx, cluster, &defaulted, &namespace, backups, &status).await?
+            schedule_backups(ctx, cluster, &defaulted, &namespace, backups, &status)
+                .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "schedule"))
+                .await?
         }
         None => None,
     };
@@ -450,6 +466,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         &children,
         rollout.replace,
     )
+    .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "apply"))
     .await?;
     let seen = (&storage, observed.pvcs.as_slice(), usage.as_slice());
     volumes_refused(ctx, cluster, &namespace, status, &refused_volumes, seen).await?;

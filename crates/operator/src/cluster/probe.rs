@@ -123,7 +123,43 @@ pub async fn request_tls(
         .map_err(|_| format!("no answer from {host} within {TLS_TIMEOUT:?}"))?
 }
 
+/// One request as a client span of the current trace (pgop_telemetry); its context goes
+/// to the manager as `traceparent`.
 async fn exchange<S>(
+    stream: S,
+    host: &str,
+    method: &str,
+    path: &str,
+    json: Option<&[u8]>,
+) -> Result<(u16, Vec<u8>), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        target: pgop_telemetry::TRACE_ONLY,
+        "http request",
+        otel.kind = "client",
+        otel.name = %format!("{method} {path}"),
+        server.address = %host,
+        http.response.status_code = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    let result = exchange_in_span(stream, host, method, path, json)
+        .instrument(span.clone())
+        .await;
+    match &result {
+        Ok((code, _)) => {
+            span.record("http.response.status_code", code);
+        }
+        Err(e) => {
+            span.record("error", e.as_str());
+        }
+    }
+    result
+}
+
+async fn exchange_in_span<S>(
     mut stream: S,
     host: &str,
     method: &str,
@@ -142,8 +178,12 @@ where
     } else {
         String::new()
     };
+    // Our own hex ids, never a value that came from elsewhere.
+    let trace = pgop_telemetry::current_traceparent()
+        .map(|t| format!("{}: {t}\r\n", pgop_telemetry::TRACEPARENT))
+        .unwrap_or_default();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n{content}Connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n{trace}{content}Connection: close\r\n\r\n"
     );
     stream
         .write_all(head.as_bytes())

@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc};
+use tracing::Instrument;
 
 /// A PostgresCluster, as the controller names it.
 pub type ClusterRef = ObjectRef<PostgresCluster>;
@@ -497,10 +498,14 @@ impl Prober {
         let shared = &self.inner.shared;
         let probes = self.instances(cluster).into_iter().map(|(name, instance)| {
             let cluster = cluster.clone();
+            // A span per instance in the reconcile's trace; the prober's own polls are
+            // in none (a trace a second per instance would drown the ones that matter).
+            let span = tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "probe instance", instance = %name);
             async move {
                 let probe = probe_and_record(shared, &instance, &cluster, &name, false).await;
                 (name, probe)
             }
+            .instrument(span)
         });
         futures::future::join_all(probes)
             .await
@@ -658,11 +663,13 @@ async fn connect(shared: &Shared, host: &str) -> Result<Connection, String> {
 
 /// One request on `conn`. An `Err` is a failure of the connection (it is not reused).
 async fn exchange(conn: &mut Connection, host: &str) -> Result<Answer, String> {
-    let request = http::Request::get(PATH_PG_STATUS)
+    let mut request = http::Request::get(PATH_PG_STATUS)
         .header(http::header::HOST, host)
         .header(http::header::ACCEPT, "application/json")
         .body(Empty::<Bytes>::new())
         .map_err(|e| format!("bad request to {host}: {e}"))?;
+    // Within a reconcile's fresh probes, the manager's side joins its trace.
+    pgop_telemetry::inject(request.headers_mut());
     conn.sender
         .ready()
         .await

@@ -357,6 +357,12 @@ pub fn compute(
     } else {
         Some(now.clone())
     };
+    // The pass that names a new target hands its trace to the target's promotion.
+    status.target_primary_trace = if old.target_primary.as_deref() == Some(roles.target.as_str()) {
+        old.target_primary_trace.clone()
+    } else {
+        pgop_telemetry::current_traceparent()
+    };
 
     let was_ready = matches!(
         old.phase,

@@ -37,6 +37,10 @@ pub struct Settings {
     /// The operator's own namespace when it runs in the cluster (`POD_NAMESPACE`): the
     /// NetworkPolicies admit the managers' TLS port from its Pods only.
     pub operator_namespace: Option<String>,
+    /// The OTLP/HTTP endpoint the instance managers export their traces to
+    /// (`OTEL_EXPORTER_OTLP_ENDPOINT` in their containers); none when `None`. A change
+    /// changes every instance Pod (a rolling restart).
+    pub instance_otlp_endpoint: Option<String>,
 }
 
 impl Default for Settings {
@@ -46,6 +50,7 @@ impl Default for Settings {
             run_as_user: 26,
             run_as_group: 26,
             operator_namespace: None,
+            instance_otlp_endpoint: None,
         }
     }
 }

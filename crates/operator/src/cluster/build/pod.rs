@@ -259,6 +259,12 @@ pub fn pod(
                     .as_ref()
                     .map(|_| value_env(env::WAL_DIR, WAL_MOUNT)),
             )
+            .chain(
+                settings
+                    .instance_otlp_endpoint
+                    .as_deref()
+                    .map(|url| value_env("OTEL_EXPORTER_OTLP_ENDPOINT", url)),
+            )
             .collect(),
         ),
         ports: Some(vec![

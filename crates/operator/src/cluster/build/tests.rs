@@ -767,3 +767,45 @@ fn the_upgrade_request_reaches_the_primary_and_changes_no_spec_hash() {
     .expect("builds");
     assert_ne!(hash(&before.pods[0]), hash(primary));
 }
+
+#[test]
+fn managers_get_the_otlp_endpoint_only_when_one_is_set() {
+    let endpoint_of = |settings: &Settings| -> Vec<Option<String>> {
+        children(
+            &fixture(),
+            &instances(),
+            &passwords(),
+            settings,
+            &Budgets::new(3, false, true),
+        )
+        .expect("builds")
+        .pods
+        .iter()
+        .map(|p| {
+            p.spec.as_ref().expect("spec").containers[0]
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == "OTEL_EXPORTER_OTLP_ENDPOINT")
+                .and_then(|e| e.value.clone())
+        })
+        .collect()
+    };
+    assert!(
+        endpoint_of(&Settings::default())
+            .iter()
+            .all(Option::is_none)
+    );
+    let traced = Settings {
+        instance_otlp_endpoint: Some("http://collector.observability:4318".into()),
+        ..Settings::default()
+    };
+    let endpoints = endpoint_of(&traced);
+    assert!(!endpoints.is_empty());
+    assert!(
+        endpoints
+            .iter()
+            .all(|e| e.as_deref() == Some("http://collector.observability:4318")),
+        "{endpoints:?}"
+    );
+}
