@@ -404,6 +404,7 @@ imagePullSecrets: [{name: regcred}]
 instances: {image: registry.example/pgop-postgres:15, runAsUser: 1001, runAsGroup: 1002}
 logLevel: info,pgop_operator=debug
 logFormat: json
+tracing: {otlpEndpoint: 'http://otel-collector.observability:4318', instanceOtlpEndpoint: 'https://otel.example:4318'}
 clusterSelector: 'pgop.example.com/channel in (canary, next),!legacy'
 concurrency: 8
 leaderElection: {enabled: false}
@@ -548,6 +549,14 @@ fn values_the_operator_cannot_honour_are_refused() -> Result {
             "metrics: {instancePodMonitor: {honorLabels: false}}\n",
             "honorLabels",
         ),
+        // The OTLP endpoints: an http(s) URL with no blank, quote or `$`.
+        ("tracing: {otlpEndpoint: 'otel:4318'}\n", "otlpEndpoint"),
+        ("tracing: {otlpEndpoint: 'http://a b'}\n", "otlpEndpoint"),
+        (
+            "tracing: {instanceOtlpEndpoint: 'http://a$(reboot)'}\n",
+            "instanceOtlpEndpoint",
+        ),
+        ("tracing: {endpoint: 'http://a'}\n", "endpoint"),
         ("webhook: {failurePolicy: Sometimes}\n", "failurePolicy"),
         ("webhook: {timeoutSeconds: 31}\n", "timeoutSeconds"),
         ("webhook: {port: 0}\n", "port"),
@@ -1005,11 +1014,16 @@ async fn custom_image_resources_and_scheduling_render_and_apply() -> Result {
             "--leader-elect=false",
             "--instance-uid=1001",
             "--instance-gid=1002",
+            "--instance-otlp-endpoint=https://otel.example:4318",
         ]
     );
     assert_eq!(
         env(&docs, "RUST_LOG")["value"].as_str(),
         Some("info,pgop_operator=debug")
+    );
+    assert_eq!(
+        env(&docs, "OTEL_EXPORTER_OTLP_ENDPOINT")["value"].as_str(),
+        Some("http://otel-collector.observability:4318")
     );
     assert_eq!(
         c["resources"],

@@ -1,6 +1,6 @@
 //! `pgop operator --log-format json` against a real API server (testenv, no node): every
 //! line on stderr is one JSON object, and the lines of a cluster's reconcile (here the
-//! `Created` Event's) carry its cluster and namespace in the `reconcile` span.
+//! `Created` Event's) carry its cluster, namespace and trace id in the `reconcile` span.
 
 mod common;
 
@@ -77,6 +77,14 @@ async fn json_logs_name_the_cluster_and_namespace_on_every_reconcile_line() -> R
     assert_eq!(created["span"]["name"], "reconcile", "{created}");
     assert_eq!(created["span"]["cluster"], "logged", "{created}");
     assert_eq!(created["span"]["namespace"], ns.name(), "{created}");
+    // The pass's trace (pgop_telemetry): 32 hex digits, whether or not traces are exported.
+    let trace = created["span"]["trace_id"].as_str().unwrap_or_default();
+    assert!(
+        trace.len() == 32
+            && trace.bytes().all(|b| b.is_ascii_hexdigit())
+            && trace != "0".repeat(32),
+        "{created}"
+    );
     assert!(
         created["fields"]["message"]
             .as_str()
