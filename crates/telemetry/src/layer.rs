@@ -108,7 +108,21 @@ fn cut(mut value: String) -> String {
     value
 }
 
-impl Fields<'_> {
+impl<'a> Fields<'a> {
+    /// Reads into `attributes`; with `keep` false, only the conventions that place the
+    /// span (`traceparent`, `otel.*`) are read.
+    fn new(keep: bool, attributes: &'a mut Vec<(String, Value)>) -> Fields<'a> {
+        Fields {
+            keep,
+            remote: None,
+            kind: None,
+            name: None,
+            error: None,
+            message: None,
+            attributes,
+        }
+    }
+
     fn put(&mut self, field: &Field, value: Value) {
         match field.name() {
             "traceparent" => {
@@ -200,15 +214,7 @@ where
         };
         let keep = self.sink.is_some();
         let mut attributes = Vec::new();
-        let mut fields = Fields {
-            keep,
-            remote: None,
-            kind: None,
-            name: None,
-            error: None,
-            message: None,
-            attributes: &mut attributes,
-        };
+        let mut fields = Fields::new(keep, &mut attributes);
         attrs.record(&mut fields);
         let (remote, kind, name, error) = (fields.remote, fields.kind, fields.name, fields.error);
         let parent = remote.or_else(|| {
@@ -253,15 +259,7 @@ where
         else {
             return;
         };
-        let mut fields = Fields {
-            keep: true,
-            remote: None,
-            kind: None,
-            name: None,
-            error: None,
-            message: None,
-            attributes: &mut finished.attributes,
-        };
+        let mut fields = Fields::new(true, &mut finished.attributes);
         values.record(&mut fields);
         let (kind, name, error) = (fields.kind, fields.name, fields.error);
         if let Some(kind) = kind {
@@ -295,15 +293,7 @@ where
             "level".to_string(),
             Value::String(level.as_str().to_string()),
         )];
-        let mut fields = Fields {
-            keep: true,
-            remote: None,
-            kind: None,
-            name: None,
-            error: None,
-            message: None,
-            attributes: &mut attributes,
-        };
+        let mut fields = Fields::new(true, &mut attributes);
         event.record(&mut fields);
         let (message, error) = (fields.message, fields.error);
         if let Some(error) = &error {
