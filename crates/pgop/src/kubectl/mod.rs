@@ -284,9 +284,14 @@ async fn execute(
     Ok(())
 }
 
+/// Attempts of a read-modify-write that meets a concurrent write (409 Conflict) before
+/// it gives up: the operator writes the cluster's status often.
+const CONFLICT_ATTEMPTS: usize = 5;
+
 /// `fence` (`on`) or `unfence`: the instance added to or removed from
 /// `spec.fencedInstances`; the write carries the resourceVersion read, so that it fails
-/// rather than drop a concurrent change of the list.
+/// rather than drop a concurrent change of the list, and is then made again on a fresh
+/// read (a status write in between is enough to conflict).
 async fn fence(
     clusters: &Api<PostgresCluster>,
     client: &Client,
@@ -296,31 +301,41 @@ async fn fence(
     on: bool,
     out: &mut impl Write,
 ) -> Result<(), Error> {
-    let c = find(client, ns, cluster).await?;
-    let instance = member(&c, instance)?;
-    let mut fenced = c.spec.fenced_instances.clone();
     let word = if on { "fenced" } else { "unfenced" };
-    if fenced.contains(&instance) == on {
-        writeln!(
-            out,
-            "{instance} is {word} already (spec.fencedInstances: {fenced:?})"
-        )?;
-        return Ok(());
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let c = find(client, ns, cluster).await?;
+        let instance = member(&c, instance)?;
+        let mut fenced = c.spec.fenced_instances.clone();
+        if fenced.contains(&instance) == on {
+            writeln!(
+                out,
+                "{instance} is {word} already (spec.fencedInstances: {fenced:?})"
+            )?;
+            return Ok(());
+        }
+        if on {
+            fenced.push(instance.clone());
+        } else {
+            fenced.retain(|i| *i != instance);
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": c.resource_version()},
+            "spec": {"fencedInstances": fenced},
+        });
+        match clusters
+            .patch(cluster, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                writeln!(out, "{instance} {word} (spec.fencedInstances: {fenced:?})")?;
+                return Ok(());
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < CONFLICT_ATTEMPTS => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
-    if on {
-        fenced.push(instance.clone());
-    } else {
-        fenced.retain(|i| *i != instance);
-    }
-    let patch = json!({
-        "metadata": {"resourceVersion": c.resource_version()},
-        "spec": {"fencedInstances": fenced},
-    });
-    clusters
-        .patch(cluster, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    writeln!(out, "{instance} {word} (spec.fencedInstances: {fenced:?})")?;
-    Ok(())
 }
 
 /// `hibernate` (`on`) or `resume`: `spec.hibernate`.
