@@ -3,7 +3,8 @@
 # control plane (built first by hack/install-testenv.sh if it is missing), backup tests
 # against a real S3 server (hack/install-s3-server.sh installs it), the alert rules' tests
 # with promtool (hack/install-promtool.sh), the OLM bundle's with operator-sdk's validation
-# library (hack/install-bundle-validate.sh), the kubectl plugin's krew packaging with krew
+# library (hack/install-bundle-validate.sh), the exported traces with the OpenTelemetry
+# collector's decoder (hack/install-otlp-check.sh), the kubectl plugin's krew packaging with krew
 # (hack/install-krew.sh), and the real-node tier
 # (containerd + kubelet + kube-proxy nodes running the images of hack/build-images.sh),
 # on PostgreSQL 15 (Debian's packages) and 18 (hack/install-postgres18.sh).
@@ -38,6 +39,10 @@ hack/install-promtool.sh >/dev/null
 # The OLM bundle's tests run operator-sdk's validation library (crates/operator/tests/
 # olm_bundle.rs), built once from the Go module proxy into ~/.cache/pgop/bundle-validate.
 hack/install-bundle-validate.sh >/dev/null
+# The traces' end-to-end test (crates/pgop/tests/e2e_tracing.rs) passes what pgop exported
+# through the OpenTelemetry collector's OTLP/JSON decoder, built once from the Go module
+# proxy into ~/.cache/pgop/otlp-check (about 30 s the first time).
+hack/install-otlp-check.sh >/dev/null
 # The kubectl plugin's krew packaging test (crates/pgop/tests/kubectl_krew.rs) runs krew
 # and validate-krew-manifest, built once from the Go module proxy into ~/.cache/pgop/krew
 # (about a minute the first time).

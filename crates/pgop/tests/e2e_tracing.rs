@@ -4,6 +4,8 @@
 //! fresh probes carry the trace to the managers, whose `GET /pg/status` spans join it,
 //! and the target's promotion is a span of the pass that chose it (through
 //! `status.targetPrimaryTrace`); the operator's log lines of a reconcile name its trace.
+//! Every body received is also decoded by the OpenTelemetry collector's own OTLP/JSON
+//! decoder (hack/otlp-check), which must take it whole.
 
 mod common;
 
@@ -22,16 +24,25 @@ struct Exported {
     span: Value,
 }
 
+/// Every request body received, as sent.
+type Bodies = Arc<Mutex<Vec<axum::body::Bytes>>>;
+
 /// An OTLP/HTTP receiver on loopback: `POST /v1/traces` with a JSON body, as the
-/// OpenTelemetry collector's `otlp` receiver takes it.
-async fn receiver() -> Result<(String, Arc<Mutex<Vec<Exported>>>)> {
+/// OpenTelemetry collector's `otlp` receiver takes it; it keeps the bodies too, for
+/// [`collector_decodes`].
+async fn receiver() -> Result<(String, Arc<Mutex<Vec<Exported>>>, Bodies)> {
     use axum::routing::post;
     let spans: Arc<Mutex<Vec<Exported>>> = Arc::default();
+    let bodies: Bodies = Arc::default();
     let sink = spans.clone();
+    let raw = bodies.clone();
     let app = axum::Router::new().route(
         "/v1/traces",
         post(move |headers: http::HeaderMap, body: axum::body::Bytes| {
             let sink = sink.clone();
+            if let Ok(mut all) = raw.lock() {
+                all.push(body.clone());
+            }
             async move {
                 let json = headers
                     .get(http::header::CONTENT_TYPE)
@@ -71,7 +82,50 @@ async fn receiver() -> Result<(String, Arc<Mutex<Vec<Exported>>>)> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok((format!("http://{addr}"), spans))
+    Ok((format!("http://{addr}"), spans, bodies))
+}
+
+/// Passes every body through the OpenTelemetry collector's own OTLP/JSON decoder
+/// (hack/otlp-check, built by hack/install-otlp-check.sh); the spans it counts.
+fn collector_decodes(bodies: &Bodies) -> Result<u64> {
+    let check = match std::env::var_os("PGOP_OTLP_CHECK") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
+            .join(".cache/pgop/otlp-check/bin/otlp-check"),
+    };
+    if !check.is_file() {
+        return Err(format!(
+            "otlp-check not found at {}: build it with `hack/install-otlp-check.sh` (or set PGOP_OTLP_CHECK)",
+            check.display()
+        )
+        .into());
+    }
+    let all = bodies.lock().map(|b| b.clone()).unwrap_or_default();
+    let mut spans = 0;
+    for body in &all {
+        let mut child = Command::new(&check)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().ok_or("no stdin")?;
+            stdin.write_all(body)?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "the collector's decoder refused a body: {}\n{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(body)
+            )
+            .into());
+        }
+        let summary: Value = serde_json::from_slice(&out.stdout)?;
+        spans += summary["spans"].as_u64().ok_or("no span count")?;
+    }
+    Ok(spans)
 }
 
 fn attribute<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
@@ -128,7 +182,7 @@ fn all_roots(all: &[Exported], span: &Value) -> Value {
 async fn e2e_a_switchover_is_one_trace_from_the_operator_to_the_managers() -> Result {
     let _serial = SERIAL.lock().await;
     let env = start_without_operator("tracing").await?;
-    let (endpoint, spans) = receiver().await?;
+    let (endpoint, spans, bodies) = receiver().await?;
     let settings = env.operator_options().settings;
     let mut operator = Command::new(env!("CARGO_BIN_EXE_pgop"))
         .args(["operator", "--log-format", "json", "--leader-elect=false"])
@@ -313,5 +367,13 @@ async fn e2e_a_switchover_is_one_trace_from_the_operator_to_the_managers() -> Re
     let _ = operator.kill();
     let _ = operator.wait();
     result?;
+    // What the collector itself would make of it: every body decodes, to the same spans.
+    let received = snapshot(&spans).len() as u64;
+    let decoded = collector_decodes(&bodies)?;
+    assert_eq!(
+        decoded, received,
+        "spans decoded by the collector's decoder and by this test"
+    );
+    assert!(received > 0);
     env.stop().await
 }
