@@ -66,10 +66,7 @@ fn parse_otlp_endpoint(value: &str) -> Result<String, String> {
     if value.is_empty() {
         return Ok(String::new());
     }
-    pgop_telemetry::Config::from_vars("pgop-instance", crate::VERSION, |name| {
-        (name == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| value.to_string())
-    })
-    .map_err(|e| e.replace("OTEL_EXPORTER_OTLP_ENDPOINT: ", ""))?;
+    pgop_telemetry::check_endpoint(value)?;
     Ok(value.to_string())
 }
 

@@ -81,6 +81,16 @@ fn percent_decode(value: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Whether `value` can be an OTLP/HTTP endpoint: an `http://` or `https://` URL with a
+/// host. The error says why not (the caller names the variable or flag).
+pub fn check_endpoint(value: &str) -> Result<(), String> {
+    let url = reqwest::Url::parse(value).map_err(|e| format!("{value:?} is not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(format!("{value:?} is not an http:// or https:// URL"));
+    }
+    Ok(())
+}
+
 impl Config {
     /// `None` when no endpoint is set (or `OTEL_SDK_DISABLED=true`, or
     /// `OTEL_TRACES_EXPORTER=none`): then nothing is exported and spans cost only their
@@ -118,14 +128,7 @@ impl Config {
             ),
             (None, None) => return Ok(None),
         };
-        let url = reqwest::Url::parse(&endpoint.1)
-            .map_err(|e| format!("{}: {:?} is not a URL: {e}", endpoint.0, endpoint.1))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            return Err(format!(
-                "{}: {:?} is not an http:// or https:// URL",
-                endpoint.0, endpoint.1
-            ));
-        }
+        check_endpoint(&endpoint.1).map_err(|e| format!("{}: {e}", endpoint.0))?;
         for name in [
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",

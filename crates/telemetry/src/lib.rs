@@ -21,7 +21,7 @@ mod export;
 mod layer;
 
 pub use context::{SpanContext, SpanId, TraceId};
-pub use export::{Config, Exporter, encode};
+pub use export::{Config, Exporter, check_endpoint, encode};
 pub use layer::{EventData, FinishedSpan, Kind, TraceLayer, Value};
 
 use layer::{Sink, SpanData};
