@@ -14,7 +14,12 @@ pub type Mounts = Vec<(String, PathBuf)>;
 /// PostgreSQL's Unix socket path, which lands in an emptyDir below it, may not exceed
 /// 107 bytes.
 pub fn pod_dir(root: &std::path::Path, uid: &str) -> PathBuf {
-    root.join("p").join(uid.get(..12).unwrap_or(uid))
+    pods_dir(root).join(uid.get(..12).unwrap_or(uid))
+}
+
+/// The directory holding every pod's directory.
+pub fn pods_dir(root: &std::path::Path) -> PathBuf {
+    root.join("p")
 }
 
 /// Marks every process of one pod (value: the pod's uid).
@@ -110,6 +115,14 @@ pub fn uses_image(pod: &Pod, image: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_pod_directory_is_one_level_under_the_pods_directory() {
+        let root = std::path::Path::new("/tmp/node");
+        let pod = pod_dir(root, "0123456789abcdef");
+        assert_eq!(pod.parent(), Some(pods_dir(root).as_path()));
+        assert_eq!(pod, PathBuf::from("/tmp/node/p/0123456789ab"));
+    }
 
     #[test]
     fn variables_expand_like_kubelet() {

@@ -186,10 +186,7 @@ impl LocalNode {
 
     /// The directory that holds one directory per pod ([`LocalNode::pod_dir`]).
     pub fn pods_dir(&self) -> PathBuf {
-        container::pod_dir(&self.shared.root, "")
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| self.shared.root.clone())
+        container::pods_dir(&self.shared.root)
     }
 
     /// The local directory of a pod (its logs: `<container>.log`).
