@@ -183,6 +183,30 @@ pub fn fenced_instances_of_cluster() -> Rule {
     .reason(Reason::FieldValueInvalid)
 }
 
+/// What is wrong with a pooler whose name makes `<cluster>-pooler-<name>` too long.
+pub fn msg_pooler_name_length() -> String {
+    format!(
+        "with the cluster's name must be at most {} characters: the Service \
+         <cluster>-pooler-<name> is a DNS label of at most 63",
+        crate::pooler::MAX_CLUSTER_AND_POOLER_NAME_LENGTH
+    )
+}
+
+/// spec.poolers: the Service `<cluster>-pooler-<name>` of each fits in a DNS label.
+pub fn pooler_names_fit() -> Rule {
+    Rule::new(format!(
+        "!has(self.spec.poolers) || self.spec.poolers.all(p, \
+         size(self.metadata.name) + size(p.name) <= {})",
+        crate::pooler::MAX_CLUSTER_AND_POOLER_NAME_LENGTH
+    ))
+    .message(Message::Message(format!(
+        "spec.poolers[].name {}",
+        msg_pooler_name_length()
+    )))
+    .field_path(".spec.poolers")
+    .reason(Reason::FieldValueInvalid)
+}
+
 /// What is wrong with a membership in `postgres` or `streaming_replica`.
 pub fn msg_forbidden_membership() -> String {
     format!(

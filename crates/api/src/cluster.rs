@@ -165,7 +165,8 @@ pub const MAX_CLUSTER_NAME_LENGTH: usize = 50;
     validation = cel::not_own_secret("tls.clientCASecret"),
     validation = cel::not_own_secret("credentials.appSecret"),
     validation = cel::not_own_secret("credentials.superuserSecret"),
-    validation = cel::fenced_instances_of_cluster()
+    validation = cel::fenced_instances_of_cluster(),
+    validation = cel::pooler_names_fit()
 )]
 #[x_kube(validation = cel::synchronous_below_replicas())]
 #[serde(rename_all = "camelCase")]
@@ -299,6 +300,14 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::databases::MAX_DATABASES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub databases: Vec<crate::databases::DatabaseSpec>,
+
+    /// PgBouncer connection poolers in front of the cluster, at most 4 (see
+    /// [`crate::pooler`]): each a Deployment and a Service `<cluster>-pooler-<name>`
+    /// whose server connections follow the primary (`rw`) or the ready standbys (`ro`).
+    /// `status.poolers` reports their pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::pooler::MAX_POOLERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub poolers: Vec<crate::pooler::PoolerSpec>,
 }
 
 /// What `spec.storage.autoGrow` did (`status.autoGrow`).
@@ -859,6 +868,10 @@ pub struct PostgresClusterStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub databases: Vec<crate::roles::AppliedStatus>,
 
+    /// The pods of each pooler of `spec.poolers`, as its Deployment reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub poolers: Vec<crate::pooler::PoolerStatus>,
+
     /// When the last base backup completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup_time: Option<Time>,
@@ -1013,6 +1026,7 @@ impl Default for PostgresClusterStatus {
             instance_restarts: Vec::new(),
             roles: Vec::new(),
             databases: Vec::new(),
+            poolers: Vec::new(),
             auto_grow: None,
             last_backup_time: None,
             first_recoverability_point: None,

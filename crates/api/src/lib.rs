@@ -20,6 +20,7 @@ pub mod instance_status;
 pub mod labels;
 pub mod network;
 pub mod owner;
+pub mod pooler;
 pub mod quantity;
 pub mod roles;
 pub mod v1beta1;

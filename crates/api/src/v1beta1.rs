@@ -86,7 +86,8 @@ pub const API_VERSION: &str = "database.example.com/v1beta1";
     validation = cel::not_own_secret("tls.clientCASecret"),
     validation = cel::not_own_secret("credentials.appSecret"),
     validation = cel::not_own_secret("credentials.superuserSecret"),
-    validation = cel::fenced_instances_of_cluster()
+    validation = cel::fenced_instances_of_cluster(),
+    validation = cel::pooler_names_fit()
 )]
 #[x_kube(validation = cel::standbys_below_instances())]
 #[serde(rename_all = "camelCase")]
@@ -201,6 +202,14 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::databases::MAX_DATABASES), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub databases: Vec<crate::databases::DatabaseSpec>,
+
+    /// PgBouncer connection poolers in front of the cluster, at most 4 (see
+    /// [`crate::pooler`]): each a Deployment and a Service `<cluster>-pooler-<name>`
+    /// whose server connections follow the primary (`rw`) or the ready standbys (`ro`).
+    /// `status.poolers` reports their pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::pooler::MAX_POOLERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub poolers: Vec<crate::pooler::PoolerSpec>,
 }
 
 fn default_instances() -> i32 {
@@ -436,6 +445,7 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             fenced_instances: s.fenced_instances,
             roles: s.roles,
             databases: s.databases,
+            poolers: s.poolers,
         }
     }
 }
@@ -477,6 +487,7 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             fenced_instances: s.fenced_instances,
             roles: s.roles,
             databases: s.databases,
+            poolers: s.poolers,
         }
     }
 }

@@ -266,6 +266,14 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
         errors.0.push(e);
     }
     validate_spec(&cluster.spec, &mut errors);
+    for (i, pooler) in cluster.spec.poolers.iter().enumerate() {
+        errors.check(
+            cluster.name_any().len() + pooler.name.len()
+                <= crate::pooler::MAX_CLUSTER_AND_POOLER_NAME_LENGTH,
+            &format!("spec.poolers[{i}].name"),
+            cel::msg_pooler_name_length,
+        );
+    }
     for name in &cluster.spec.fenced_instances {
         errors.check(
             cel::is_instance_of(&cluster.name_any(), name),
@@ -409,6 +417,52 @@ fn validate_roles(spec: &PostgresClusterSpec, errors: &mut Errors) {
         if let Some(secret) = &role.password_secret {
             errors.name(&format!("{at}.passwordSecret.name"), &secret.name);
         }
+    }
+}
+
+/// `spec.poolers` (the schema's twins).
+fn validate_poolers(spec: &PostgresClusterSpec, errors: &mut Errors) {
+    use crate::pooler::{
+        MAX_CLIENT_CONNECTIONS, MAX_POOL_SIZE, MAX_POOLER_INSTANCES, MAX_POOLER_NAME_LENGTH,
+        MAX_POOLERS,
+    };
+    errors.check(spec.poolers.len() <= MAX_POOLERS, "spec.poolers", || {
+        format!(
+            "must have at most {MAX_POOLERS} items, got {}",
+            spec.poolers.len()
+        )
+    });
+    for (i, pooler) in spec.poolers.iter().enumerate() {
+        let at = format!("spec.poolers[{i}]");
+        errors.format(
+            &format!("{at}.name"),
+            &pooler.name,
+            |n| n.len() <= MAX_POOLER_NAME_LENGTH && formats::is_dns_label(n),
+            "a DNS label of at most 20 characters (^[a-z]([-a-z0-9]*[a-z0-9])?$)",
+        );
+        errors.check(
+            !spec.poolers[..i].iter().any(|p| p.name == pooler.name),
+            &at,
+            || format!("duplicate value {:?}", pooler.name),
+        );
+        errors.range(
+            &format!("{at}.instances"),
+            pooler.instances,
+            1,
+            Some(MAX_POOLER_INSTANCES),
+        );
+        errors.range(
+            &format!("{at}.maxClientConnections"),
+            pooler.max_client_connections,
+            1,
+            Some(MAX_CLIENT_CONNECTIONS),
+        );
+        errors.range(
+            &format!("{at}.defaultPoolSize"),
+            pooler.default_pool_size,
+            1,
+            Some(MAX_POOL_SIZE),
+        );
     }
 }
 
@@ -604,6 +658,7 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     validate_fenced_instances(&spec.fenced_instances, errors);
     validate_roles(spec, errors);
     validate_databases(spec, errors);
+    validate_poolers(spec, errors);
     if let Some(image) = &spec.image {
         errors.format(
             "spec.image",
