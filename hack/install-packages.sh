@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages pgop's demo and tests need, when they are missing.
 #
-#   hack/install-packages.sh demo    PostgreSQL 15 (the local node runs it)
+#   hack/install-packages.sh demo    PostgreSQL 15 and PgBouncer (the local node runs them)
 #   hack/install-packages.sh test    that, plus the real-node tier: containerd, runc, the
 #                                    CNI plugins, iptables, conntrack, nftables, and buildah,
 #                                    mmdebstrap and umoci to build images
@@ -11,7 +11,7 @@
 set -euo pipefail
 
 what=${1:-test}
-pkgs=(ca-certificates python3 postgresql-15 postgresql-contrib)
+pkgs=(ca-certificates python3 postgresql-15 postgresql-contrib pgbouncer)
 case $what in
   demo) ;;
   test)

@@ -114,8 +114,16 @@ of the ClusterRole (cluster-wide) or of the Role in each watched namespace (name
   resources: [secrets]
   verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
-  resources: [services, serviceaccounts]
+  resources: [serviceaccounts]
   verbs: [list, watch, create, patch]
+# delete: the Service of a pooler removed from spec.poolers.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, watch, create, patch, delete]
+# The poolers' Deployments (spec.poolers; deleted when removed from it).
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, watch, create, patch, delete]
 # The primary's budget goes once no switchover could move it.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]

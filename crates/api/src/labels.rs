@@ -22,6 +22,14 @@ pub const MANAGED_BY_VALUE: &str = "pgop";
 pub const COMPONENT_DATABASE: &str = "database";
 /// [`COMPONENT`] of backup objects.
 pub const COMPONENT_BACKUP: &str = "backup";
+/// [`COMPONENT`] of a pooler's Deployment, Service and Pods (`spec.poolers`).
+pub const COMPONENT_POOLER: &str = "pooler";
+/// `database.example.com/pooler`: the pooler (`<cluster>-pooler-<name>`) a Deployment,
+/// Service or Pod belongs to. Pooler Pods carry it and not [`CLUSTER`], so that nothing
+/// that selects a cluster's instance Pods by [`CLUSTER`] ever sees them.
+pub const POOLER: &str = "database.example.com/pooler";
+/// [`NAME`] of pooler Pods.
+pub const NAME_POOLER: &str = "pgbouncer";
 
 /// `database.example.com/cluster`: the PostgresCluster an object belongs to.
 pub const CLUSTER: &str = "database.example.com/cluster";

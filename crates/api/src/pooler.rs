@@ -147,8 +147,8 @@ mod tests {
 
     #[test]
     fn a_pooler_spec_takes_its_defaults() {
-        let p: PoolerSpec = serde_json::from_value(serde_json::json!({"name": "rw"}))
-            .expect("a minimal pooler");
+        let p: PoolerSpec =
+            serde_json::from_value(serde_json::json!({"name": "rw"})).expect("a minimal pooler");
         assert_eq!(p.type_, PoolerType::Rw);
         assert_eq!(p.pool_mode, PoolMode::Transaction);
         assert_eq!(
@@ -159,7 +159,10 @@ mod tests {
             serde_json::json!({"name": "reports", "type": "ro", "poolMode": "session"}),
         )
         .expect("an ro pooler");
-        assert_eq!((ro.type_, ro.pool_mode), (PoolerType::Ro, PoolMode::Session));
+        assert_eq!(
+            (ro.type_, ro.pool_mode),
+            (PoolerType::Ro, PoolMode::Session)
+        );
         assert_eq!(pooler_name("db", "reports"), "db-pooler-reports");
         assert_eq!(MAX_CLUSTER_AND_POOLER_NAME_LENGTH, 55);
     }

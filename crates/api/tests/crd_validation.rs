@@ -939,6 +939,12 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
                 "shop: extension \"postgis\": extension \"postgis\" is not available".into(),
             ),
         }],
+        poolers: vec![pgop_api::pooler::PoolerStatus {
+            name: "rw".into(),
+            service: "main-pooler-rw".into(),
+            instances: 2,
+            ready_instances: 1,
+        }],
         last_backup_time: Some(now.clone()),
         first_recoverability_point: None,
         last_logical_backup_time: None,

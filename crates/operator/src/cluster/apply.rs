@@ -388,6 +388,7 @@ pub async fn apply(
         pvcs,
         pods,
         network_policy,
+        poolers,
     } = children;
     let mut out = Outcome::default();
     apply_if_changed(
@@ -503,6 +504,7 @@ pub async fn apply(
     for pod in pods {
         create_or_fix_metadata(client, namespace, pod, &observed.pods, &mut out).await?;
     }
+    apply_poolers(client, namespace, poolers, observed, &mut out).await?;
     match network_policy {
         Some(policy) => {
             apply_if_changed(
@@ -523,6 +525,80 @@ pub async fn apply(
         }
     }
     Ok(out)
+}
+
+/// The poolers (`spec.poolers`): their identity, Deployments and Services; those of
+/// poolers no longer declared are deleted (Deployment first, then Service). The identity
+/// stays once made (it goes with the cluster).
+async fn apply_poolers(
+    client: &Client,
+    namespace: &str,
+    poolers: &super::build::pooler::Poolers,
+    observed: &Observed,
+    out: &mut Outcome,
+) -> Result<(), Error> {
+    if let Some((account, role, binding)) = &poolers.identity {
+        apply_if_changed(
+            client,
+            namespace,
+            account,
+            &observed.service_accounts,
+            always,
+            out,
+        )
+        .await?;
+        apply_if_changed(client, namespace, role, &observed.roles, always, out).await?;
+        apply_if_changed(
+            client,
+            namespace,
+            binding,
+            &observed.role_bindings,
+            always,
+            out,
+        )
+        .await?;
+    }
+    for service in &poolers.services {
+        apply_if_changed(
+            client,
+            namespace,
+            service,
+            &observed.services,
+            selectors_equal,
+            out,
+        )
+        .await?;
+    }
+    for deployment in &poolers.deployments {
+        apply_if_changed(
+            client,
+            namespace,
+            deployment,
+            &observed.deployments,
+            always,
+            out,
+        )
+        .await?;
+    }
+    let is_pooler = |meta: &ObjectMeta| {
+        meta.labels
+            .as_ref()
+            .and_then(|l| l.get(pgop_api::labels::COMPONENT))
+            .is_some_and(|c| c == pgop_api::labels::COMPONENT_POOLER)
+    };
+    for stale in &observed.deployments {
+        let name = stale.name_any();
+        if is_pooler(&stale.metadata) && !poolers.deployments.iter().any(|d| d.name_any() == name) {
+            delete(client, namespace, stale, background(), out).await?;
+        }
+    }
+    for stale in &observed.services {
+        let name = stale.name_any();
+        if is_pooler(&stale.metadata) && !poolers.services.iter().any(|s| s.name_any() == name) {
+            delete(client, namespace, stale, background(), out).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Deletes one instance's Pod (gracefully), keeping its volume: the next reconcile

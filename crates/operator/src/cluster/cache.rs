@@ -17,6 +17,7 @@
 //!   sees half a LIST.
 
 use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -405,6 +406,7 @@ pub struct Caches {
     pub pvcs: Index<PersistentVolumeClaim>,
     pub pods: Index<Pod>,
     pub network_policies: Index<NetworkPolicy>,
+    pub deployments: Index<Deployment>,
     /// The PostgresBackups of the scope, from the backup controller's store.
     pub backups: Option<Store<PostgresBackup>>,
 }
@@ -420,6 +422,7 @@ pub struct Feeds {
     pub pvcs: Feed<PersistentVolumeClaim>,
     pub pods: Feed<Pod>,
     pub network_policies: Feed<NetworkPolicy>,
+    pub deployments: Feed<Deployment>,
 }
 
 impl Caches {
@@ -485,8 +488,14 @@ impl Caches {
             ),
             network_policies: feed(
                 crate::api(client, namespace),
-                config,
+                config.clone(),
                 caches.network_policies.clone(),
+                trim,
+            ),
+            deployments: feed(
+                crate::api(client, namespace),
+                config,
+                caches.deployments.clone(),
                 trim,
             ),
         };
@@ -504,6 +513,7 @@ impl Caches {
             && self.pvcs.ready()
             && self.pods.ready()
             && self.network_policies.ready()
+            && self.deployments.ready()
     }
 
     /// The clusters with an instance Pod bound to node `node` (see
@@ -535,6 +545,7 @@ impl Caches {
             pvcs: self.pvcs.of_cluster(namespace, cluster),
             pods: self.pods.of_cluster(namespace, cluster),
             network_policies: self.network_policies.of_cluster(namespace, cluster),
+            deployments: self.deployments.of_cluster(namespace, cluster),
         }
     }
 
@@ -550,6 +561,7 @@ impl Caches {
             "PersistentVolumeClaim" => self.pvcs.version_of(namespace, name),
             "Pod" => self.pods.version_of(namespace, name),
             "NetworkPolicy" => self.network_policies.version_of(namespace, name),
+            "Deployment" => self.deployments.version_of(namespace, name),
             _ => None,
         }
     }
@@ -693,6 +705,7 @@ impl Feeds {
             .watches_stream(self.service_accounts, owning_cluster)
             .watches_stream(self.roles, owning_cluster)
             .watches_stream(self.role_bindings, owning_cluster)
+            .watches_stream(self.deployments, owning_cluster)
     }
 
     /// Drives every watch without a controller (tests, tools): the caches fill and follow.
@@ -707,6 +720,7 @@ impl Feeds {
             pvcs,
             pods,
             network_policies,
+            deployments,
         } = self;
         fn unit<K: Send + 'static>(feed: Feed<K>) -> Pin<Box<dyn Stream<Item = ()> + Send>> {
             feed.map(|_| ()).boxed()
@@ -721,6 +735,7 @@ impl Feeds {
             unit(pvcs),
             unit(pods),
             unit(network_policies),
+            unit(deployments),
         ])
         .for_each(|()| async {})
         .await;

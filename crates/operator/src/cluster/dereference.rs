@@ -4,6 +4,7 @@
 //! [`super::cache::Expectations`]), or caches not yet filled, are read from the API server
 //! instead: one labelled LIST per kind. Nothing here writes.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -36,6 +37,8 @@ pub struct Observed {
     pub pvcs: Vec<PersistentVolumeClaim>,
     pub pods: Vec<Pod>,
     pub network_policies: Vec<NetworkPolicy>,
+    /// The poolers' Deployments (`spec.poolers`).
+    pub deployments: Vec<Deployment>,
 }
 
 async fn list<K>(client: &Client, namespace: &str, selector: &str) -> Result<Vec<K>, Error>
@@ -97,7 +100,9 @@ pub async fn observe(client: &Client, namespace: &str, cluster: &str) -> Result<
         pvcs,
         pods,
         network_policies,
+        deployments,
     ) = tokio::try_join!(
+        list(client, namespace, &sel),
         list(client, namespace, &sel),
         list(client, namespace, &sel),
         list(client, namespace, &sel),
@@ -118,5 +123,6 @@ pub async fn observe(client: &Client, namespace: &str, cluster: &str) -> Result<
         pvcs,
         pods,
         network_policies,
+        deployments,
     })
 }

@@ -943,11 +943,18 @@ async fn credentials(
         ),
         None => None,
     };
+    let pooler_services: Vec<String> = defaulted
+        .spec
+        .poolers
+        .iter()
+        .map(|p| pgop_api::pooler::pooler_name(&name, &p.name))
+        .collect();
     let pki = pki::plan(
         &observed.secrets,
         &name,
         namespace,
         &instance_names,
+        &pooler_services,
         (brought, client_ca),
         now().0,
     )?;
@@ -1208,6 +1215,11 @@ async fn write_status(
         ),
     ];
     status.auto_grow = storage.record.clone();
+    status.poolers = build::pooler::status(
+        &cluster.name_any(),
+        &defaulted.spec.poolers,
+        &observed.deployments,
+    );
     set_volumes_resized(cluster, &mut status, storage, &observed.pvcs, usage, None);
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
     let refused: Vec<(&str, String)> = [&status::ROLES, &status::DATABASES]

@@ -63,11 +63,20 @@ pub fn manager_tls_secret_name(cluster: &str) -> String {
 
 /// The DNS names of PostgreSQL's server certificate: `<cluster>-rw` first (the name
 /// instances verify when they connect to each other), then every Service's name short,
-/// with its namespace, `.svc` and fully qualified, then every instance's (Pod) name.
-pub fn server_dns_names(cluster: &str, namespace: &str, instances: &[String]) -> Vec<String> {
+/// with its namespace, `.svc` and fully qualified (the poolers' Services `poolers` too:
+/// PgBouncer serves its clients this certificate), then every instance's (Pod) name.
+pub fn server_dns_names(
+    cluster: &str,
+    namespace: &str,
+    instances: &[String],
+    poolers: &[String],
+) -> Vec<String> {
     let mut names = Vec::new();
-    for service in ["rw", "ro", "r"] {
-        let short = format!("{cluster}-{service}");
+    let services = ["rw", "ro", "r"]
+        .into_iter()
+        .map(|s| format!("{cluster}-{s}"))
+        .chain(poolers.iter().cloned());
+    for short in services {
         names.push(short.clone());
         names.push(format!("{short}.{namespace}"));
         names.push(format!("{short}.{namespace}.svc"));
@@ -239,6 +248,7 @@ pub fn plan(
     cluster: &str,
     namespace: &str,
     instances: &[String],
+    poolers: &[String],
     (brought, client_ca): (Option<Brought>, Option<Result<String, String>>),
     now: jiff::Timestamp,
 ) -> Result<Pki, Error> {
@@ -261,7 +271,7 @@ pub fn plan(
         Kind::Postgres,
         now,
     )?;
-    let names = server_dns_names(cluster, namespace, instances);
+    let names = server_dns_names(cluster, namespace, instances, poolers);
     let server_names = names.join(",");
     let mut warnings = Vec::new();
     let server_secret = format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}");
@@ -469,7 +479,7 @@ mod tests {
     #[test]
     fn a_new_cluster_gets_an_authority_and_a_certificate_kept_until_renewal_is_due() {
         let now = ts("2026-12-01T12:00:00Z");
-        let first = plan(&[], "db", "ns", &[], (None, None), now).expect("plan");
+        let first = plan(&[], "db", "ns", &[], &[], (None, None), now).expect("plan");
         assert_eq!(first.manager.not_after, ts("2027-03-01T00:00:00Z"));
         let stored = [
             secret(
@@ -496,6 +506,7 @@ mod tests {
             "db",
             "ns",
             &[],
+            &[],
             (None, None),
             ts("2027-01-29T23:59:59Z"),
         )
@@ -506,6 +517,7 @@ mod tests {
             &stored,
             "db",
             "ns",
+            &[],
             &[],
             (None, None),
             ts("2027-01-30T00:00:00Z"),
@@ -519,7 +531,7 @@ mod tests {
     #[test]
     fn a_certificate_of_another_authority_or_without_its_expiry_is_replaced() {
         let now = ts("2026-12-01T12:00:00Z");
-        let first = plan(&[], "db", "ns", &[], (None, None), now).expect("plan");
+        let first = plan(&[], "db", "ns", &[], &[], (None, None), now).expect("plan");
         let ca = secret(
             "db-ca",
             &[
@@ -528,7 +540,7 @@ mod tests {
             ],
             None,
         );
-        let other = plan(&[], "db", "ns", &[], (None, None), now).expect("another authority");
+        let other = plan(&[], "db", "ns", &[], &[], (None, None), now).expect("another authority");
         let foreign = secret(
             "db-manager-tls",
             &[
@@ -538,7 +550,16 @@ mod tests {
             ],
             Some(&other.manager.not_after.to_string()),
         );
-        let p = plan(&[ca.clone(), foreign], "db", "ns", &[], (None, None), now).expect("plan");
+        let p = plan(
+            &[ca.clone(), foreign],
+            "db",
+            "ns",
+            &[],
+            &[],
+            (None, None),
+            now,
+        )
+        .expect("plan");
         assert_ne!(p.manager.cert_pem, other.manager.cert_pem);
         let unannotated = secret(
             "db-manager-tls",
@@ -549,7 +570,7 @@ mod tests {
             ],
             None,
         );
-        let p = plan(&[ca, unannotated], "db", "ns", &[], (None, None), now).expect("plan");
+        let p = plan(&[ca, unannotated], "db", "ns", &[], &[], (None, None), now).expect("plan");
         assert_ne!(p.manager.cert_pem, first.manager.cert_pem);
     }
 
@@ -560,6 +581,7 @@ mod tests {
             &[broken],
             "db",
             "ns",
+            &[],
             &[],
             (None, None),
             jiff::Timestamp::now(),
@@ -572,6 +594,7 @@ mod tests {
             &[partial],
             "db",
             "ns",
+            &[],
             &[],
             (None, None),
             jiff::Timestamp::now(),
@@ -607,7 +630,7 @@ mod tests {
     fn the_server_certificate_follows_the_instances_and_postgres_has_its_own_authority() {
         let now = ts("2026-12-01T12:00:00Z");
         let instances = ["db-1".to_string(), "db-2".to_string()];
-        let first = plan(&[], "db", "ns", &instances, (None, None), now).expect("plan");
+        let first = plan(&[], "db", "ns", &instances, &[], (None, None), now).expect("plan");
         assert_ne!(
             first.postgres_authority.cert_pem(),
             first.authority.cert_pem(),
@@ -657,7 +680,7 @@ mod tests {
             tls("db-server-tls", &first.server, Some(&first_names)),
             tls("db-replication-tls", &first.replication, None),
         ];
-        let same = plan(&stored, "db", "ns", &instances, (None, None), now).expect("plan");
+        let same = plan(&stored, "db", "ns", &instances, &[], (None, None), now).expect("plan");
         assert_eq!(same.server, first.server);
         assert_eq!(same.replication, first.replication);
         let scaled = plan(
@@ -665,6 +688,7 @@ mod tests {
             "db",
             "ns",
             &["db-1".to_string(), "db-2".to_string(), "db-3".to_string()],
+            &[],
             (None, None),
             now,
         )
@@ -696,6 +720,7 @@ mod tests {
             "db",
             "ns",
             &[],
+            &[],
             (Some(good), Some(Ok(client_ca.cert_pem().to_string()))),
             now,
         )
@@ -721,7 +746,16 @@ mod tests {
             None,
         );
         let refused = || brought(Err("does not exist".into()));
-        let p = plan(&[served], "db", "ns", &[], (Some(refused()), None), now).expect("plan");
+        let p = plan(
+            &[served],
+            "db",
+            "ns",
+            &[],
+            &[],
+            (Some(refused()), None),
+            now,
+        )
+        .expect("plan");
         assert_eq!(p.server.cert_pem, cert.cert_pem);
         assert_eq!(p.server_ca, theirs.cert_pem());
         assert_eq!(p.warnings.len(), 1);
@@ -735,6 +769,7 @@ mod tests {
             &[],
             "db",
             "ns",
+            &[],
             &[],
             (
                 Some(refused()),

@@ -4,6 +4,7 @@
 
 mod network;
 mod pdb;
+pub mod pooler;
 pub use pdb::Budgets;
 pub(crate) mod pod;
 pub mod pvc;
@@ -144,6 +145,8 @@ pub struct Children {
     /// The instances' NetworkPolicy; `None` when `spec.networkPolicy.enabled` is off
     /// (an existing one is then deleted).
     pub network_policy: Option<NetworkPolicy>,
+    /// The PgBouncer poolers of `spec.poolers` (nothing without).
+    pub poolers: pooler::Poolers,
 }
 
 /// Failure to build children from a cluster that lacks what every stored object has.
@@ -256,7 +259,13 @@ pub fn children(
             .iter()
             .map(|i| pod::pod(&common, spec, i, settings))
             .collect(),
-        network_policy: network::network_policy(&common, &spec.network_policy, settings),
+        network_policy: network::network_policy(
+            &common,
+            &spec.network_policy,
+            settings,
+            !spec.poolers.is_empty(),
+        ),
+        poolers: pooler::poolers(&common, cluster, settings),
     })
 }
 

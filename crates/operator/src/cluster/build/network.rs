@@ -41,7 +41,13 @@ fn ports(numbers: &[u16]) -> Option<Vec<NetworkPolicyPort>> {
 }
 
 /// The NetworkPolicy `<cluster>`, or `None` when `spec.networkPolicy.enabled` is off.
-pub fn network_policy(c: &Common, spec: &Spec, settings: &Settings) -> Option<NetworkPolicy> {
+/// With `poolers` (`spec.poolers` is not empty), the pooler Pods are clients too.
+pub fn network_policy(
+    c: &Common,
+    spec: &Spec,
+    settings: &Settings,
+    poolers: bool,
+) -> Option<NetworkPolicy> {
     if !spec.enabled {
         return None;
     }
@@ -61,6 +67,18 @@ pub fn network_policy(c: &Common, spec: &Spec, settings: &Settings) -> Option<Ne
             pod_selector: Some(selector(&instances)),
             ..NetworkPolicyPeer::default()
         }];
+        if poolers {
+            peers.push(NetworkPolicyPeer {
+                pod_selector: Some(selector(&BTreeMap::from([
+                    (labels::INSTANCE.to_string(), c.cluster.clone()),
+                    (
+                        labels::COMPONENT.to_string(),
+                        labels::COMPONENT_POOLER.to_string(),
+                    ),
+                ]))),
+                ..NetworkPolicyPeer::default()
+            });
+        }
         peers.extend(spec.clients.iter().map(|client| NetworkPolicyPeer {
             pod_selector: Some(selector(&client.pod_labels)),
             namespace_selector: client.namespace_labels.as_ref().map(selector),

@@ -53,7 +53,7 @@ pub mod env {
     pub const UPGRADE_MODE: &str = "PGOP_UPGRADE_MODE";
 }
 
-fn field_env(name: &str, path: &str) -> EnvVar {
+pub(super) fn field_env(name: &str, path: &str) -> EnvVar {
     EnvVar {
         name: name.to_string(),
         value_from: Some(EnvVarSource {
@@ -67,7 +67,7 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn value_env(name: &str, value: &str) -> EnvVar {
+pub(super) fn value_env(name: &str, value: &str) -> EnvVar {
     EnvVar {
         name: name.to_string(),
         value: Some(value.to_string()),
@@ -75,7 +75,7 @@ fn value_env(name: &str, value: &str) -> EnvVar {
     }
 }
 
-fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+pub(super) fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),
@@ -89,7 +89,7 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
-fn mount(name: &str, path: &str) -> VolumeMount {
+pub(super) fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount {
         name: name.to_string(),
         mount_path: path.to_string(),
@@ -97,7 +97,7 @@ fn mount(name: &str, path: &str) -> VolumeMount {
     }
 }
 
-fn empty_dir(name: &str) -> Volume {
+pub(super) fn empty_dir(name: &str) -> Volume {
     Volume {
         name: name.to_string(),
         empty_dir: Some(EmptyDirVolumeSource::default()),

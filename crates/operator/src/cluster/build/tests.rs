@@ -109,6 +109,7 @@ fn to_yaml(c: &Children) -> String {
         pvcs,
         pods,
         network_policy,
+        poolers,
     } = c;
     let mut docs = vec![
         serde_yaml::to_string(service_account),
@@ -136,6 +137,15 @@ fn to_yaml(c: &Children) -> String {
     docs.extend(pvcs.iter().map(serde_yaml::to_string));
     docs.extend(pods.iter().map(serde_yaml::to_string));
     docs.extend(network_policy.iter().map(serde_yaml::to_string));
+    if let Some((account, role, binding)) = &poolers.identity {
+        docs.extend([
+            serde_yaml::to_string(account),
+            serde_yaml::to_string(role),
+            serde_yaml::to_string(binding),
+        ]);
+    }
+    docs.extend(poolers.deployments.iter().map(serde_yaml::to_string));
+    docs.extend(poolers.services.iter().map(serde_yaml::to_string));
     // Not objects: checked by the_password_follows_the_users_secret_only_when_copied.
     let _ = app_derived_keys;
     docs.into_iter()
@@ -657,14 +667,28 @@ fn the_network_policy_admits_the_selected_clients_and_the_operator_or_is_left_ou
     let policy = build(&cluster).network_policy.expect("a policy");
     let value = serde_json::to_value(&policy).expect("serializes");
     let rules = &value["spec"]["ingress"];
-    // PostgreSQL: the cluster's instances, then the selected clients in every namespace.
+    // PostgreSQL: the cluster's instances, its poolers' Pods (the fixture has poolers),
+    // then the selected clients in every namespace.
     assert_eq!(
         rules[0]["from"],
         serde_json::json!([
             {"podSelector": {"matchLabels": {
                 "app.kubernetes.io/component": "database", "database.example.com/cluster": "main"}}},
+            {"podSelector": {"matchLabels": {
+                "app.kubernetes.io/component": "pooler", "app.kubernetes.io/instance": "main"}}},
             {"podSelector": {"matchLabels": {"app": "shop"}}, "namespaceSelector": {"matchLabels": {}}}
         ])
+    );
+    // Without poolers, no pooler peer.
+    let mut without = cluster.clone();
+    without.spec.poolers.clear();
+    let policy = build(&without).network_policy.expect("a policy");
+    let value = serde_json::to_value(&policy).expect("serializes");
+    assert_eq!(
+        value["spec"]["ingress"][0]["from"]
+            .as_array()
+            .map(|peers| peers.len()),
+        Some(2)
     );
     assert_eq!(rules[0]["ports"][0]["port"], 5432);
     // The read-only port from anywhere; the TLS port from the operator's Pods only.
