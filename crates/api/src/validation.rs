@@ -270,8 +270,14 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
         errors.check(
             cluster.name_any().len() + pooler.name.len()
                 <= crate::pooler::MAX_CLUSTER_AND_POOLER_NAME_LENGTH,
-            &format!("spec.poolers[{i}].name"),
-            cel::msg_pooler_name_length,
+            "spec.poolers",
+            || {
+                format!(
+                    "spec.poolers[{i}].name {:?} {}",
+                    pooler.name,
+                    cel::msg_pooler_name_length()
+                )
+            },
         );
     }
     for name in &cluster.spec.fenced_instances {

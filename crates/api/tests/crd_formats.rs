@@ -813,6 +813,26 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        // The cluster is named `formats` (7 characters): every sample fits the 55 of
+        // cluster and pooler names together.
+        name: "pooler name",
+        set: |s, v| s["poolers"] = json!([{"name": v}]),
+        rust: |v| v.len() <= pgop_api::pooler::MAX_POOLER_NAME_LENGTH && formats::is_dns_label(v),
+        samples: &[
+            "rw",
+            "reports-2",
+            "a",
+            "abcdefghijklmnopqrst",
+            "abcdefghijklmnopqrstu",
+            "Rw",
+            "-rw",
+            "rw-",
+            "r_w",
+            "r.w",
+        ],
+        strict: true,
+    },
+    Format {
         name: "source cluster",
         set: |s, v| s["bootstrap"]["recovery"]["sourceCluster"] = json!(v),
         rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),

@@ -599,6 +599,53 @@ const BAD: &[Case] = &[
         "storage: {size: 1Gi}\naffinity: {tolerations: [{key: a, effect: Sometimes}]}",
         "spec.affinity.tolerations[0].effect",
     ),
+    case(
+        "pooler name with a newline and a command",
+        "storage: {size: 1Gi}\npoolers: [{name: \"rw\\n$(id)\"}]",
+        "spec.poolers[0].name",
+    ),
+    case(
+        "pooler declared twice",
+        "storage: {size: 1Gi}\npoolers: [{name: rw}, {name: rw}]",
+        "spec.poolers[1]",
+    ),
+    case(
+        "pooler of unknown type",
+        "storage: {size: 1Gi}\npoolers: [{name: rw, type: rwx}]",
+        "spec.poolers[0].type",
+    ),
+    case(
+        "statement pooling",
+        "storage: {size: 1Gi}\npoolers: [{name: rw, poolMode: statement}]",
+        "spec.poolers[0].poolMode",
+    ),
+    case(
+        "pooler without pods",
+        "storage: {size: 1Gi}\npoolers: [{name: rw, instances: 0}]",
+        "spec.poolers[0].instances",
+    ),
+    case(
+        "pool of zero server connections",
+        "storage: {size: 1Gi}\npoolers: [{name: rw, defaultPoolSize: 0}]",
+        "spec.poolers[0].defaultPoolSize",
+    ),
+    case(
+        "a million clients",
+        "storage: {size: 1Gi}\npoolers: [{name: rw, maxClientConnections: 1000000}]",
+        "spec.poolers[0].maxClientConnections",
+    ),
+    case(
+        "five poolers",
+        "storage: {size: 1Gi}\npoolers: [{name: a}, {name: b}, {name: c}, {name: d}, {name: e}]",
+        "spec.poolers",
+    ),
+    Case {
+        what: "pooler Service name longer than a DNS label",
+        name: "a-cluster-name-of-forty-five-characters-abcde",
+        before: None,
+        spec: "storage: {size: 1Gi}\npoolers: [{name: reporting-pooler-x}]",
+        field: "spec.poolers",
+    },
     Case {
         what: "cluster name too long for its children's names",
         name: "a-cluster-name-that-is-far-too-long-to-fit-in-pod-names",
@@ -663,6 +710,9 @@ backup:
 bootstrap:
   initdb: {database: shop, owner: shop}
 paused: false
+poolers:
+  - {name: rw, instances: 2, maxClientConnections: 500, defaultPoolSize: 10, resources: {requests: {cpu: 100m}}}
+  - {name: reports, type: ro, poolMode: session}
 "#;
 
 fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {

@@ -21,6 +21,7 @@ mod common;
 
 use common::*;
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
@@ -76,6 +77,9 @@ enum Scenario {
     Switchover,
     /// A one-instance cluster whose NetworkPolicy is then turned off: it is deleted.
     PolicyOff,
+    /// A one-instance cluster with the pooler `p` (`spec.poolers`), which is then removed:
+    /// its Deployment and Service are deleted.
+    PoolerOff,
     /// A one-instance cluster with `credentials.superuserAccess`, then without: the
     /// `-superuser` Secret is deleted.
     SuperuserOff,
@@ -132,6 +136,8 @@ enum Step {
     AnnotationRemoved,
     /// The NetworkPolicy was deleted after `spec.networkPolicy.enabled: false`.
     PolicyGone,
+    /// The pooler's Deployment and Service were deleted after it left `spec.poolers`.
+    PoolerGone,
     /// The `-superuser` Secret was deleted after `superuserAccess: false`.
     SuperuserSecretGone,
     /// `db-1`, relabelled by the driver (its annotation says so), has its label back.
@@ -167,6 +173,7 @@ enum Kind {
     Claim,
     Pod,
     NetworkPolicy,
+    Deployment,
 }
 
 /// One case: the ClusterRole less `verb` (every verb when `None`) of `resource` in
@@ -264,6 +271,14 @@ fn cases() -> Vec<Case> {
         case("networking.k8s.io", "networkpolicies", "create", Create, "patch networkpolicies.networking.k8s.io", Some(Child(NetworkPolicy, ""))),
         case("networking.k8s.io", "networkpolicies", "patch", Create, "patch networkpolicies.networking.k8s.io", Some(Child(NetworkPolicy, ""))),
         case("networking.k8s.io", "networkpolicies", "delete", PolicyOff, "delete networkpolicies.networking.k8s.io", Some(PolicyGone)),
+        // The poolers' Deployments (spec.poolers): listed and watched (the cache), applied,
+        // deleted with the pooler; its Service deleted too.
+        case("apps", "deployments", "list", PoolerOff, "list deployments.apps", Some(Child(Deployment, "-pooler-p"))),
+        case("apps", "deployments", "watch", PoolerOff, "watch deployments.apps", None),
+        case("apps", "deployments", "create", PoolerOff, "patch deployments.apps", Some(Child(Deployment, "-pooler-p"))),
+        case("apps", "deployments", "patch", PoolerOff, "patch deployments.apps", Some(Child(Deployment, "-pooler-p"))),
+        case("apps", "deployments", "delete", PoolerOff, "delete deployments.apps", Some(PoolerGone)),
+        case(CORE, "services", "delete", PoolerOff, "delete services", Some(PoolerGone)),
         case("rbac.authorization.k8s.io", "roles", "list", Create, "list roles.rbac.authorization.k8s.io", Some(Child(Role, ""))),
         case("rbac.authorization.k8s.io", "roles", "watch", Create, "watch roles.rbac.authorization.k8s.io", None),
         case("rbac.authorization.k8s.io", "roles", "create", Create, "patch roles.rbac.authorization.k8s.io", Some(Child(Role, ""))),
@@ -696,6 +711,7 @@ async fn happened(admin: &Client, ns: &str, step: Step) -> bool {
                 Kind::Claim => exists::<PersistentVolumeClaim>(admin, ns, &name).await,
                 Kind::Pod => exists::<Pod>(admin, ns, &name).await,
                 Kind::NetworkPolicy => exists::<NetworkPolicy>(admin, ns, &name).await,
+                Kind::Deployment => exists::<Deployment>(admin, ns, &name).await,
             }
         }
         Step::ScheduledBackup => Api::<PostgresBackup>::namespaced(admin.clone(), ns)
@@ -750,6 +766,14 @@ async fn happened(admin: &Client, ns: &str, step: Step) -> bool {
                 .await
                 .is_ok_and(|c| !c.spec.network_policy.enabled)
                 && gone::<NetworkPolicy>(admin, ns, DB).await
+        }
+        Step::PoolerGone => {
+            let name = format!("{DB}-pooler-p");
+            get(admin, ns, DB)
+                .await
+                .is_ok_and(|c| c.spec.poolers.is_empty())
+                && gone::<Deployment>(admin, ns, &name).await
+                && gone::<Service>(admin, ns, &name).await
         }
         Step::SuperuserSecretGone => {
             get(admin, ns, DB)
@@ -1017,6 +1041,11 @@ async fn drive(admin: &Client, ns: &str, scenario: Scenario) -> Result {
         Scenario::Create | Scenario::PolicyOff | Scenario::Switchover | Scenario::PodRelabelled => {
             create(admin, ns, &cluster(DB, 1)).await?;
         }
+        Scenario::PoolerOff => {
+            let mut c = cluster(DB, 1);
+            c.spec.poolers = vec![serde_json::from_value(serde_json::json!({"name": "p"}))?];
+            create(admin, ns, &c).await?;
+        }
         Scenario::SuperuserOff => {
             let mut c = cluster(DB, 1);
             c.spec.credentials.superuser_access = true;
@@ -1280,6 +1309,19 @@ async fn drive(admin: &Client, ns: &str, scenario: Scenario) -> Result {
                 }
             }
         }
+        Scenario::PoolerOff => {
+            if !within(STEP_TIMEOUT, || {
+                happened(admin, ns, Step::Child(Kind::Deployment, "-pooler-p"))
+            })
+            .await
+            {
+                return Ok(());
+            }
+            let patch = serde_json::json!({"spec": {"poolers": null}});
+            clusters
+                .patch(DB, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
         Scenario::PolicyOff => {
             if !within(STEP_TIMEOUT, || {
                 happened(admin, ns, Step::Child(Kind::NetworkPolicy, ""))
@@ -1528,6 +1570,7 @@ async fn each_verb_of_the_cluster_role_is_needed() -> Result {
         Scenario::Create,
         Scenario::Switchover,
         Scenario::PolicyOff,
+        Scenario::PoolerOff,
         Scenario::SuperuserOff,
         Scenario::PodRelabelled,
         Scenario::Backup,
