@@ -50,6 +50,9 @@ pub struct View {
     primary_since: Option<String>,
     primary_for_seconds: Option<i64>,
     instances: Vec<InstanceView>,
+    /// The PgBouncer poolers (`spec.poolers`): none when the cluster has none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    poolers: Vec<PoolerView>,
     backups: BackupsView,
     /// The cluster's certificates (from their Secrets' `database.example.com/not-after`).
     certificates: Vec<CertificateView>,
@@ -81,6 +84,19 @@ struct InstanceView {
     /// Standby: bytes of WAL the primary has written that it has not replayed.
     lag_bytes: Option<u64>,
     postgres_version: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PoolerView {
+    name: String,
+    /// Its Service (the address clients use).
+    service: String,
+    #[serde(rename = "type")]
+    type_: String,
+    pool_mode: String,
+    instances_wanted: i32,
+    instances_ready: i32,
 }
 
 #[derive(Debug, Default, serde::Serialize)]
@@ -171,6 +187,26 @@ pub fn view(c: &PostgresCluster, backups: &[PostgresBackup], now: Timestamp) -> 
         primary_since: since.map(|t| t.to_string()),
         primary_for_seconds: since.map(|t| (now - t).get_seconds()).map(|s| s.max(0)),
         instances,
+        poolers: c
+            .spec
+            .poolers
+            .iter()
+            .map(|p| {
+                let seen = status.poolers.iter().find(|s| s.name == p.name);
+                PoolerView {
+                    name: p.name.clone(),
+                    service: pgop_api::pooler::pooler_name(&c.name_any(), &p.name),
+                    type_: match p.type_ {
+                        pgop_api::pooler::PoolerType::Rw => "rw",
+                        pgop_api::pooler::PoolerType::Ro => "ro",
+                    }
+                    .to_string(),
+                    pool_mode: p.pool_mode.as_str().to_string(),
+                    instances_wanted: p.instances,
+                    instances_ready: seen.map_or(0, |s| s.ready_instances),
+                }
+            })
+            .collect(),
         backups: BackupsView {
             last_base_backup: status.last_backup_time.as_ref().map(|t| t.0.to_string()),
             last_logical_backup: status
@@ -336,6 +372,27 @@ pub fn render(v: &View, out: &mut impl Write, colour: bool) -> std::io::Result<(
         ]);
     }
     table(&rows, out)?;
+    if !v.poolers.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "{}", paint("Poolers", BOLD, colour))?;
+        let mut rows = vec![[
+            "NAME".to_string(),
+            "SERVICE".to_string(),
+            "TYPE".to_string(),
+            "MODE".to_string(),
+            "READY".to_string(),
+        ]];
+        for p in &v.poolers {
+            rows.push([
+                p.name.clone(),
+                p.service.clone(),
+                p.type_.clone(),
+                p.pool_mode.clone(),
+                format!("{}/{}", p.instances_ready, p.instances_wanted),
+            ]);
+        }
+        table(&rows, out)?;
+    }
     writeln!(out)?;
     writeln!(out, "{}", paint("Backups", BOLD, colour))?;
     let b = &v.backups;
@@ -450,10 +507,12 @@ mod tests {
             "apiVersion": "database.example.com/v1beta1", "kind": "PostgresCluster",
             "metadata": {"name": "shop", "namespace": "prod"},
             "spec": {"instances": 2, "storage": {"size": "1Gi"},
-                "backup": {"base": {"schedule": "0 3 * * *"}}},
+                "backup": {"base": {"schedule": "0 3 * * *"}},
+                "poolers": [{"name": "rw", "instances": 2}, {"name": "reports", "type": "ro", "poolMode": "session"}]},
             "status": {"phase": "Ready", "currentPrimary": "shop-1", "readyReplicas": 2,
                 "postgresVersion": 15, "targetPrimarySince": "2026-12-04T10:00:00Z",
                 "lastBackupTime": "2026-12-04T03:00:05Z",
+                "poolers": [{"name": "rw", "service": "shop-pooler-rw", "instances": 2, "readyInstances": 1}],
                 "instances": [
                     {"name": "shop-1", "serial": 1, "role": "primary", "ready": true,
                      "timeline": 1, "receivedLsn": "0/3000200"},
@@ -496,6 +555,8 @@ mod tests {
             "next base backup:     2026-12-05T03:00:00Z",
             "Ready  True    AllInstancesReady  2 of 2 instances are ready",
             "shop-server-tls: expires 2027-03-01T00:00:00Z (in 86 days)",
+            "rw       shop-pooler-rw       rw    transaction  1/2",
+            "reports  shop-pooler-reports  ro    session      0/1",
         ] {
             assert!(text.contains(part), "{part:?} in\n{text}");
         }
