@@ -10,6 +10,7 @@ pub mod instance;
 pub mod lease;
 pub mod metrics;
 pub mod pg;
+pub mod pooler;
 pub mod reaper;
 pub mod role;
 pub mod run;

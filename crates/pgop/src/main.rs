@@ -7,6 +7,7 @@ mod instance;
 mod kubectl;
 mod migrate;
 mod operator;
+mod pooler;
 
 use clap::{Parser, Subcommand};
 use pgop_api::error_chain;
@@ -42,6 +43,9 @@ enum Command {
     Operator(operator::Args),
     /// The instance manager (PID 1 of every PostgreSQL pod): `pgop instance run`.
     Instance(instance::Args),
+    /// The pooler manager (PID 1 of every PgBouncer pooler pod of `spec.poolers`): `pgop
+    /// pooler run`.
+    Pooler(pooler::Args),
     /// Base and logical backups, restores and retention in a backup store (`pgop backup
     /// --help`).
     Backup(backup::Args),
@@ -57,9 +61,9 @@ enum Command {
     Kubectl(kubectl::Args),
 }
 
-/// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance manager, whose output
-/// is a pod's log (PostgreSQL's own lines are JSON there too), and for the operator with
-/// `--log-format json`. With `service`, spans are in traces (pgop_telemetry): exported
+/// `RUST_LOG` wins; otherwise `default`. JSON lines for the instance and pooler managers,
+/// whose output is a pod's log (PostgreSQL's and PgBouncer's own lines are JSON there
+/// too), and for the operator with `--log-format json`. With `service`, spans are in traces (pgop_telemetry): exported
 /// over OTLP when the OpenTelemetry variables name an endpoint; the exporter returned is
 /// shut down (flushed) when the command ends.
 fn init_tracing(
@@ -158,7 +162,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // The dev environment polls components until they answer; their refusals are noise.
     let json = match &cli.command {
-        Command::Instance(_) => true,
+        Command::Instance(_) | Command::Pooler(_) => true,
         Command::Operator(args) => args.log_format == operator::LogFormat::Json,
         Command::Dev(args) => args.operator.log_format == operator::LogFormat::Json,
         _ => false,
@@ -172,7 +176,10 @@ async fn main() -> ExitCode {
     let exporter = match init_tracing(
         match cli.command {
             Command::Dev(_) => "warn,kube_client=off",
-            Command::Operator(_) | Command::Instance(_) | Command::Backup(_) => "info",
+            Command::Operator(_)
+            | Command::Instance(_)
+            | Command::Pooler(_)
+            | Command::Backup(_) => "info",
             Command::Kubectl(_) => "warn,kube_client=off",
             Command::Crd | Command::MigrateStorage(_) => "warn",
         },
@@ -189,6 +196,7 @@ async fn main() -> ExitCode {
         Command::Dev(args) => dev::run(args).await,
         Command::Operator(args) => operator::run(args).await,
         Command::Instance(args) => instance::run(args).await,
+        Command::Pooler(args) => pooler::run(args).await,
         Command::Backup(args) => backup::run(args).await,
         Command::Crd => crd::run(),
         Command::MigrateStorage(args) => migrate::run(args).await,

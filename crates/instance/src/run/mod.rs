@@ -15,7 +15,7 @@
 
 mod plan;
 mod upgrade;
-mod watch;
+pub mod watch;
 
 pub use plan::{Action, Observed, Plan, plan};
 
