@@ -72,8 +72,13 @@ async fn helm_installed_pgop_runs_a_three_instance_cluster_on_two_real_nodes() -
         },
     )
     .await;
-    env.create_cluster(ns, "db", json!({"replicas": 3, "storage": {"size": "1Gi"}}))
-        .await?;
+    // With a PgBouncer pooler of two Pods (Debian's pgbouncer in the pgop image).
+    env.create_cluster(
+        ns,
+        "db",
+        json!({"replicas": 3, "storage": {"size": "1Gi"}, "poolers": [{"name": "rw", "instances": 2}]}),
+    )
+    .await?;
     // The defaulting webhook wrote the bootstrap in effect into the stored spec.
     let stored = clusters.get("db").await?;
     assert_eq!(
@@ -96,10 +101,13 @@ async fn helm_installed_pgop_runs_a_three_instance_cluster_on_two_real_nodes() -
         "the instances are spread over both nodes"
     );
 
-    // A client Pod, same image, restricted: writes through -rw, reads back through -ro.
+    // A client Pod, same image, restricted: writes through -rw, reads back through -ro and
+    // through the pooler's Service (TLS verify-full: the pooler serves the server
+    // certificate, which names its Service).
     let script = "set -eu
 rw=db-rw.restricted.svc.cluster.local
 ro=db-ro.restricted.svc.cluster.local
+pooler=db-pooler-rw.restricted.svc.cluster.local
 # kube-proxy on this node may not have programmed the Services yet (No route to host):
 # retry the first connection, as a client would.
 for i in $(seq 60); do psql -h $rw -c 'select 1' >/dev/null 2>&1 && break; sleep 1; done
@@ -112,13 +120,15 @@ for i in $(seq 60); do
 done
 primary=$(psql -At -h $rw -c 'select pg_is_in_recovery()')
 standby=$(psql -At -h $ro -c 'select pg_is_in_recovery()')
-echo \"rows=$n rw-recovery=$primary ro-recovery=$standby\" | tee /dev/termination-log";
+for i in $(seq 60); do psql -h $pooler -c 'select 1' >/dev/null 2>&1 && break; sleep 1; done
+pooled=$(psql -At -h $pooler -c 'select pg_is_in_recovery()::text || count(*) from t')
+echo \"rows=$n rw-recovery=$primary ro-recovery=$standby pooler=$pooled\" | tee /dev/termination-log";
     let client = client_pod("client", &env.images.pgop.name, "db-app", script, json!({}))?;
     pods.create(&PostParams::default(), &client).await?;
     let (code, message) = finished(&pods, "client", Duration::from_secs(180)).await;
     assert_eq!(
         (code, message.trim()),
-        (0, "rows=100 rw-recovery=f ro-recovery=t"),
+        (0, "rows=100 rw-recovery=f ro-recovery=t pooler=false100"),
         "client: {message}"
     );
 
