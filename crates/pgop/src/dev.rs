@@ -288,6 +288,45 @@ async fn run_until_stopped(
             println!(
                 "    $(kubectl get secret {secret} -o jsonpath='{{.data.dbname}}' | base64 -d)"
             );
+            // The poolers of the manifest (examples/cluster.yaml has one), once a Pod of
+            // each is ready (bounded: the cluster is, the pooler follows in seconds).
+            let poolers = api
+                .get(&name)
+                .await
+                .map(|c| c.spec.poolers)
+                .unwrap_or_default();
+            for pooler in &poolers {
+                let service = pgop_api::pooler::pooler_name(&name, &pooler.name);
+                let mut address = None;
+                for _ in 0..60 {
+                    address = node.as_ref().and_then(|n| {
+                        pgop_testenv::node::resolve_host(
+                            n.hosts_file(),
+                            &format!("{service}.default.svc"),
+                        )
+                    });
+                    if address.is_some() {
+                        break;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        () = interrupt.wait() => return Ok(()),
+                    }
+                }
+                println!();
+                println!(
+                    "Or through the PgBouncer pooler {service} ({} pooling, {}): the same command with",
+                    pooler.pool_mode.as_str(),
+                    match pooler.type_ {
+                        pgop_api::pooler::PoolerType::Rw => "to the primary",
+                        pgop_api::pooler::PoolerType::Ro => "to the standbys",
+                    }
+                );
+                println!(
+                    "  -h {}",
+                    address.unwrap_or_else(|| format!("<the {service} endpoint>"))
+                );
+            }
             println!();
             println!(
                 "Watch it: kubectl get pgc -w   (the password is in Secret {secret}, key password)"

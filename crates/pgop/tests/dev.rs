@@ -273,8 +273,23 @@ fn dev_serves_kubectl_and_ctrl_c_stops_everything() -> Result {
         "{}",
         dev.printed
     );
+    // Three instances and the example's pooler, whose address the demo printed.
     let pods = kubectl(&dev.kubeconfig, &["get", "pods", "-o", "name"])?;
-    assert_eq!(pods.lines().count(), 3, "{pods}");
+    let (poolers, instances): (Vec<&str>, Vec<&str>) = pods
+        .lines()
+        .partition(|p| p.starts_with("pod/example-pooler-rw-"));
+    assert_eq!((instances.len(), poolers.len()), (3, 1), "{pods}");
+    assert!(
+        dev.printed
+            .contains("Or through the PgBouncer pooler example-pooler-rw (transaction pooling, to the primary)"),
+        "{}",
+        dev.printed
+    );
+    assert!(
+        !dev.printed.contains("<the example-pooler-rw endpoint>"),
+        "the pooler's address is printed: {}",
+        dev.printed
+    );
     let pgc = kubectl(
         &dev.kubeconfig,
         &[
