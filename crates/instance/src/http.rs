@@ -87,11 +87,21 @@ pub async fn bind(
     instance: Arc<Instance>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = Result<(), Error>>), Error> {
+    serve(addr, router(instance), shutdown).await
+}
+
+/// Binds `addr` for `router` over plain HTTP (a port conflict is an error at once) and
+/// returns the bound address and the server future, which ends when `shutdown` completes.
+pub async fn serve(
+    addr: SocketAddr,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = Result<(), Error>>), Error> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| Error::Listen(addr, e))?;
     let local = listener.local_addr().map_err(|e| Error::Listen(addr, e))?;
-    let server = axum::serve(listener, router(instance)).with_graceful_shutdown(shutdown);
+    let server = axum::serve(listener, router).with_graceful_shutdown(shutdown);
     Ok((local, async move { server.await.map_err(Error::Serve) }))
 }
 

@@ -30,12 +30,7 @@ pub async fn bind(
     pooler: Arc<Pooler>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = Result<(), Error>>), Error> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::Listen(addr, e))?;
-    let local = listener.local_addr().map_err(|e| Error::Listen(addr, e))?;
-    let server = axum::serve(listener, router(pooler)).with_graceful_shutdown(shutdown);
-    Ok((local, async move { server.await.map_err(Error::Serve) }))
+    crate::http::serve(addr, router(pooler), shutdown).await
 }
 
 async fn healthz() -> &'static str {

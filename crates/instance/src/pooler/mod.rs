@@ -22,10 +22,9 @@ pub mod stats;
 
 use crate::error_chain;
 use crate::pg::RunAs;
-use crate::run::watch;
+use crate::run::watch::{self, Inputs};
 use config::{Desired, Files, Layout, Sourced};
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::Api;
 use pgop_api::PostgresClusterStatus;
 use pgop_api::cluster::InstanceRole;
 use pgop_api::constants::{APP_SECRET_SUFFIX, POSTGRES_PORT, SERVER_TLS_SECRET_SUFFIX};
@@ -421,37 +420,18 @@ pub fn target_instances(type_: PoolerType, status: &PostgresClusterStatus) -> Ve
 
 /// What the manager reads from the API server, each kept from a watch of that one
 /// object; a change of what it uses of them wakes its loop (`wake`).
-struct Inputs {
-    cluster: watch::Named<PostgresCluster>,
-    secrets: watch::Watches<Secret>,
-    pods: watch::Watches<Pod>,
-    wake: Arc<tokio::sync::Notify>,
-}
-
-impl Inputs {
-    fn new(client: &kube::Client, settings: &Settings) -> Self {
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let ns = &settings.namespace;
-        Self {
-            cluster: watch::Named::start(
-                Api::namespaced(client.clone(), ns),
-                &settings.cluster,
-                cluster_concerns,
-                wake.clone(),
-            ),
-            secrets: watch::Watches::new(
-                Api::namespaced(client.clone(), ns),
-                secret_concerns,
-                wake.clone(),
-            ),
-            pods: watch::Watches::new(
-                Api::namespaced(client.clone(), ns),
-                pod_concerns,
-                wake.clone(),
-            ),
-            wake,
-        }
-    }
+/// The pooler manager's watches: its cluster, the two Secrets, the instances' Pods.
+fn inputs(client: &kube::Client, settings: &Settings) -> Inputs {
+    Inputs::start(
+        client,
+        &settings.namespace,
+        &settings.cluster,
+        watch::Concerns {
+            cluster: cluster_concerns,
+            secret: secret_concerns,
+            pod: pod_concerns,
+        },
+    )
 }
 
 /// What a pooler manager uses of its cluster: the poolers of the spec, the primary and
@@ -684,7 +664,7 @@ pub async fn run(
     .map_err(Error::ServeHttp)?;
     tracing::info!(%addr, pooler = %settings.pooler, pod = %settings.pod_name, "serving health, readiness and metrics");
     let server = tokio::spawn(server);
-    let inputs = Inputs::new(&client, &settings);
+    let inputs = inputs(&client, &settings);
     let mut resync = tokio::time::interval(RESYNC);
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     let mut failures: u32 = 0;

@@ -16,6 +16,7 @@
 mod plan;
 mod upgrade;
 pub mod watch;
+use watch::Inputs;
 
 pub use plan::{Action, Observed, Plan, plan};
 
@@ -30,7 +31,7 @@ use crate::upgrade::UpgradeRequest;
 use crate::{error_chain, http};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use pgop_api::PostgresClusterStatus;
 use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
 use pgop_api::v1beta1::PostgresCluster;
@@ -243,40 +244,20 @@ pub struct Settings {
 }
 
 /// What the manager reads from the API server, each kept from a watch of that one object
-/// ([`watch`]): its cluster, the Secrets it uses, the primary's Pod. A change of what the
-/// manager uses of them wakes its loop (`wake`).
-struct Inputs {
-    cluster: watch::Named<PostgresCluster>,
-    secrets: watch::Watches<Secret>,
-    /// The Pod of the primary the status names (one watch, moved when the primary changes).
-    primary_pod: watch::Watches<Pod>,
-    wake: Arc<tokio::sync::Notify>,
-}
-
-impl Inputs {
-    fn new(client: &kube::Client, settings: &Settings) -> Self {
-        let wake = Arc::new(tokio::sync::Notify::new());
-        let ns = &settings.namespace;
-        Self {
-            cluster: watch::Named::start(
-                Api::namespaced(client.clone(), ns),
-                &settings.cluster,
-                cluster_concerns,
-                wake.clone(),
-            ),
-            secrets: watch::Watches::new(
-                Api::namespaced(client.clone(), ns),
-                secret_concerns,
-                wake.clone(),
-            ),
-            primary_pod: watch::Watches::new(
-                Api::namespaced(client.clone(), ns),
-                pod_concerns,
-                wake.clone(),
-            ),
-            wake,
-        }
-    }
+/// ([`watch`]): its cluster, the Secrets it uses, and the Pod of the primary the status
+/// names (one Pod watch, moved when the primary changes). A change of what the manager
+/// uses of them wakes its loop (`wake`).
+fn inputs(client: &kube::Client, settings: &Settings) -> Inputs {
+    Inputs::start(
+        client,
+        &settings.namespace,
+        &settings.cluster,
+        watch::Concerns {
+            cluster: cluster_concerns,
+            secret: secret_concerns,
+            pod: pod_concerns,
+        },
+    )
 }
 
 /// What of its cluster the manager acts on, as a digest: a change of anything else (the
@@ -337,7 +318,7 @@ pub async fn run(
     settings: Settings,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
-    let inputs = Inputs::new(&client, &settings);
+    let inputs = inputs(&client, &settings);
     let mut shutdown = Box::pin(shutdown);
     crate::reaper::register_backup_programs();
     if crate::reaper::is_init() {
@@ -1128,9 +1109,9 @@ fn sync_spec(cluster: &PostgresCluster) -> SyncSpec {
 /// The primary's address: its Pod's IP, from the watch of that Pod (moved to the primary
 /// the status names; a new IP wakes the loop).
 async fn upstream(inputs: &Inputs, instance: &Instance, primary: &str) -> Result<Upstream, Error> {
-    inputs.primary_pod.keep_only(primary);
+    inputs.pods.keep_only(primary);
     let pod = inputs
-        .primary_pod
+        .pods
         .get(primary)
         .await
         .map_err(|source| Error::ResolvePrimary {

@@ -216,3 +216,52 @@ impl<K: Object> Watches<K> {
         watches.retain(|n, _| n == name);
     }
 }
+
+/// What a manager (of an instance, or of a pooler) reads of the API server, each kept
+/// from a watch: its cluster by name, Secrets and Pods each by name, and the [`Notify`]
+/// every one of them wakes when what the manager uses of it changes.
+pub struct Inputs {
+    pub cluster: Named<pgop_api::v1beta1::PostgresCluster>,
+    pub secrets: Watches<k8s_openapi::api::core::v1::Secret>,
+    pub pods: Watches<k8s_openapi::api::core::v1::Pod>,
+    pub wake: Arc<Notify>,
+}
+
+/// The digests of what a manager uses of each kind (see [`Named::start`]).
+pub struct Concerns {
+    pub cluster: fn(&pgop_api::v1beta1::PostgresCluster) -> u64,
+    pub secret: fn(&k8s_openapi::api::core::v1::Secret) -> u64,
+    pub pod: fn(&k8s_openapi::api::core::v1::Pod) -> u64,
+}
+
+impl Inputs {
+    /// Starts the watch of `cluster` in `namespace`; those of Secrets and Pods start with
+    /// their first read.
+    pub fn start(
+        client: &kube::Client,
+        namespace: &str,
+        cluster: &str,
+        concerns: Concerns,
+    ) -> Self {
+        let wake = Arc::new(Notify::new());
+        Self {
+            cluster: Named::start(
+                Api::namespaced(client.clone(), namespace),
+                cluster,
+                concerns.cluster,
+                wake.clone(),
+            ),
+            secrets: Watches::new(
+                Api::namespaced(client.clone(), namespace),
+                concerns.secret,
+                wake.clone(),
+            ),
+            pods: Watches::new(
+                Api::namespaced(client.clone(), namespace),
+                concerns.pod,
+                wake.clone(),
+            ),
+            wake,
+        }
+    }
+}

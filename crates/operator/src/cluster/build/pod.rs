@@ -89,6 +89,27 @@ pub(super) fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
+/// A container's security context that passes the restricted Pod Security Standard:
+/// non-root, no privilege escalation, every capability dropped, a read-only root
+/// filesystem, the runtime's default seccomp profile.
+pub(super) fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Capabilities::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            ..SeccompProfile::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
 pub(super) fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount {
         name: name.to_string(),
@@ -294,21 +315,7 @@ pub fn pod(
         // Short period: readiness drives the -rw/-ro endpoints and failover detection.
         readiness_probe: Some(http_probe(PATH_READYZ, 2, 1)),
         resources: spec.resources.clone(),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                ..SeccompProfile::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(restricted_container()),
         volume_mounts: Some({
             let mut mounts = vec![
                 mount("pgdata", DATA_MOUNT),

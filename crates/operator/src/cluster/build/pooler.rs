@@ -8,16 +8,17 @@
 //! Pooler Pods carry [`labels::POOLER`] and not [`labels::CLUSTER`]: whatever selects a
 //! cluster's instance Pods (its Services, the operator's reads) never sees them.
 
-use super::pod::{empty_dir, field_env, http_probe, mount, value_env};
+use super::pod::{empty_dir, field_env, http_probe, mount, restricted_container, value_env};
+use super::rbac::rule;
 use super::{Common, Settings};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec,
-    SeccompProfile, SecurityContext, Service, ServiceAccount, ServicePort, ServiceSpec,
+    Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    Service, ServiceAccount, ServicePort, ServiceSpec,
 };
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use pgop_api::constants::{
@@ -94,17 +95,6 @@ fn service_account(c: &Common) -> ServiceAccount {
             &[(labels::COMPONENT, labels::COMPONENT_POOLER)],
         ),
         ..ServiceAccount::default()
-    }
-}
-
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[String]) -> PolicyRule {
-    let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    PolicyRule {
-        api_groups: Some(strings(groups)),
-        resources: Some(strings(resources)),
-        verbs: strings(verbs),
-        resource_names: (!names.is_empty()).then(|| names.to_vec()),
-        ..PolicyRule::default()
     }
 }
 
@@ -218,21 +208,7 @@ fn deployment(
         // standby leaves its Service's endpoints.
         readiness_probe: Some(http_probe(PATH_READYZ, 2, 1)),
         resources: pooler.resources.clone(),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                ..SeccompProfile::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        security_context: Some(restricted_container()),
         volume_mounts: Some(vec![
             mount("run", POOLER_RUN_MOUNT),
             mount("tmp", super::pod::TMP_MOUNT),

@@ -9,7 +9,13 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use pgop_api::constants::GROUP;
 use pgop_api::v1beta1::PostgresCluster;
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[String]) -> PolicyRule {
+/// A Role's rule; `names`: its resourceNames (none: every object).
+pub(super) fn rule(
+    groups: &[&str],
+    resources: &[&str],
+    verbs: &[&str],
+    names: &[String],
+) -> PolicyRule {
     let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     PolicyRule {
         api_groups: Some(strings(groups)),
