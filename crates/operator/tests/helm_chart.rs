@@ -432,6 +432,7 @@ const MONITORING: &str = "
 metrics:
   podMonitor: {enabled: true}
   instancePodMonitor: {enabled: true, interval: 15s, scrapeTimeout: 10s, labels: {release: prometheus}}
+  poolerPodMonitor: {enabled: true, labels: {release: prometheus}}
 monitoring:
   prometheusRule:
     enabled: true
@@ -879,6 +880,7 @@ async fn two_replicas_and_a_podmonitor_render_and_apply() -> Result {
         format!("ConfigMap {n}/{full}-dashboard"),
         format!("PodMonitor {n}/{full}"),
         format!("PodMonitor {n}/{full}-instances"),
+        format!("PodMonitor {n}/{full}-poolers"),
         format!("PrometheusRule {n}/{full}"),
     ]);
     expected.sort();
@@ -916,6 +918,24 @@ async fn two_replicas_and_a_podmonitor_render_and_apply() -> Result {
     assert_eq!(
         instances["spec"]["podMetricsEndpoints"][0]["path"].as_str(),
         Some(pgop_api::constants::PATH_METRICS)
+    );
+    // The poolers': what the operator puts on every pooler Pod's template, its port.
+    let poolers = named(&docs, "PodMonitor", &format!("{full}-poolers"));
+    assert_eq!(
+        poolers["spec"],
+        yaml(
+            "{namespaceSelector: {any: true},
+              selector: {matchLabels: {app.kubernetes.io/name: pgbouncer, app.kubernetes.io/component: pooler}},
+              podMetricsEndpoints: [{port: manager, path: /metrics, interval: 30s}]}"
+        )
+    );
+    assert_eq!(
+        poolers["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+        Some(pgop_api::labels::NAME_POOLER)
+    );
+    assert_eq!(
+        poolers["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"].as_str(),
+        Some(pgop_api::labels::COMPONENT_POOLER)
     );
     // With watched namespaces, those only.
     let watched = template(
