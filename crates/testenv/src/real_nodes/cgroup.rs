@@ -146,8 +146,22 @@ pub fn destroy(name: &str) {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for h in hierarchies() {
-        remove_tree(&h.join(name));
+    // rmdir answers EBUSY for a while after the last process left `cgroup.procs`: the
+    // kernel drops a cgroup's "populated" state when the exited tasks are released, not
+    // when they leave the list. Tried again until every directory is gone (bounded).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for h in hierarchies() {
+            remove_tree(&h.join(name));
+        }
+        if hierarchies().iter().all(|h| !h.join(name).exists()) {
+            break;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(cgroup = name, "cgroup directories left after 10 s of rmdir");
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
