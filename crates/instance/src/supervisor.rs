@@ -82,8 +82,22 @@ pub struct Supervisor {
     tail: Tail,
 }
 
-/// The last log lines of the most recently spawned postmaster.
-type Tail = Arc<std::sync::Mutex<std::collections::VecDeque<String>>>;
+/// What the supervisor keeps of the most recently spawned postmaster's log.
+type Tail = Arc<std::sync::Mutex<Logged>>;
+
+#[derive(Debug, Default)]
+struct Logged {
+    /// Its last lines.
+    lines: std::collections::VecDeque<String>,
+    /// Its WAL receiver was told that the upstream no longer has a WAL segment it needs.
+    upstream_wal_gone: bool,
+}
+
+/// What a standby's WAL receiver logs when its upstream has removed a segment it asks for
+/// (`requested WAL segment ... has already been removed`).
+fn says_upstream_wal_gone(line: &str) -> bool {
+    line.contains("requested WAL segment") && line.contains("has already been removed")
+}
 
 /// How many of the last log lines are kept.
 const TAIL_LINES: usize = 50;
@@ -121,7 +135,17 @@ impl Supervisor {
             .tail
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        last_error_lines(tail.iter().map(String::as_str))
+        last_error_lines(tail.lines.iter().map(String::as_str))
+    }
+
+    /// Whether the most recently spawned postmaster, a standby, was told by its upstream
+    /// that a WAL segment it needs has been removed there: without it the standby can
+    /// never become consistent (standbys fetch WAL by streaming only), so it waits forever.
+    pub fn upstream_wal_gone(&self) -> bool {
+        self.tail
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .upstream_wal_gone
     }
 
     /// Whether a postmaster that exits on its own is restarted (the default) or left
@@ -296,9 +320,13 @@ fn spawn(options: &Options, tail: &Tail) -> std::io::Result<Child> {
         .process_group(0)
         .kill_on_drop(false);
     let mut child = crate::reaper::spawn(&mut cmd)?;
-    tail.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .clear();
+    {
+        let mut logged = tail
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        logged.lines.clear();
+        logged.upstream_wal_gone = false;
+    }
     if let Some(stderr) = child.stderr.take() {
         let instance = options.instance.clone();
         let forward = options.forward_logs;
@@ -307,13 +335,16 @@ fn spawn(options: &Options, tail: &Tail) -> std::io::Result<Child> {
             let mut lines = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 {
-                    let mut tail = tail
+                    let mut logged = tail
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if tail.len() == TAIL_LINES {
-                        tail.pop_front();
+                    if logged.lines.len() == TAIL_LINES {
+                        logged.lines.pop_front();
                     }
-                    tail.push_back(line.clone());
+                    logged.lines.push_back(line.clone());
+                    if says_upstream_wal_gone(&line) {
+                        logged.upstream_wal_gone = true;
+                    }
                 }
                 if forward {
                     println!("{}", log_line(&instance, &line));
@@ -458,6 +489,20 @@ impl Drop for Supervisor {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_wal_receivers_word_for_a_removed_segment_is_recognised() {
+        assert!(super::says_upstream_wal_gone(
+            "2026-12-05 00:34:00.393 GMT [19657] FATAL:  could not receive data from WAL stream: \
+             ERROR:  requested WAL segment 000000010000000000000003 has already been removed"
+        ));
+        assert!(!super::says_upstream_wal_gone(
+            "2026-12-05 00:34:00.396 GMT [4669] LOG:  waiting for WAL to become available at 0/3000040"
+        ));
+        assert!(!super::says_upstream_wal_gone(
+            "FATAL:  the database system is starting up"
+        ));
+    }
+
     #[test]
     fn the_last_error_lines_are_postgresqls_last_words() {
         let log = [

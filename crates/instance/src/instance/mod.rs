@@ -83,6 +83,10 @@ pub enum Error {
     Retention(String),
     #[error("PostgreSQL exited while starting (see its log)")]
     ExitedAtStart,
+    #[error(
+        "the primary no longer has WAL this standby needs to become consistent (\"requested WAL segment has already been removed\"): it must be cloned afresh"
+    )]
+    UpstreamWalGone,
     #[error("refusing to restart: {0}")]
     RestartRefused(String),
     #[error("failed to set a role's password from the cluster's Secret")]
@@ -521,7 +525,7 @@ impl Instance {
         };
         let client = match self.start_and_wait().await {
             Ok(client) => client,
-            Err(err) if unchecked => {
+            Err(err) if unchecked && !matches!(err, Error::UpstreamWalGone) => {
                 tracing::warn!(error = %crate::error_chain(&err), "PostgreSQL did not start with the spec's parameters; starting it without them (they are checked once it runs)");
                 self.supervisor
                     .stop_with(supervisor::Stop::Immediate)
@@ -579,6 +583,14 @@ impl Instance {
     /// crash is left as it is ([`Instance::crashed_at`]): its Lease goes, and it is held off
     /// while the operator fails over.
     async fn stay_down(&self, err: Error) -> Error {
+        if matches!(err, Error::UpstreamWalGone) {
+            tracing::warn!(log = ?self.supervisor.last_error_lines(), "the primary no longer has WAL this standby needs; stopping it");
+            self.desired().start_error = Some(err.to_string());
+            if let Err(stop) = self.supervisor.stop_with(supervisor::Stop::Immediate).await {
+                return Error::StopPostgres(stop);
+            }
+            return err;
+        }
         if matches!(err, Error::ExitedAtStart) {
             self.desired().start_error = Some(
                 self.supervisor
@@ -614,9 +626,21 @@ impl Instance {
                 }
             }
         };
+        // A standby whose upstream removed the WAL it needs never gets consistent: it
+        // would wait here for the whole start timeout, and again at every start.
+        let standby = matches!(self.desired().mode, Mode::Standby { .. });
+        let wal_gone = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if standby && self.supervisor.upstream_wal_gone() {
+                    return;
+                }
+            }
+        };
         let client = tokio::select! {
             ready = ready => ready.map_err(Error::WaitReady)?,
             () = exited => return Err(Error::ExitedAtStart),
+            () = wal_gone => return Err(Error::UpstreamWalGone),
         };
         self.desired().start_error = None;
         Ok(client)
@@ -629,10 +653,24 @@ impl Instance {
     }
 
     /// Starts PostgreSQL in `mode` (a manager restarting on an existing data directory).
+    /// A standby whose primary no longer has the WAL it needs is cloned afresh, once the
+    /// primary answers as one ([`Error::UpstreamWalGone`]).
     pub async fn start_as(&self, mode: Mode) -> Result<(), Error> {
         let _op = self.ops.lock().await;
-        self.desired().mode = mode;
-        self.start_locked().await
+        self.desired().mode = mode.clone();
+        match (self.start_locked().await, mode) {
+            (Err(Error::UpstreamWalGone), Mode::Standby { upstream }) => {
+                tracing::warn!(
+                    "the primary no longer has the WAL this standby needs: cloning afresh"
+                );
+                upstream
+                    .probe_primary()
+                    .await
+                    .map_err(Error::ProbePrimary)?;
+                self.clone_locked(&upstream).await
+            }
+            (started, _) => started,
+        }
     }
 
     /// The mode the configuration is rendered for.

@@ -187,3 +187,61 @@ async fn a_standby_past_the_fork_of_the_new_timeline_is_seen_diverged_and_rewoun
     .await;
     Ok(())
 }
+
+/// A standby whose primary has removed WAL it needs to become consistent waits in
+/// "starting up" forever (standbys fetch WAL by streaming only): what a rewound former
+/// primary met in CI when the new primary had recycled the segment of their last common
+/// checkpoint. Here the standby's data is a copy of the primary's taken without its WAL,
+/// after which the primary moves on and recycles it; the start is cloned afresh instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_whose_primary_removed_the_wal_it_needs_is_cloned_afresh() -> TestResult {
+    let primary = Node::new("wg-1");
+    let standby = Node::new("wg-2");
+    primary.instance.bootstrap_primary().await?;
+    let upstream = primary.upstream();
+    let backup = pgop_instance::pg::binaries::command(
+        &crate::common::binaries(),
+        "pg_basebackup",
+        crate::common::run_as(),
+    )
+    .arg("--pgdata")
+    .arg(standby.pgdata())
+    .arg("--dbname")
+    .arg(upstream.conninfo_without_password("wg-2", None))
+    .args(["--wal-method=none", "--checkpoint=fast", "--no-password"])
+    .env("PGPASSWORD", &upstream.password)
+    .output()
+    .await?;
+    assert!(
+        backup.status.success(),
+        "pg_basebackup: {}",
+        String::from_utf8_lossy(&backup.stderr)
+    );
+    let su = primary.superuser().await;
+    let app = primary.app().await?;
+    for _ in 0..4 {
+        app.batch_execute(
+            "CREATE TABLE IF NOT EXISTS moved (id int); \
+             INSERT INTO moved SELECT generate_series(1, 1000)",
+        )
+        .await?;
+        su.batch_execute("SELECT pg_switch_wal(); CHECKPOINT;")
+            .await?;
+    }
+    // Its slot made only now, as a new primary makes its standbys' slots after its
+    // promotion: it keeps WAL from here on, not what the standby needs.
+    primary.instance.ensure_slots(&["wg-2".to_string()]).await?;
+    standby
+        .instance
+        .start_as(pgop_instance::Mode::Standby {
+            upstream: primary.upstream(),
+        })
+        .await?;
+    eventually("the re-cloned standby streaming", WAIT, || async {
+        let s = standby.instance.status().await;
+        (s.role == PgRole::Replica && s.streaming && standby.count("moved").await == Some(4000))
+            .then_some(())
+    })
+    .await;
+    Ok(())
+}
