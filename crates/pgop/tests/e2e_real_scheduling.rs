@@ -159,23 +159,31 @@ async fn required_anti_affinity_keeps_instances_apart_and_an_unplaceable_one_sho
 
     // A Warning Event says it too.
     let events: Api<Event> = Api::namespaced(env.client.clone(), ns);
-    let events_with = |reason: &'static str| {
+    let events_with = |reason: &'static str, about: Option<String>| {
         let events = events.clone();
         async move {
             let list = events
                 .list(&ListParams::default())
                 .await
                 .map_err(|e| e.to_string())?;
+            // About the Pod that stays Pending: another Pod may have been unschedulable
+            // for a moment first (its claim not yet in the scheduler's cache), with an
+            // Event of the same reason (a local CI run of 66e1a8f).
             list.items
                 .into_iter()
-                .find(|e| e.reason.as_deref() == Some(reason))
-                .ok_or_else(|| format!("no {reason} Event yet"))
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && about
+                            .as_deref()
+                            .is_none_or(|pod| e.note.as_deref().is_some_and(|n| n.contains(pod)))
+                })
+                .ok_or_else(|| format!("no {reason} Event about {about:?} yet"))
         }
     };
     let warning = eventually(
         "an InstancesUnschedulable Event",
         Duration::from_secs(60),
-        || events_with("InstancesUnschedulable"),
+        || events_with("InstancesUnschedulable", Some(stuck.clone())),
     )
     .await;
     assert_eq!(warning.type_.as_deref(), Some("Warning"));
@@ -238,7 +246,7 @@ async fn required_anti_affinity_keeps_instances_apart_and_an_unplaceable_one_sho
     let normal = eventually(
         "an InstancesScheduled Event",
         Duration::from_secs(60),
-        || events_with("InstancesScheduled"),
+        || events_with("InstancesScheduled", None),
     )
     .await;
     assert_eq!(normal.type_.as_deref(), Some("Normal"));
