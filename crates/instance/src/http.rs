@@ -169,7 +169,12 @@ async fn metrics(State(instance): State<Arc<Instance>>) -> Response {
         wal_volume,
         certificates: &certificates,
     };
-    match crate::metrics::encode(&status, &jobs, manager) {
+    metrics_response(crate::metrics::encode(&status, &jobs, manager))
+}
+
+/// A `/metrics` answer: the encoded exposition, or a 500 when it could not be encoded.
+pub fn metrics_response(encoded: Result<String, std::fmt::Error>) -> Response {
+    match encoded {
         Ok(body) => (
             [(
                 axum::http::header::CONTENT_TYPE,

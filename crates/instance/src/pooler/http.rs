@@ -6,7 +6,7 @@ use super::Pooler;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 use pgop_api::constants::{PATH_HEALTHZ, PATH_METRICS, PATH_READYZ};
 use std::future::Future;
@@ -48,16 +48,5 @@ async fn readyz(State(pooler): State<Arc<Pooler>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(pooler): State<Arc<Pooler>>) -> Response {
-    match pooler.metrics().await {
-        Ok(body) => (
-            [(axum::http::header::CONTENT_TYPE, super::stats::CONTENT_TYPE)],
-            body,
-        )
-            .into_response(),
-        Err(std::fmt::Error) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "failed to encode the metrics\n",
-        )
-            .into_response(),
-    }
+    crate::http::metrics_response(pooler.metrics().await)
 }

@@ -258,9 +258,6 @@ impl Admin {
     }
 }
 
-/// The content type of [`encode`]'s output.
-pub use crate::metrics::CONTENT_TYPE;
-
 /// What the manager knows besides the console.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Manager<'a> {
