@@ -225,10 +225,8 @@ stage_binary "$out/ctx/pgop"
 # image's /usr/lib/postgresql/18: every program's and library's run path becomes relative
 # ($ORIGIN/../lib, $ORIGIN), so that each finds its own libpq and not Debian's (15's).
 pg18_root=${PGOP_POSTGRES_ROOT:-/var/cache/pgop/postgresql}/18
-if [ ! -x "$pg18_root/bin/postgres" ]; then
-  log "PostgreSQL 18 is missing: hack/install-postgres18.sh (builds it once, 5 to 8 minutes)"
-  logged install-postgres18 "$repo/hack/install-postgres18.sh"
-fi
+# The script returns at once when its build is installed; else it builds (5 to 8 minutes).
+logged install-postgres18 "$repo/hack/install-postgres18.sh"
 pg18_version=$("$pg18_root/bin/postgres" --version)
 stage_postgres18() { # stage_postgres18 CONTEXT-DIR
   local dir=$1/postgresql-18 stamp=$1/postgresql-18.stamp key
