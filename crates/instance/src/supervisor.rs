@@ -148,6 +148,15 @@ impl Supervisor {
             .upstream_wal_gone
     }
 
+    /// Forgets what [`Supervisor::upstream_wal_gone`] saw: the standby streams from another
+    /// upstream now, which may have that WAL.
+    pub fn forget_upstream_wal_gone(&self) {
+        self.tail
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .upstream_wal_gone = false;
+    }
+
     /// Whether a postmaster that exits on its own is restarted (the default) or left
     /// stopped in [`State::Crashed`] until the next start or stop request.
     pub fn set_restart_on_crash(&self, restart: bool) {

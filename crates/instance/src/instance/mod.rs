@@ -1086,8 +1086,29 @@ impl Instance {
             upstream: upstream.clone(),
         };
         self.write_config()?;
+        self.supervisor.forget_upstream_wal_gone();
         let client = self.endpoint().connect().await.map_err(Error::Connect)?;
         config::reload(&client).await.map_err(Error::ApplyConfig)
+    }
+
+    /// Whether this standby's WAL receiver was told, since PostgreSQL last started, that
+    /// its upstream removed a WAL segment it needs: standbys fetch WAL by streaming only,
+    /// so it can never catch up ([`Instance::reclone`]).
+    pub fn upstream_wal_gone(&self) -> bool {
+        self.supervisor.upstream_wal_gone()
+    }
+
+    /// A running standby whose primary removed WAL it still needs is cloned afresh from
+    /// `upstream`. Its data is thrown away only once `upstream` answers as a primary;
+    /// otherwise it keeps running and an error is returned (to be retried).
+    pub async fn reclone(&self, upstream: &Upstream) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        upstream
+            .probe_primary()
+            .await
+            .map_err(Error::ProbePrimary)?;
+        self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+        self.clone_locked(upstream).await
     }
 
     /// A former primary (running, stopped or killed) becomes a standby of `upstream`:

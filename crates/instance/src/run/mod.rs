@@ -589,8 +589,9 @@ async fn diverged_from(upstream: &Upstream, pg: &pgop_api::instance_status::PgSt
     }
 }
 
-/// Whether a divergence seen now (`seen`) has lasted [`DIVERGENCE_CONFIRM`]: `since` holds
-/// when it was first seen, and is cleared as soon as it is not.
+/// Whether a state seen now (`seen`: a divergence, WAL gone upstream) has lasted
+/// [`DIVERGENCE_CONFIRM`]: `since` holds when it was first seen, and is cleared as soon as
+/// it is not.
 fn confirmed(seen: bool, since: &mut Option<Instant>, now: Instant) -> bool {
     if !seen {
         *since = None;
@@ -607,6 +608,9 @@ struct Memory {
     bootstrap_failed: Option<Instant>,
     /// Since when this standby has looked diverged from the primary's timeline.
     diverged_since: Option<Instant>,
+    /// Since when this standby has not streamed after the primary said it removed WAL the
+    /// standby needs.
+    wal_gone_since: Option<Instant>,
     /// When this manager started on a primary's data PostgreSQL did not shut down
     /// (`Instance::crashed_as_primary`); cleared once PostgreSQL runs.
     crashed_before_start: Option<Instant>,
@@ -741,6 +745,13 @@ async fn reconcile(
         _ => false,
     };
     let diverged = confirmed(diverged, &mut memory.diverged_since, Instant::now());
+    // A standby that does not stream because the primary removed WAL it still needs (its
+    // slot was made after that WAL, or the standby was down long): it can only be cloned.
+    let upstream_wal_gone = confirmed(
+        stalled && instance.upstream_wal_gone(),
+        &mut memory.wal_gone_since,
+        Instant::now(),
+    );
     if instance.pid().is_some() {
         memory.crashed_before_start = None;
     }
@@ -751,6 +762,7 @@ async fn reconcile(
         role: pg.role,
         follows_primary,
         diverged,
+        upstream_wal_gone,
         held_off: instance
             .crashed_at()
             .or(memory.crashed_before_start)
@@ -927,6 +939,13 @@ async fn reconcile(
             let upstream = upstream_for(primary).await?;
             let how = instance.demote(&upstream).await.map_err(manage)?;
             tracing::info!(?how, "rejoined");
+        }
+        Action::Reclone { primary } => {
+            tracing::warn!(%primary, "the primary removed WAL this standby still needs (standbys only stream): cloning it afresh");
+            memory.wal_gone_since = None;
+            let upstream = upstream_for(primary).await?;
+            instance.reclone(&upstream).await.map_err(manage)?;
+            tracing::info!("re-cloned");
         }
         Action::Follow { primary } => {
             tracing::info!(%primary, "following the primary");

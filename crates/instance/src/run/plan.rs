@@ -24,6 +24,9 @@ pub struct Observed {
     /// A running standby replayed WAL past the point where the primary's timeline forked
     /// off its own: it can never follow without pg_rewind.
     pub diverged: bool,
+    /// A running standby that does not stream was told by the primary that it removed WAL
+    /// the standby still needs: it can never catch up by streaming.
+    pub upstream_wal_gone: bool,
     /// The postmaster crashed while primary less than the hold-off ago (`failoverDelay` +
     /// 10 s): the operator may be failing over, so it is not restarted as a primary yet.
     pub held_off: bool,
@@ -50,6 +53,8 @@ pub enum Action {
     Rejoin { primary: String },
     /// A running standby switches to `primary`.
     Follow { primary: String },
+    /// A running standby whose primary removed WAL it still needs: clone `primary` afresh.
+    Reclone { primary: String },
     /// A running primary the status no longer names (switchover): checkpoint, clean
     /// shutdown (the standbys get all WAL), release the Lease, stay stopped until the new
     /// primary is confirmed (`currentPrimary`), then rejoin.
@@ -166,6 +171,15 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
                     primary: primary.clone(),
                 }
             }
+            PgRole::Replica
+                if observed.upstream_wal_gone
+                    && observed.follows_primary
+                    && current == Some(primary.as_str()) =>
+            {
+                Action::Reclone {
+                    primary: primary.clone(),
+                }
+            }
             PgRole::Replica if !observed.follows_primary => Action::Follow {
                 primary: primary.clone(),
             },
@@ -204,6 +218,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
             role,
             follows_primary: true,
             diverged: false,
+            upstream_wal_gone: false,
             held_off: false,
         }
     }
@@ -215,6 +230,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         role: PgRole::Stopped,
         follows_primary: false,
         diverged: false,
+        upstream_wal_gone: false,
         held_off: false,
     };
 
@@ -389,6 +405,39 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         assert_eq!(plan("demo-3", &failing, &o).action, Action::Keep);
         // The primary itself never rewinds.
         assert_eq!(plan("demo-2", &done, &o).action, Action::Promote);
+    }
+
+    #[test]
+    fn a_standby_whose_primary_removed_wal_it_needs_is_recloned_from_the_confirmed_primary() {
+        let done = status("{targetPrimary: demo-2, currentPrimary: demo-2}");
+        let mut o = observed(DataState::Ready, true, true, PgRole::Replica);
+        o.upstream_wal_gone = true;
+        assert_eq!(
+            plan("demo-3", &done, &o).action,
+            Action::Reclone {
+                primary: "demo-2".into()
+            }
+        );
+        // Diverged as well: a rewind first (which clones afresh when it cannot work).
+        o.diverged = true;
+        assert_eq!(
+            plan("demo-3", &done, &o).action,
+            Action::Rejoin {
+                primary: "demo-2".into()
+            }
+        );
+        o.diverged = false;
+        // Not while a change of primary is under way: the new one may have that WAL.
+        let failing = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        assert_eq!(plan("demo-3", &failing, &o).action, Action::Keep);
+        // Not what a standby told so by another upstream does: it follows the primary.
+        o.follows_primary = false;
+        assert_eq!(
+            plan("demo-3", &done, &o).action,
+            Action::Follow {
+                primary: "demo-2".into()
+            }
+        );
     }
 
     #[test]

@@ -245,3 +245,102 @@ async fn a_standby_whose_primary_removed_the_wal_it_needs_is_cloned_afresh() -> 
     .await;
     Ok(())
 }
+
+/// A standby that is consistent and running, but whose primary removed WAL it still needs
+/// while it could not stream (here: its replication role refused for a while; no slot keeps
+/// the WAL): its WAL receiver is told so at every retry and it can never catch up. The
+/// manager sees it ([`pgop_instance::Instance::upstream_wal_gone`]) and clones it afresh
+/// ([`pgop_instance::Instance::reclone`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_standby_whose_primary_removed_the_wal_it_needs_is_recloned() -> TestResult {
+    let primary = Node::new("wr-1");
+    let standby = Node::new("wr-2");
+    primary.instance.bootstrap_primary().await?;
+    primary.instance.ensure_slots(&["wr-2".to_string()]).await?;
+    standby
+        .instance
+        .bootstrap_standby(&primary.upstream())
+        .await?;
+    eventually("the standby streaming", WAIT, || async {
+        standby.instance.status().await.streaming.then_some(())
+    })
+    .await;
+    let su = primary.superuser().await;
+    su.batch_execute("ALTER ROLE streaming_replica NOLOGIN")
+        .await?;
+    eventually("the standby no longer streaming", WAIT, || async {
+        su.batch_execute("SELECT pg_terminate_backend(pid) FROM pg_stat_replication")
+            .await
+            .ok()?;
+        let s = standby.instance.status().await;
+        (s.role == PgRole::Replica && !s.streaming).then_some(())
+    })
+    .await;
+    // Its slot goes (once its WAL sender has gone) and is made again below, after the WAL
+    // the standby needs is removed.
+    eventually("the standby's slot dropped", WAIT, || async {
+        primary.instance.ensure_slots(&[]).await.ok()?;
+        let left: i64 = su
+            .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+            .await
+            .ok()?
+            .get(0);
+        (left == 0).then_some(())
+    })
+    .await;
+    let app = primary.app().await?;
+    for _ in 0..4 {
+        app.batch_execute(
+            "CREATE TABLE IF NOT EXISTS moved (id int); \
+             INSERT INTO moved SELECT generate_series(1, 1000)",
+        )
+        .await?;
+        su.batch_execute("SELECT pg_switch_wal(); CHECKPOINT;")
+            .await?;
+    }
+    primary.instance.ensure_slots(&["wr-2".to_string()]).await?;
+    su.batch_execute("ALTER ROLE streaming_replica LOGIN")
+        .await?;
+    eventually("the standby told that its WAL is gone", WAIT, || async {
+        standby.instance.upstream_wal_gone().then_some(())
+    })
+    .await;
+    let stuck = standby.instance.status().await;
+    assert!(
+        stuck.role == PgRole::Replica && !stuck.streaming,
+        "running, consistent and not streaming: {stuck:?}"
+    );
+
+    standby.instance.reclone(&primary.upstream()).await?;
+    assert!(!standby.instance.upstream_wal_gone());
+    eventually("the re-cloned standby streaming", WAIT, || async {
+        let s = standby.instance.status().await;
+        (s.role == PgRole::Replica && s.streaming && standby.count("moved").await == Some(4000))
+            .then_some(())
+    })
+    .await;
+    Ok(())
+}
+
+/// A re-clone towards an instance that is not a primary (here: nothing listens) keeps the
+/// standby running on its data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclone_towards_no_primary_keeps_the_standby_running() -> TestResult {
+    let primary = Node::new("wr-3");
+    let standby = Node::new("wr-4");
+    primary.instance.bootstrap_primary().await?;
+    primary.instance.ensure_slots(&["wr-4".to_string()]).await?;
+    standby
+        .instance
+        .bootstrap_standby(&primary.upstream())
+        .await?;
+    let nowhere = Upstream {
+        host: "127.0.0.1".into(),
+        port: free_port(),
+        ..primary.upstream()
+    };
+    assert!(standby.instance.reclone(&nowhere).await.is_err());
+    assert!(standby.instance.pid().is_some());
+    assert_eq!(standby.instance.status().await.role, PgRole::Replica);
+    Ok(())
+}
