@@ -138,7 +138,12 @@ struct Bouncer {
 }
 
 impl Bouncer {
+    /// A pooler whose stop lets transactions under way finish for 2 s.
     fn new(name: &str) -> Self {
+        Self::draining_for(name, Duration::from_secs(2))
+    }
+
+    fn draining_for(name: &str, drain_timeout: Duration) -> Self {
         let dir = TempDir::new(name);
         let port = free_port();
         let pooler = Pooler::new(Options {
@@ -151,6 +156,7 @@ impl Bouncer {
             },
             pgbouncer: "/usr/sbin/pgbouncer".into(),
             run_as: run_as(),
+            drain_timeout,
             stop_timeout: Duration::from_secs(5),
         })
         .expect("a pooler");
@@ -608,8 +614,8 @@ async fn pgbouncer_killed_is_restarted_and_stopped_with_its_manager() -> TestRes
     let again = bouncer.client(&pki, APP_PASSWORD).await?;
     assert_eq!(server_of(&again).await?, "127.0.0.1");
 
-    // Stopping the manager stops PgBouncer: SIGTERM (an immediate shutdown), SIGKILL
-    // after the stop timeout.
+    // Stopping the manager stops PgBouncer: SIGINT, and SIGTERM (an immediate shutdown)
+    // after the drain timeout, since the session of `again` holds its server connection.
     bouncer.pooler.stop().await;
     assert_eq!(bouncer.pooler.state(), State::Stopped);
     // SAFETY: signal 0 only checks that the process exists.
@@ -667,5 +673,60 @@ async fn a_renewed_certificate_and_password_are_used_after_a_reload() -> TestRes
     assert_eq!(server_of(&kept).await?, "127.0.0.1");
     assert_eq!(bouncer.pid(), pid, "reloaded, never restarted");
     bouncer.pooler.stop().await;
+    Ok(())
+}
+
+/// A pooler Pod that goes (a rolling update, a scale-down) lets the transactions under way
+/// finish: its manager sends PgBouncer SIGINT (PAUSE, then SHUTDOWN once every server
+/// connection is released) and not SIGTERM, which would cut them; it is not ready
+/// meanwhile, and no new transaction starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_pooler_lets_the_transaction_under_way_commit() -> TestResult {
+    let pki = pki();
+    let server = Server::start("pooler-drain", "127.0.0.1", free_port(), &pki).await;
+    let bouncer = Bouncer::draining_for("pooler-drain-pgb", Duration::from_secs(60));
+    bouncer
+        .pooler
+        .apply(&desired(&pki, &[&server], PoolMode::Transaction))?;
+    bouncer.ready().await;
+    let writer = bouncer.client(&pki, APP_PASSWORD).await?;
+    writer
+        .batch_execute("CREATE TABLE IF NOT EXISTS drained (id int)")
+        .await?;
+    writer
+        .batch_execute("BEGIN; INSERT INTO drained VALUES (1)")
+        .await?;
+    let Some(pid) = bouncer.pid() else {
+        panic!("PgBouncer runs");
+    };
+    let pooler = bouncer.pooler.clone();
+    let stopping = tokio::spawn(async move { pooler.stop().await });
+    // The stop waits for the open transaction; readiness goes at once.
+    eventually("the stopping pooler not ready", WAIT, || async {
+        bouncer.pooler.readiness().await.is_err().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !stopping.is_finished(),
+        "the stop did not wait for the transaction"
+    );
+    // SAFETY: signal 0 only checks that the process exists.
+    assert_eq!(unsafe { libc::kill(i32::try_from(pid)?, 0) }, 0);
+    writer
+        .batch_execute("INSERT INTO drained VALUES (2); COMMIT")
+        .await?;
+    tokio::time::timeout(Duration::from_secs(20), stopping).await??;
+    assert_eq!(bouncer.pooler.state(), State::Stopped);
+    assert!(bouncer.client(&pki, APP_PASSWORD).await.is_err());
+    let direct = server.instance.endpoint().connect_to("app").await?;
+    let rows: i64 = direct
+        .query_one("SELECT count(*) FROM drained", &[])
+        .await?
+        .get(0);
+    assert_eq!(
+        rows, 2,
+        "the transaction under way at the stop committed whole"
+    );
     Ok(())
 }

@@ -46,8 +46,12 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 /// The watch of an instance Pod no pass read for this long ends (no longer an instance).
 const POD_IDLE: Duration = Duration::from_secs(300);
+/// How long a stopping PgBouncer lets the transactions under way finish before it closes
+/// every connection: with [`STOP_TIMEOUT`], within a pooler Pod's default grace period
+/// (30 s).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long PgBouncer has after SIGTERM before SIGKILL.
-pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -114,6 +118,8 @@ pub struct Options {
     pub layout: Layout,
     pub pgbouncer: PathBuf,
     pub run_as: Option<RunAs>,
+    /// [`DRAIN_TIMEOUT`] for `pgop pooler run`.
+    pub drain_timeout: Duration,
     pub stop_timeout: Duration,
 }
 
@@ -271,6 +277,7 @@ impl Pooler {
                     ini: layout.ini(),
                     socket: layout.socket(),
                     run_as: self.options.run_as,
+                    drain_timeout: self.options.drain_timeout,
                     stop_timeout: self.options.stop_timeout,
                 }));
                 Applied::Started
@@ -370,7 +377,8 @@ impl Pooler {
         )
     }
 
-    /// Stops PgBouncer (SIGTERM, then SIGKILL after the stop timeout).
+    /// Stops PgBouncer: SIGINT, so that the transactions under way finish (it is not ready
+    /// from now on), SIGTERM after the drain timeout, SIGKILL after the stop timeout.
     pub async fn stop(&self) {
         let running = self.pgbouncer().take();
         if let Some(running) = running {
@@ -654,6 +662,7 @@ pub async fn run(
         },
         pgbouncer: settings.pgbouncer.clone(),
         run_as: settings.run_as,
+        drain_timeout: DRAIN_TIMEOUT,
         stop_timeout: STOP_TIMEOUT,
     })?);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();

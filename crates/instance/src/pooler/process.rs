@@ -1,7 +1,9 @@
 //! PgBouncer as a child process: started once its configuration is written, restarted with
 //! a back-off when it exits, told to reload (SIGHUP) when its files change, stopped with
-//! SIGTERM (PgBouncer 1.18: an immediate shutdown) and SIGKILL after a bound. Its log
-//! lines (stderr) go to the manager's log. It never writes PgBouncer's files.
+//! SIGINT (PgBouncer's safe shutdown: PAUSE, so that the transactions under way finish,
+//! then SHUTDOWN), SIGTERM (an immediate shutdown) when that takes longer than the drain
+//! timeout, and SIGKILL after a bound. Its log lines (stderr) go to the manager's log. It
+//! never writes PgBouncer's files.
 
 use crate::pg::RunAs;
 use std::path::PathBuf;
@@ -37,6 +39,9 @@ pub struct Options {
     pub socket: PathBuf,
     /// The OS user it runs as when the manager is root (PgBouncer refuses root).
     pub run_as: Option<RunAs>,
+    /// How long a stop lets the transactions under way finish (SIGINT) before SIGTERM
+    /// (in session mode: the clients' sessions).
+    pub drain_timeout: Duration,
     /// How long after SIGTERM it is killed.
     pub stop_timeout: Duration,
 }
@@ -135,7 +140,8 @@ impl PgBouncer {
         self.counters.reloads.load(Ordering::Relaxed)
     }
 
-    /// Stops PgBouncer (SIGTERM, SIGKILL after the stop timeout) and waits for it.
+    /// Stops PgBouncer (SIGINT, SIGTERM after the drain timeout, SIGKILL after the stop
+    /// timeout) and waits for it.
     pub async fn stop(mut self) {
         self.stop.send_replace(true);
         if let Some(task) = self.task.take() {
@@ -203,7 +209,7 @@ async fn supervise(
                 }
                 changed = stop.changed() => {
                     if changed.is_err() || *stop.borrow() {
-                        shut_down(&mut child, pid, options.stop_timeout).await;
+                        shut_down(&mut child, pid, up, &options).await;
                         break true;
                     }
                 }
@@ -298,13 +304,30 @@ fn log_line(pid: Option<u32>, line: &str) {
     }
 }
 
-/// SIGTERM (PgBouncer 1.18 closes every connection and exits at once), then SIGKILL after
-/// `timeout`.
-async fn shut_down(child: &mut Child, pid: u32, timeout: Duration) {
-    tracing::info!(pid, "stopping PgBouncer");
+/// A PgBouncer that is up gets SIGINT (a safe shutdown: it pauses, so that no new
+/// transaction starts, waits until every server connection is released, then exits), and
+/// SIGTERM (it closes every connection and exits at once) after `drain_timeout`; one still
+/// starting gets SIGTERM at once. SIGKILL after `stop_timeout` more.
+async fn shut_down(child: &mut Child, pid: u32, up: bool, options: &Options) {
+    if up {
+        tracing::info!(pid, drain_timeout = ?options.drain_timeout, "stopping PgBouncer once the transactions under way end");
+        signal(pid, libc::SIGINT);
+        if tokio::time::timeout(options.drain_timeout, child.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::warn!(pid, drain_timeout = ?options.drain_timeout, "transactions still under way after the drain timeout; closing every connection");
+    } else {
+        tracing::info!(pid, "stopping PgBouncer");
+    }
     signal(pid, libc::SIGTERM);
-    if tokio::time::timeout(timeout, child.wait()).await.is_err() {
-        tracing::warn!(pid, ?timeout, "PgBouncer did not stop in time; killing it");
+    if tokio::time::timeout(options.stop_timeout, child.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(pid, timeout = ?options.stop_timeout, "PgBouncer did not stop in time; killing it");
         signal(pid, libc::SIGKILL);
         let _ = child.wait().await;
     }
