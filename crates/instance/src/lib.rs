@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod pg;
 pub mod pooler;
 pub mod reaper;
+pub mod relay;
 pub mod role;
 pub mod run;
 pub mod status;

@@ -3,12 +3,15 @@
 //! `kubectl-pgop` symlink) with testenv's kubectl on the PATH and this machine's psql,
 //! against a two-instance cluster installed by the chart. `logs` merges both Pods' lines
 //! in time order, as text and as JSON; `psql` logs in as the application owner through
-//! `kubectl port-forward` with TLS verified, on the primary and with `--replica` on the
-//! standby, and no password is on any command line. Needs root.
+//! `kubectl port-forward` with TLS verified, on the primary, with `--replica` on the
+//! standby and with `--pooler rw` through a pooler Pod (its manager relays the Pod's
+//! loopback to PgBouncer), and no password is on any command line. Needs root.
 
 mod real;
 
-use real::{RealEnv, Result};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use real::{RealEnv, Result, eventually};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -45,8 +48,12 @@ async fn kubectl_pgop_logs_and_psql_on_real_nodes() -> Result {
     env.install_operator(&[]).await?;
     let ns = "plugin";
     env.restricted_namespace(ns).await?;
-    env.create_cluster(ns, "db", json!({"replicas": 2, "storage": {"size": "1Gi"}}))
-        .await?;
+    env.create_cluster(
+        ns,
+        "db",
+        json!({"replicas": 2, "storage": {"size": "1Gi"}, "poolers": [{"name": "rw"}]}),
+    )
+    .await?;
     env.wait_ready(ns, "db", 2, Duration::from_secs(300)).await;
 
     // The plugin and testenv's kubectl, side by side on the PATH.
@@ -115,6 +122,68 @@ async fn kubectl_pgop_logs_and_psql_on_real_nodes() -> Result {
     )?;
     assert!(ok, "psql --replica failed: {err}");
     assert_eq!(out.trim(), "app|t|t", "{err}");
+    // psql through a ready Pod of the pooler: PostgreSQL sees the pooler Pod's address.
+    let pods = env.pods(ns);
+    let pooler_ips: Vec<String> =
+        eventually("a ready pooler Pod", Duration::from_secs(180), || async {
+            let list = pods
+                .list(&ListParams::default().labels("database.example.com/pooler=db-pooler-rw"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let ips: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p: &&Pod| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                })
+                .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+                .collect();
+            if ips.is_empty() {
+                Err(format!("{} pooler Pods, none ready", list.items.len()))
+            } else {
+                Ok(ips)
+            }
+        })
+        .await;
+    let through_pooler = "select current_user, host(inet_client_addr())";
+    let (ok, out, err) = plugin(
+        &env,
+        &dir,
+        &[
+            "psql",
+            "db",
+            "-n",
+            ns,
+            "--pooler",
+            "rw",
+            "--",
+            "-qAtc",
+            through_pooler,
+        ],
+    )?;
+    assert!(ok, "psql --pooler rw failed: {err}");
+    let (user, from) = out.trim().split_once('|').ok_or(format!("{out} {err}"))?;
+    assert_eq!(user, "app");
+    assert!(
+        pooler_ips.iter().any(|ip| ip == from),
+        "PostgreSQL saw {from}, not a pooler Pod ({pooler_ips:?})"
+    );
+    let (ok, _, err) = plugin(
+        &env,
+        &dir,
+        &[
+            "psql", "db", "-n", ns, "--pooler", "nope", "--", "-c", "select 1",
+        ],
+    )?;
+    assert!(
+        !ok && err.contains("--pooler \"nope\"") && err.contains("spec.poolers: rw"),
+        "{err}"
+    );
     // psql's failure is the plugin's exit status.
     let (ok, _, err) = plugin(
         &env,

@@ -673,6 +673,8 @@ pub async fn run(
     .map_err(Error::ServeHttp)?;
     tracing::info!(%addr, pooler = %settings.pooler, pod = %settings.pod_name, "serving health, readiness and metrics");
     let server = tokio::spawn(server);
+    // PgBouncer listens on the Pod's address; kubectl port-forward reaches the loopback.
+    let relay = tokio::spawn(crate::relay::loopback_relay(settings.pod_ip, settings.port));
     let inputs = inputs(&client, &settings);
     let mut resync = tokio::time::interval(RESYNC);
     let mut soon: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
@@ -707,6 +709,7 @@ pub async fn run(
         }
     }
     tracing::info!("shutting down PgBouncer");
+    relay.abort();
     pooler.stop().await;
     let _ = stop_http.send(());
     let _ = server.await;

@@ -371,10 +371,9 @@ pub async fn run(
     // Every renewal of the primary Lease as it happens (a watch on that one object), so
     // that a standby named to take over a primary that vanished (a lost node) waits the
     // Lease's duration from the last renewal, not from when it was named.
-    tokio::spawn(local_relay(
-        settings.listen_addresses.clone(),
-        settings.pg_port,
-    ));
+    if let Ok(ip) = settings.listen_addresses.parse::<std::net::IpAddr>() {
+        tokio::spawn(crate::relay::loopback_relay(ip, settings.pg_port));
+    }
     tokio::spawn(watch_lease(
         client.clone(),
         settings.namespace.clone(),
@@ -1266,39 +1265,6 @@ async fn read_credentials(inputs: &Inputs, settings: &Settings) -> Result<Creden
 /// Feeds every version of the primary Lease to the contender ([`pgop_lease::Contender::observe`])
 /// until the manager exits. Errors (a missing permission, a lost connection) are retried
 /// with back-off; without the watch the takeover clock starts at the first read, as before.
-/// Relays the Pod's loopback (`127.0.0.1:<port>`) to PostgreSQL on the Pod's address:
-/// PostgreSQL listens on the Pod's address only, and `kubectl port-forward` (so `kubectl
-/// pgop psql`) connects to the Pod's loopback. Plain TCP: TLS and authentication are
-/// PostgreSQL's, end to end; PostgreSQL sees the connection come from the Pod's own
-/// address. Nothing on a loopback Pod address (the local node, whose Pods share the host's
-/// network), nor when the port is taken (a warning).
-async fn local_relay(pod_address: String, port: u16) {
-    let Ok(ip) = pod_address.parse::<std::net::IpAddr>() else {
-        return;
-    };
-    if ip.is_loopback() || ip.is_unspecified() {
-        return;
-    }
-    let listener = match tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).await
-    {
-        Ok(l) => l,
-        Err(error) => {
-            tracing::warn!(%error, port, "no relay from the Pod's loopback to PostgreSQL (kubectl port-forward will not reach it)");
-            return;
-        }
-    };
-    loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
-            continue;
-        };
-        tokio::spawn(async move {
-            if let Ok(mut outbound) = tokio::net::TcpStream::connect((ip, port)).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-            }
-        });
-    }
-}
-
 async fn watch_lease(client: kube::Client, namespace: String, lease: Arc<PrimaryLease>) {
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;

@@ -70,13 +70,16 @@ enum Command {
     /// Bring a hibernated cluster back (`spec.hibernate: false`).
     Resume { cluster: String },
     /// This machine's psql, logged in with the cluster's app Secret (no password on any
-    /// command line), to the primary or a standby, through `kubectl port-forward`;
-    /// arguments after `--` go to psql.
+    /// command line), to the primary, a standby or a pooler, through `kubectl
+    /// port-forward`; arguments after `--` go to psql.
     Psql {
         cluster: String,
         /// A ready standby instead of the primary.
         #[arg(long)]
         replica: bool,
+        /// A ready Pod of the pooler NAME (`spec.poolers`) instead of an instance.
+        #[arg(long, value_name = "NAME", conflicts_with = "replica")]
+        pooler: Option<String>,
         #[arg(last = true)]
         psql_args: Vec<String>,
     },
@@ -154,16 +157,22 @@ pub async fn run(args: Args) -> Result<(), Error> {
     if let Command::Psql {
         cluster,
         replica,
+        pooler,
         psql_args,
     } = &args.command
     {
         let c = find(&client, &namespace, cluster).await?;
+        let to = match pooler {
+            Some(name) => psql::To::Pooler(name.clone()),
+            None if *replica => psql::To::Replica,
+            None => psql::To::Primary,
+        };
         let code = psql::run(
             &client,
             &namespace,
             args.context.as_deref(),
             &c,
-            *replica,
+            &to,
             psql_args,
         )
         .await?;

@@ -1,14 +1,14 @@
 //! `kubectl pgop psql`: this machine's `psql`, logged in as the application owner with the
-//! cluster's app Secret, connected to the primary (or a ready standby with `--replica`)
-//! through `kubectl port-forward`. The password goes into a password file (mode 0600, in a
-//! private temporary directory removed afterwards), never onto a command line; TLS is
-//! verified against the cluster's authority (the Secret's `ca.crt`) and the `-rw` (`-ro`)
-//! Service's name, which libpq checks while it connects to the forwarded local port
-//! (`hostaddr`).
+//! cluster's app Secret, connected to the primary (a ready standby with `--replica`, a
+//! ready Pod of a pooler with `--pooler NAME`) through `kubectl port-forward`. The password
+//! goes into a password file (mode 0600, in a private temporary directory removed
+//! afterwards), never onto a command line; TLS is verified against the cluster's authority
+//! (the Secret's `ca.crt`) and the name of the `-rw` (`-ro`, `-pooler-<name>`) Service,
+//! which libpq checks while it connects to the forwarded local port (`hostaddr`).
 
 use super::Error;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use pgop_api::cluster::InstanceRole;
 use pgop_api::v1beta1::PostgresCluster;
@@ -16,6 +16,54 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// What psql connects to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum To {
+    Primary,
+    Replica,
+    /// A pooler of `spec.poolers`, by name.
+    Pooler(String),
+}
+
+/// The pooler `name` of the cluster's spec, or an error naming `--pooler` and the ones
+/// there are.
+pub fn pooler<'a>(c: &'a PostgresCluster, name: &str) -> Result<&'a str, Error> {
+    let names: Vec<&str> = c.spec.poolers.iter().map(|p| p.name.as_str()).collect();
+    if let Some(found) = names.iter().find(|n| **n == name) {
+        return Ok(found);
+    }
+    Err(if names.is_empty() {
+        format!(
+            "--pooler {name:?}: {} has no poolers (spec.poolers)",
+            c.name_any()
+        )
+    } else {
+        format!(
+            "--pooler {name:?}: {} has no such pooler (spec.poolers: {})",
+            c.name_any(),
+            names.join(", ")
+        )
+    }
+    .into())
+}
+
+/// The first ready Pod (by name) of `pods`, a pooler's; not one being deleted.
+pub fn ready_pod(pods: &[Pod]) -> Option<String> {
+    let mut ready: Vec<String> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .map(ResourceExt::name_any)
+        .collect();
+    ready.sort();
+    ready.into_iter().next()
+}
 
 /// The instance to connect to: the primary, or with `replica` a ready standby.
 pub fn target(c: &PostgresCluster, replica: bool) -> Result<String, Error> {
@@ -51,11 +99,27 @@ pub async fn run(
     ns: &str,
     context: Option<&str>,
     c: &PostgresCluster,
-    replica: bool,
+    to: &To,
     psql_args: &[String],
 ) -> Result<i32, Error> {
     let cluster = c.name_any();
-    let pod = target(c, replica)?;
+    // The Pod forwarded to, and the Service whose name its certificate is checked against.
+    let (pod, service) = match to {
+        To::Primary => (target(c, false)?, format!("{cluster}-rw")),
+        To::Replica => (target(c, true)?, format!("{cluster}-ro")),
+        To::Pooler(name) => {
+            let full = pgop_api::pooler::pooler_name(&cluster, pooler(c, name)?);
+            let pods = Api::<Pod>::namespaced(client.clone(), ns)
+                .list(
+                    &ListParams::default().labels(&format!("{}={full}", pgop_api::labels::POOLER)),
+                )
+                .await
+                .map_err(|e| format!("listing the Pods of pooler {full}: {e}"))?;
+            let pod =
+                ready_pod(&pods.items).ok_or_else(|| format!("pooler {full} has no ready Pod"))?;
+            (pod, full)
+        }
+    };
     let secret_name = format!("{cluster}{}", pgop_api::constants::APP_SECRET_SUFFIX);
     let secret = Api::<Secret>::namespaced(client.clone(), ns)
         .get(&secret_name)
@@ -99,10 +163,9 @@ pub async fn run(
                 .map_err(|e| format!("starting kubectl port-forward: {e}"))?,
         );
         let port = forward.local_port()?;
-        let service = if replica { "ro" } else { "rw" };
         let status = Command::new(psql)
             .args(psql_args)
-            .env("PGHOST", format!("{cluster}-{service}.{ns}.svc"))
+            .env("PGHOST", format!("{service}.{ns}.svc"))
             .env("PGHOSTADDR", "127.0.0.1")
             .env("PGPORT", port.to_string())
             .env("PGUSER", &user)
@@ -239,5 +302,51 @@ mod tests {
         .expect("cluster");
         assert_eq!(target(&c, false).expect("primary"), "db-1");
         assert_eq!(target(&c, true).expect("standby"), "db-3");
+    }
+
+    #[test]
+    fn a_pooler_is_one_of_the_spec_and_its_first_ready_pod_is_taken() {
+        let cluster = |poolers: serde_json::Value| -> PostgresCluster {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "database.example.com/v1beta1", "kind": "PostgresCluster",
+                "metadata": {"name": "db"},
+                "spec": {"storage": {"size": "1Gi"}, "poolers": poolers}
+            }))
+            .expect("cluster")
+        };
+        let c = cluster(serde_json::json!([{"name": "rw"}, {"name": "ro", "type": "ro"}]));
+        assert_eq!(pooler(&c, "ro").expect("ro"), "ro");
+        let unknown = pooler(&c, "x\n$(id)").expect_err("unknown").to_string();
+        assert!(
+            unknown.contains("--pooler") && unknown.contains("spec.poolers: rw, ro"),
+            "{unknown}"
+        );
+        let none = pooler(&cluster(serde_json::json!([])), "rw")
+            .expect_err("none")
+            .to_string();
+        assert!(none.contains("db has no poolers"), "{none}");
+
+        let pod = |name: &str, ready: &str, deleting: bool| -> Pod {
+            let mut p: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "status": {"conditions": [{"type": "Ready", "status": ready}]}
+            }))
+            .expect("pod");
+            if deleting {
+                p.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        jiff::Timestamp::UNIX_EPOCH,
+                    ));
+            }
+            p
+        };
+        let pods = [
+            pod("db-pooler-rw-c", "True", false),
+            pod("db-pooler-rw-a", "True", true),
+            pod("db-pooler-rw-b", "False", false),
+            pod("db-pooler-rw-d", "True", false),
+        ];
+        assert_eq!(ready_pod(&pods).as_deref(), Some("db-pooler-rw-c"));
+        assert_eq!(ready_pod(&pods[1..3]), None);
     }
 }
