@@ -32,6 +32,23 @@ pub const POOLER_INFIX: &str = "-pooler-";
 /// must be a DNS label (63 characters).
 pub const MAX_CLUSTER_AND_POOLER_NAME_LENGTH: usize = 63 - POOLER_INFIX.len();
 
+/// The role PgBouncer looks other users' passwords up as (`auth_user`): it may only call
+/// [`AUTH_FUNCTION`], which the instance manager installs in every database. Reserved: its
+/// `pgop_` prefix cannot be declared in `spec.roles`.
+pub const AUTH_USER: &str = "pgop_pooler";
+/// The schema of [`AUTH_FUNCTION`], in every database.
+pub const AUTH_SCHEMA: &str = "pgop_pooler";
+/// PgBouncer's `auth_query` calls it: the SCRAM verifier of a role that may log in and is
+/// neither a superuser nor a replication role nor pgop's own.
+pub const AUTH_FUNCTION: &str = "pgop_pooler.user_lookup";
+
+/// `<cluster>.pooler`: the poolers' ServiceAccount, Role and RoleBinding, and the Secret
+/// with [`AUTH_USER`]'s password (a dot: no cluster's name, nor any name pgop derives from
+/// one with a dash, can be it).
+pub fn identity_name(cluster: &str) -> String {
+    format!("{cluster}.pooler")
+}
+
 /// The name of the Deployment, Service and pods' app label of pooler `pooler`.
 pub fn pooler_name(cluster: &str, pooler: &str) -> String {
     format!("{cluster}{POOLER_INFIX}{pooler}")

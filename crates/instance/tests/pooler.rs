@@ -191,6 +191,22 @@ impl Bouncer {
         pgop_tls::postgres::connect(&mut self.config(password), Some(tls)).await
     }
 
+    /// A client of PgBouncer over TLS as `user` in database `dbname`.
+    async fn client_as(
+        &self,
+        pki: &Pki,
+        user: &str,
+        password: &str,
+        dbname: &str,
+    ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let tls = PostgresTls::verify_full(&pki.ca, None)
+            .and_then(|t| t.server_name(POOLER_SERVICE))
+            .expect("a TLS client");
+        let mut config = self.config(password);
+        config.user(user).dbname(dbname);
+        pgop_tls::postgres::connect(&mut config, Some(tls)).await
+    }
+
     fn config(&self, password: &str) -> tokio_postgres::Config {
         let mut config = tokio_postgres::Config::new();
         config
@@ -224,6 +240,7 @@ fn desired(pki: &Pki, servers: &[&Server], mode: PoolMode) -> Desired {
         default_pool_size: 10,
         app_user: Sourced::from_secret("app", "it-app", "username"),
         app_password: Sourced::from_secret(APP_PASSWORD, "it-app", "password"),
+        auth_password: None,
         tls: Tls {
             cert: secret(&pki.server.cert_pem, "tls.crt"),
             key: secret(&pki.server.key_pem, "tls.key"),
@@ -728,5 +745,106 @@ async fn a_stopping_pooler_lets_the_transaction_under_way_commit() -> TestResult
         rows, 2,
         "the transaction under way at the stop committed whole"
     );
+    Ok(())
+}
+
+/// The look-up role's password (`<cluster>.pooler`), with what the auth file must quote.
+const LOOKUP_PASSWORD: &str = r#"l"o=o#k$(up)"#;
+
+/// Roles other than the application owner log in through the pooler: PgBouncer looks
+/// their SCRAM verifier up as pgop_pooler through the function the manager installed in
+/// every database (template1's copy reaches a database made afterwards). Superusers,
+/// roles that may not log in and expired passwords are not looked up; nobody else may call
+/// the function; without poolers the look-up role may not log in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_roles_log_in_through_the_pooler_and_superusers_do_not() -> TestResult {
+    let pki = pki();
+    let server = Server::start("pooler-lookup", "127.0.0.1", free_port(), &pki).await;
+    server
+        .instance
+        .apply_pooler_auth(Some(LOOKUP_PASSWORD))
+        .await?;
+    let su = server.instance.endpoint().connect().await?;
+    su.batch_execute(
+        "CREATE ROLE reader LOGIN PASSWORD 'r''ead \"er\" $(x)';
+         CREATE ROLE boss LOGIN SUPERUSER PASSWORD 'boss';
+         CREATE ROLE shut NOLOGIN PASSWORD 'shut';
+         CREATE ROLE old LOGIN PASSWORD 'old' VALID UNTIL '2000-01-01';",
+    )
+    .await?;
+    su.batch_execute("CREATE DATABASE later").await?;
+    let bouncer = Bouncer::new("pooler-lookup-pgb");
+    let mut d = desired(&pki, &[&server], PoolMode::Transaction);
+    d.auth_password = Some(Sourced::from_secret(
+        LOOKUP_PASSWORD,
+        "it.pooler",
+        "password",
+    ));
+    bouncer.pooler.apply(&d)?;
+    bouncer.ready().await;
+
+    for db in ["app", "later"] {
+        let reader = bouncer
+            .client_as(&pki, "reader", "r'ead \"er\" $(x)", db)
+            .await?;
+        let row = reader
+            .query_one("SELECT current_user::text, current_database()::text", &[])
+            .await?;
+        assert_eq!(
+            (row.get::<_, String>(0), row.get::<_, String>(1)),
+            ("reader".to_string(), db.to_string())
+        );
+    }
+    // The application owner as before (the auth file).
+    let app = bouncer.client(&pki, APP_PASSWORD).await?;
+    app.batch_execute("SELECT 1").await?;
+    for (user, password, why) in [
+        ("reader", "wrong", "a wrong password"),
+        ("boss", "boss", "a superuser"),
+        ("shut", "shut", "a role that may not log in"),
+        ("old", "old", "an expired password"),
+        ("nobody", "x", "no such role"),
+    ] {
+        assert!(
+            bouncer
+                .client_as(&pki, user, password, "app")
+                .await
+                .is_err(),
+            "{why} logged in through the pooler"
+        );
+    }
+
+    // Only pgop_pooler may call the look-up (reader, over the socket, straight to
+    // PostgreSQL).
+    let mut direct = tokio_postgres::Config::new();
+    direct
+        .host_path(server.instance.endpoint().socket_dir)
+        .port(server.port)
+        .user("reader")
+        .password("r'ead \"er\" $(x)")
+        .dbname("app");
+    let (reader, connection) = direct.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let refused = reader
+        .query("SELECT * FROM pgop_pooler.user_lookup('app')", &[])
+        .await
+        .expect_err("reader called the look-up");
+    assert!(
+        refused
+            .as_db_error()
+            .is_some_and(|e| e.message().contains("permission denied")),
+        "{refused:?}"
+    );
+
+    // No poolers: the look-up role may no longer log in.
+    server.instance.apply_pooler_auth(None).await?;
+    let can: bool = su
+        .query_one(
+            "SELECT rolcanlogin FROM pg_roles WHERE rolname = 'pgop_pooler'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(!can);
     Ok(())
 }

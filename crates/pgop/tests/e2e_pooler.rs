@@ -8,13 +8,15 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const PGBENCH: &str = "/usr/lib/postgresql/15/bin/pgbench";
 /// Server connections per user and database of the `rw` pooler.
 const POOL_SIZE: usize = 3;
 /// Client connections held open through it at once.
 const CLIENTS: usize = 12;
+/// The declared role's password, with what PgBouncer's look-up must carry.
+const REPORTING_PASSWORD: &str = "rep 'or\" ting";
 
 fn pgbench_binary() -> Result<&'static str> {
     if std::path::Path::new(PGBENCH).exists() {
@@ -119,11 +121,19 @@ async fn metric(ip: &str, name: &str, labels: &[&str]) -> Result<f64> {
 async fn e2e_pgbench_through_the_poolers_before_during_and_after_a_failover() -> Result {
     let pgbench_path = pgbench_binary()?;
     let env = start("pooler").await?;
+    kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.client.clone(), env.n())
+        .create(
+            &kube::api::PostParams::default(),
+            &secret("reporting-password", &[("password", REPORTING_PASSWORD)]),
+        )
+        .await?;
     env.create(
         "pool",
         json!({
             "replicas": 3,
             "storage": {"size": "1Gi"},
+            "roles": [{"name": "reporting", "login": true,
+                       "passwordSecret": {"name": "reporting-password"}}],
             "poolers": [
                 {"name": "rw", "defaultPoolSize": POOL_SIZE, "maxClientConnections": 100},
                 {"name": "reports", "type": "ro", "poolMode": "session"},
@@ -149,6 +159,33 @@ async fn e2e_pgbench_through_the_poolers_before_during_and_after_a_failover() ->
     let recovery: bool = r.query_one("select pg_is_in_recovery()", &[]).await?.get(0);
     assert!(recovery, "the ro pooler reaches a standby");
     drop((c, r));
+
+    // A declared role logs in through both poolers too: PgBouncer looks its password up
+    // on the server as pgop_pooler.
+    env.wait_cluster("pool", "the declared role applied", TIMEOUT, |s| {
+        s.roles.iter().any(|r| r.name == "reporting" && r.applied)
+    })
+    .await?;
+    for (pooler, host) in [("rw", &rw), ("reports", &ro)] {
+        let c = pgop_testenv::wait::until(
+            &format!("reporting logged in through the {pooler} pooler"),
+            TIMEOUT,
+            || async {
+                connect_to(
+                    host,
+                    "app",
+                    "reporting",
+                    REPORTING_PASSWORD,
+                    Duration::from_secs(5),
+                )
+                .await
+                .map_err(|e| e.to_string())
+            },
+        )
+        .await?;
+        let user: String = c.query_one("select current_user::text", &[]).await?.get(0);
+        assert_eq!(user, "reporting", "through the {pooler} pooler");
+    }
 
     // Pooling: CLIENTS client connections, each running a 2 s query at the same time,
     // share POOL_SIZE server connections on the primary; the others wait in PgBouncer.

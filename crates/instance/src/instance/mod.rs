@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 mod databases;
 mod floors;
 mod passwords;
+mod pooler_auth;
 mod roles;
 
+pub use pooler_auth::AUTH_QUERY;
 pub use roles::Password as RolePassword;
 mod store;
 
@@ -91,6 +93,8 @@ pub enum Error {
     RestartRefused(String),
     #[error("failed to set a role's password from the cluster's Secret")]
     SetPassword(#[source] tokio_postgres::Error),
+    #[error("failed to set up the poolers' password look-up")]
+    PoolerAuth(#[source] tokio_postgres::Error),
 }
 
 /// Everything about the instance that does not change while it runs.
@@ -170,6 +174,8 @@ struct Desired {
     roles: roles::Applied,
     /// `spec.databases` as last applied on this primary ([`Instance::apply_databases`]).
     databases: roles::Gate,
+    /// The poolers' look-up role and function ([`Instance::apply_pooler_auth`]).
+    pooler_auth: pooler_auth::Applied,
     /// Why this instance does not run its major, for `/pg/status`
     /// ([`Instance::set_major_upgrade_error`]).
     major_upgrade_error: Option<String>,
@@ -237,6 +243,7 @@ impl Instance {
                 tls: None,
                 roles: roles::Applied::default(),
                 databases: roles::Gate::default(),
+                pooler_auth: pooler_auth::Applied::default(),
                 major_upgrade_error: None,
             }),
             ops: tokio::sync::Mutex::new(()),

@@ -5,7 +5,7 @@
 //! parser reads it ([`quote_auth_field`]); a value that parser cannot carry is refused with
 //! an error naming the Secret and key, never written.
 
-use pgop_api::pooler::PoolMode;
+use pgop_api::pooler::{AUTH_USER, PoolMode};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -142,6 +142,10 @@ pub struct Desired {
     /// The application owner (`<cluster>-app`: `username`, `password`).
     pub app_user: Sourced,
     pub app_password: Sourced,
+    /// The password of [`pgop_api::pooler::AUTH_USER`] (`<cluster>.pooler`): with it,
+    /// every other role that may log in is looked up on the server (`auth_query`); without
+    /// it (a cluster from an older operator), only the application owner logs in.
+    pub auth_password: Option<Sourced>,
     pub tls: Tls,
 }
 
@@ -173,16 +177,23 @@ pub fn render(layout: &Layout, desired: &Desired, stats_password: &str) -> Resul
             origin: desired.app_user.origin.clone(),
         });
     }
+    let auth_user = Sourced::new(AUTH_USER, "the poolers' look-up role");
     let tls = &desired.tls;
     check_pem(&tls.cert, "certificate", "CERTIFICATE")?;
     check_pem(&tls.key, "private key", "PRIVATE KEY")?;
     check_pem(&tls.ca, "certificate", "CERTIFICATE")?;
     Ok(Files {
         ini: render_ini(layout, desired)?,
-        auth: render_auth_file(&[
-            (&desired.app_user, &desired.app_password),
-            (&stats_user, &stats_password),
-        ])?,
+        auth: render_auth_file(
+            &[
+                Some((&desired.app_user, &desired.app_password)),
+                Some((&stats_user, &stats_password)),
+                desired.auth_password.as_ref().map(|p| (&auth_user, p)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>(),
+        )?,
         tls_cert: tls.cert.value.clone(),
         tls_key: tls.key.value.clone(),
         server_ca: tls.ca.value.clone(),
@@ -233,7 +244,7 @@ pub fn render_ini(layout: &Layout, desired: &Desired) -> Result<String, Error> {
         "[databases]\n* = host={hosts} port={}\n",
         desired.server_port
     );
-    let settings: [(&str, String); 19] = [
+    let mut settings: Vec<(&str, String)> = vec![
         ("listen_addr", layout.listen.to_string()),
         ("listen_port", layout.port.to_string()),
         ("unix_socket_dir", path(layout.dir.clone())),
@@ -273,6 +284,12 @@ pub fn render_ini(layout: &Layout, desired: &Desired) -> Result<String, Error> {
         // The manager's /metrics serves the statistics; no log line a minute.
         ("log_stats", "0".into()),
     ];
+    if desired.auth_password.is_some() {
+        // Users not in the auth file: their SCRAM verifier from the server, through the
+        // one function the look-up role may call (in the database the client names).
+        settings.push(("auth_user", AUTH_USER.into()));
+        settings.push(("auth_query", crate::instance::AUTH_QUERY.into()));
+    }
     out.push_str("[pgbouncer]\n");
     for (name, value) in settings {
         let _ = writeln!(out, "{name} = {value}");
@@ -363,6 +380,7 @@ mod tests {
             default_pool_size: 20,
             app_user: Sourced::from_secret(user, "db-app", "username"),
             app_password: Sourced::from_secret(password, "db-app", "password"),
+            auth_password: None,
             tls: Tls {
                 cert: Sourced::from_secret(CERT, "db-server-tls", "tls.crt"),
                 key: Sourced::from_secret(KEY, "db-server-tls", "tls.key"),
@@ -420,6 +438,40 @@ mod tests {
         // Nothing from the Secret reaches the configuration file.
         assert!(!ini.contains("app"), "{ini}");
         assert!(!ini.contains("secret"), "{ini}");
+    }
+
+    #[test]
+    fn with_the_look_up_secret_other_roles_are_looked_up_as_pgop_pooler() {
+        let mut d = desired("app", "secret");
+        let without = render(&layout(), &d, "stats").expect("rendered");
+        assert!(!settings(&without.ini).contains_key("auth_user"));
+        assert!(
+            !without.auth.contains("\"pgop_pooler\" "),
+            "{}",
+            without.ini
+        );
+        d.auth_password = Some(Sourced::from_secret("look\"up", "db.pooler", "password"));
+        let with = render(&layout(), &d, "stats").expect("rendered");
+        let s = settings(&with.ini);
+        assert_eq!(s.get("auth_user").map(String::as_str), Some("pgop_pooler"));
+        assert_eq!(
+            s.get("auth_query").map(String::as_str),
+            Some("SELECT usename, passwd FROM pgop_pooler.user_lookup($1)")
+        );
+        assert!(
+            with.auth.contains("\"pgop_pooler\" \"look\"\"up\"\n"),
+            "{}",
+            with.auth
+        );
+        // A password the auth file cannot carry is refused naming its Secret.
+        d.auth_password = Some(Sourced::from_secret("a\nb", "db.pooler", "password"));
+        let refused = render(&layout(), &d, "stats")
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            refused.contains("key password of Secret db.pooler"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -573,6 +573,22 @@ async fn pass(
         ["tls.crt", "tls.key", "ca.crt"],
     )
     .await?;
+    // Other roles are looked up as pgop_pooler; without its Secret (an older operator),
+    // only the application owner logs in.
+    let auth_password = match secret_keys(
+        inputs,
+        pgop_api::pooler::identity_name(cluster_name),
+        ["password"],
+    )
+    .await
+    {
+        Ok([password]) => Some(password),
+        Err(Error::NoSecret { name }) => {
+            tracing::debug!(secret = %name, "no look-up Secret: only the application owner logs in");
+            None
+        }
+        Err(err) => return Err(err),
+    };
     let status = cluster.status.clone().unwrap_or_default();
     let instances = target_instances(spec.type_, &status);
     // Every instance's Pod is watched, not only the targets': when another instance
@@ -600,6 +616,7 @@ async fn pass(
         default_pool_size: spec.default_pool_size,
         app_user,
         app_password,
+        auth_password,
         tls: config::Tls { cert, key, ca },
     };
     let before = pooler.targets();

@@ -972,6 +972,24 @@ async fn reconcile(
                 .apply_databases(&cluster.spec.databases)
                 .await
                 .map_err(manage)?;
+            // The poolers look passwords up as pgop_pooler: with poolers, its password from
+            // `<cluster>.pooler` (a Secret not made yet: the next pass); without, it is shut.
+            if cluster.spec.poolers.is_empty() {
+                instance.apply_pooler_auth(None).await.map_err(manage)?;
+            } else {
+                match read_secret(inputs, pgop_api::pooler::identity_name(&settings.cluster))
+                    .await
+                    .and_then(|s| secret_text(&s, "password"))
+                {
+                    Ok(password) => instance
+                        .apply_pooler_auth(Some(&password))
+                        .await
+                        .map_err(manage)?,
+                    Err(err) => {
+                        tracing::debug!(error = %error_chain(&err), "the poolers' Secret is not readable yet")
+                    }
+                }
+            }
         }
     }
     let spec = &cluster.spec;

@@ -537,6 +537,9 @@ async fn apply_poolers(
     observed: &Observed,
     out: &mut Outcome,
 ) -> Result<(), Error> {
+    if let Some(secret) = &poolers.auth_secret {
+        create_or_fix_metadata(client, namespace, secret, &observed.secrets, out).await?;
+    }
     if let Some((account, role, binding)) = &poolers.identity {
         apply_if_changed(
             client,

@@ -30,6 +30,9 @@ pub struct Passwords {
     /// With `superuserAccess` only: the superuser's password, and whether it is copied
     /// from `superuserSecret`.
     pub superuser: Option<(String, bool)>,
+    /// With `spec.poolers` only: the password of the poolers' `auth_user`
+    /// (`<cluster>.pooler`).
+    pub pooler: Option<String>,
     pub warnings: Vec<String>,
 }
 
@@ -103,6 +106,14 @@ pub async fn plan(
         app_copied,
         replication: password_of(secrets, &format!("{cluster}{REPLICATION_SECRET_SUFFIX}"))?,
         superuser,
+        pooler: if spec.poolers.is_empty() {
+            None
+        } else {
+            Some(password_of(
+                secrets,
+                &pgop_api::pooler::identity_name(cluster),
+            )?)
+        },
         warnings,
     })
 }

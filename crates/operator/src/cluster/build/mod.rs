@@ -265,7 +265,12 @@ pub fn children(
             settings,
             !spec.poolers.is_empty(),
         ),
-        poolers: pooler::poolers(&common, cluster, settings),
+        poolers: pooler::poolers(
+            &common,
+            cluster,
+            settings,
+            passwords.passwords.pooler.as_deref(),
+        ),
     })
 }
 

@@ -15,7 +15,7 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile,
+    Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Secret,
     Service, ServiceAccount, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
@@ -26,7 +26,7 @@ use pgop_api::constants::{
     PATH_READYZ, POSTGRES_PORT, SERVER_TLS_SECRET_SUFFIX,
 };
 use pgop_api::labels;
-use pgop_api::pooler::{PoolerSpec, pooler_name};
+use pgop_api::pooler::{AUTH_USER, PoolerSpec, pooler_name};
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 
@@ -41,10 +41,7 @@ pub mod env {
     pub const POOLER_DIR: &str = "PGOP_POOLER_DIR";
 }
 
-/// The ServiceAccount, Role and RoleBinding of a cluster's pooler Pods.
-pub fn identity_name(cluster: &str) -> String {
-    format!("{cluster}.pooler")
-}
+pub use pgop_api::pooler::identity_name;
 
 /// The labels of pooler `name`'s Pods: its selector.
 fn pod_labels(c: &Common, full: &str) -> BTreeMap<String, String> {
@@ -68,23 +65,48 @@ fn selector(full: &str) -> BTreeMap<String, String> {
 pub struct Poolers {
     /// `<cluster>.pooler`, with at least one pooler.
     pub identity: Option<(ServiceAccount, Role, RoleBinding)>,
+    /// `<cluster>.pooler`: [`pgop_api::pooler::AUTH_USER`] and its password, generated once.
+    pub auth_secret: Option<Secret>,
     pub deployments: Vec<Deployment>,
     pub services: Vec<Service>,
 }
 
-pub(crate) fn poolers(c: &Common, cluster: &PostgresCluster, settings: &Settings) -> Poolers {
+pub(crate) fn poolers(
+    c: &Common,
+    cluster: &PostgresCluster,
+    settings: &Settings,
+    auth_password: Option<&str>,
+) -> Poolers {
     let spec = &cluster.spec;
     if spec.poolers.is_empty() {
         return Poolers::default();
     }
     Poolers {
         identity: Some((service_account(c), role(c), role_binding(c))),
+        auth_secret: auth_password.map(|password| auth_secret(c, password)),
         deployments: spec
             .poolers
             .iter()
             .map(|p| deployment(c, cluster, p, settings))
             .collect(),
         services: spec.poolers.iter().map(|p| service(c, p)).collect(),
+    }
+}
+
+/// `<cluster>.pooler`: the user PgBouncer looks passwords up as, and its password.
+fn auth_secret(c: &Common, password: &str) -> Secret {
+    let data = [("username", AUTH_USER), ("password", password)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Secret {
+        metadata: c.meta(
+            &identity_name(&c.cluster),
+            &[(labels::COMPONENT, labels::COMPONENT_POOLER)],
+        ),
+        type_: Some("kubernetes.io/basic-auth".to_string()),
+        string_data: Some(data),
+        ..Secret::default()
     }
 }
 
@@ -98,9 +120,9 @@ fn service_account(c: &Common) -> ServiceAccount {
     }
 }
 
-/// What a pooler's manager reads: its cluster, the application owner's password and the
-/// server certificate (which names the pooler Services too), and the instance Pods'
-/// addresses. It writes nothing.
+/// What a pooler's manager reads: its cluster, the application owner's password, its own
+/// Secret (`auth_user`'s password), the server certificate (which names the pooler
+/// Services too), and the instance Pods' addresses. It writes nothing.
 fn role(c: &Common) -> Role {
     let read = ["get", "list", "watch"];
     Role {
@@ -122,6 +144,7 @@ fn role(c: &Common) -> Role {
                 &[
                     format!("{}{APP_SECRET_SUFFIX}", c.cluster),
                     format!("{}{SERVER_TLS_SECRET_SUFFIX}", c.cluster),
+                    identity_name(&c.cluster),
                 ],
             ),
             // The instances' Pod IPs, watched by name; instance names are not known

@@ -44,6 +44,8 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
         // Read with spec.credentials.superuserAccess only; the user's own Secrets
         // (spec.credentials) never: the operator copies them.
         format!("{}{SUPERUSER_SECRET_SUFFIX}", c.cluster),
+        // With spec.poolers: the password the primary gives the poolers' auth_user.
+        pgop_api::pooler::identity_name(&c.cluster),
         // The certificates the instances use; never the authorities (`<cluster>-ca`,
         // `<cluster>-postgres-ca`).
         format!(

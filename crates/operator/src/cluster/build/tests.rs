@@ -42,6 +42,7 @@ fn passwords() -> Credentials {
             app_copied: false,
             replication: "replication-password".into(),
             superuser: Some(("superuser-password".into(), true)),
+            pooler: Some("pooler-password".into()),
             warnings: Vec::new(),
         },
         certificates: Certificates {
@@ -144,6 +145,7 @@ fn to_yaml(c: &Children) -> String {
             serde_yaml::to_string(binding),
         ]);
     }
+    docs.extend(poolers.auth_secret.iter().map(serde_yaml::to_string));
     docs.extend(poolers.deployments.iter().map(serde_yaml::to_string));
     docs.extend(poolers.services.iter().map(serde_yaml::to_string));
     // Not objects: checked by the_password_follows_the_users_secret_only_when_copied.
