@@ -217,17 +217,7 @@ async fn a_standby_whose_primary_removed_the_wal_it_needs_is_cloned_afresh() -> 
         "pg_basebackup: {}",
         String::from_utf8_lossy(&backup.stderr)
     );
-    let su = primary.superuser().await;
-    let app = primary.app().await?;
-    for _ in 0..4 {
-        app.batch_execute(
-            "CREATE TABLE IF NOT EXISTS moved (id int); \
-             INSERT INTO moved SELECT generate_series(1, 1000)",
-        )
-        .await?;
-        su.batch_execute("SELECT pg_switch_wal(); CHECKPOINT;")
-            .await?;
-    }
+    move_wal_on(&primary).await?;
     // Its slot made only now, as a new primary makes its standbys' slots after its
     // promotion: it keeps WAL from here on, not what the standby needs.
     primary.instance.ensure_slots(&["wg-2".to_string()]).await?;
@@ -237,18 +227,14 @@ async fn a_standby_whose_primary_removed_the_wal_it_needs_is_cloned_afresh() -> 
             upstream: primary.upstream(),
         })
         .await?;
-    eventually("the re-cloned standby streaming", WAIT, || async {
-        let s = standby.instance.status().await;
-        (s.role == PgRole::Replica && s.streaming && standby.count("moved").await == Some(4000))
-            .then_some(())
-    })
-    .await;
+    wait_recloned(&standby).await;
     Ok(())
 }
 
 /// A standby that is consistent and running, but whose primary removed WAL it still needs
-/// while it could not stream (here: its replication role refused for a while; no slot keeps
-/// the WAL): its WAL receiver is told so at every retry and it can never catch up. The
+/// while it could not stream (here: its replication role refused for a while, and its slot
+/// made again meanwhile, as a new primary makes its standbys' slots after its promotion):
+/// its WAL receiver is told so at every retry and it can never catch up. The
 /// manager sees it ([`pgop_instance::Instance::upstream_wal_gone`]) and clones it afresh
 /// ([`pgop_instance::Instance::reclone`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,16 +274,7 @@ async fn a_running_standby_whose_primary_removed_the_wal_it_needs_is_recloned() 
         (left == 0).then_some(())
     })
     .await;
-    let app = primary.app().await?;
-    for _ in 0..4 {
-        app.batch_execute(
-            "CREATE TABLE IF NOT EXISTS moved (id int); \
-             INSERT INTO moved SELECT generate_series(1, 1000)",
-        )
-        .await?;
-        su.batch_execute("SELECT pg_switch_wal(); CHECKPOINT;")
-            .await?;
-    }
+    move_wal_on(&primary).await?;
     primary.instance.ensure_slots(&["wr-2".to_string()]).await?;
     su.batch_execute("ALTER ROLE streaming_replica LOGIN")
         .await?;
@@ -313,12 +290,7 @@ async fn a_running_standby_whose_primary_removed_the_wal_it_needs_is_recloned() 
 
     standby.instance.reclone(&primary.upstream()).await?;
     assert!(!standby.instance.upstream_wal_gone());
-    eventually("the re-cloned standby streaming", WAIT, || async {
-        let s = standby.instance.status().await;
-        (s.role == PgRole::Replica && s.streaming && standby.count("moved").await == Some(4000))
-            .then_some(())
-    })
-    .await;
+    wait_recloned(&standby).await;
     Ok(())
 }
 
@@ -343,4 +315,31 @@ async fn a_reclone_towards_no_primary_keeps_the_standby_running() -> TestResult 
     assert!(standby.instance.pid().is_some());
     assert_eq!(standby.instance.status().await.role, PgRole::Replica);
     Ok(())
+}
+
+/// Writes 4,000 rows into `moved` on `primary`, switching and recycling WAL four times
+/// (`CHECKPOINT`), so that a standby that did not receive it cannot stream it any more.
+async fn move_wal_on(primary: &Node) -> TestResult {
+    let su = primary.superuser().await;
+    let app = primary.app().await?;
+    for _ in 0..4 {
+        app.batch_execute(
+            "CREATE TABLE IF NOT EXISTS moved (id int); \
+             INSERT INTO moved SELECT generate_series(1, 1000)",
+        )
+        .await?;
+        su.batch_execute("SELECT pg_switch_wal(); CHECKPOINT;")
+            .await?;
+    }
+    Ok(())
+}
+
+/// Waits until `standby`, cloned afresh, streams and has the 4,000 rows of [`move_wal_on`].
+async fn wait_recloned(standby: &Node) {
+    eventually("the re-cloned standby streaming", WAIT, || async {
+        let s = standby.instance.status().await;
+        (s.role == PgRole::Replica && s.streaming && standby.count("moved").await == Some(4000))
+            .then_some(())
+    })
+    .await;
 }
