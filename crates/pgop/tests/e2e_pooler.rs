@@ -383,7 +383,28 @@ async fn e2e_pgbench_through_the_poolers_before_during_and_after_a_failover() ->
         "the ro pooler reaches a standby after the failover"
     );
 
-    // Removing a pooler removes its Deployment and Service; the other keeps serving.
+    // Each pooler has a budget: a drain evicts one of its Pods at a time.
+    let budgets: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        kube::Api::namespaced(env.client.clone(), env.n());
+    for name in ["pool-pooler-rw", "pool-pooler-reports"] {
+        let budget = budgets.get(name).await?;
+        let spec = budget.spec.unwrap_or_default();
+        assert_eq!(
+            spec.max_unavailable,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)),
+            "{name}"
+        );
+        assert_eq!(
+            spec.selector
+                .and_then(|s| s.match_labels)
+                .and_then(|l| l.get("database.example.com/pooler").cloned())
+                .as_deref(),
+            Some(name)
+        );
+    }
+
+    // Removing a pooler removes its Deployment, Service and budget; the other keeps
+    // serving.
     let api = env.clusters_v1beta1();
     api.patch(
         "pool",
@@ -400,8 +421,9 @@ async fn e2e_pgbench_through_the_poolers_before_during_and_after_a_failover() ->
     pgop_testenv::wait::until("the reports pooler is gone", TIMEOUT, || async {
         let d = deployments.get_opt("pool-pooler-reports").await;
         let s = services.get_opt("pool-pooler-reports").await;
-        match (d, s) {
-            (Ok(None), Ok(None)) => Ok(()),
+        let b = budgets.get_opt("pool-pooler-reports").await;
+        match (d, s, b) {
+            (Ok(None), Ok(None), Ok(None)) => Ok(()),
             other => Err(format!("{other:?}")),
         }
     })

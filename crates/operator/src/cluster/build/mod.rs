@@ -250,7 +250,10 @@ pub fn children(
         server_tls_secret: secret::server_tls(&common, &passwords.certificates),
         replication_tls_secret: secret::replication_tls(&common, &passwords.certificates),
         services: service::all(&common),
-        pod_disruption_budgets: pdb::pod_disruption_budgets(&common, budgets),
+        pod_disruption_budgets: pdb::pod_disruption_budgets(&common, budgets)
+            .into_iter()
+            .chain(pooler::budgets(&common, cluster))
+            .collect(),
         pvcs: instances
             .iter()
             .flat_map(|i| pvc::pvcs(&common, spec, &i.name))

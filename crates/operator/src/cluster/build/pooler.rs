@@ -15,9 +15,11 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Secret,
-    Service, ServiceAccount, ServicePort, ServiceSpec,
+    Affinity, Container, ContainerPort, PodAffinityTerm, PodAntiAffinity, PodSecurityContext,
+    PodSpec, PodTemplateSpec, SeccompProfile, Secret, Service, ServiceAccount, ServicePort,
+    ServiceSpec, WeightedPodAffinityTerm,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -272,7 +274,29 @@ fn deployment(
                 spec: Some(PodSpec {
                     service_account_name: Some(identity_name(&c.cluster)),
                     enable_service_links: Some(false),
+                    // PgBouncer drains for 20 s, then 5 s to stop (pgop_instance::pooler).
                     termination_grace_period_seconds: Some(30),
+                    // Its Pods on different nodes when they can be: one node lost, the
+                    // pooler keeps serving.
+                    affinity: Some(Affinity {
+                        pod_anti_affinity: Some(PodAntiAffinity {
+                            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                                WeightedPodAffinityTerm {
+                                    weight: 100,
+                                    pod_affinity_term: PodAffinityTerm {
+                                        label_selector: Some(LabelSelector {
+                                            match_labels: Some(selector(&full)),
+                                            ..LabelSelector::default()
+                                        }),
+                                        topology_key: "kubernetes.io/hostname".to_string(),
+                                        ..PodAffinityTerm::default()
+                                    },
+                                },
+                            ]),
+                            ..PodAntiAffinity::default()
+                        }),
+                        ..Affinity::default()
+                    }),
                     security_context: Some(PodSecurityContext {
                         run_as_non_root: Some(true),
                         run_as_user: Some(settings.run_as_user),
@@ -292,6 +316,31 @@ fn deployment(
         }),
         ..Deployment::default()
     }
+}
+
+/// Per pooler, `<cluster>-pooler-<name>`: a drain evicts one of its Pods at a time (the
+/// Deployment's scale subresource lets the budget count them).
+pub(crate) fn budgets(c: &Common, cluster: &PostgresCluster) -> Vec<PodDisruptionBudget> {
+    cluster
+        .spec
+        .poolers
+        .iter()
+        .map(|pooler| {
+            let full = pooler_name(&c.cluster, &pooler.name);
+            PodDisruptionBudget {
+                metadata: c.meta(&full, &[(labels::COMPONENT, labels::COMPONENT_POOLER)]),
+                spec: Some(PodDisruptionBudgetSpec {
+                    max_unavailable: Some(IntOrString::Int(1)),
+                    selector: Some(LabelSelector {
+                        match_labels: Some(selector(&full)),
+                        ..LabelSelector::default()
+                    }),
+                    ..PodDisruptionBudgetSpec::default()
+                }),
+                ..PodDisruptionBudget::default()
+            }
+        })
+        .collect()
 }
 
 fn service(c: &Common, pooler: &PoolerSpec) -> Service {
