@@ -146,6 +146,12 @@ async fn databases_and_roles_restore_into_a_fresh_server_with_identical_data() {
          GRANT SELECT ON orders TO reporter;",
     )
     .await;
+    // Poolers on both sides: pgop's look-up role and schema are pgop's own, neither dumped
+    // with a database nor restored with the globals.
+    src.instance
+        .apply_pooler_auth(Some("source-look-up"))
+        .await
+        .expect("the source's pooler look-up");
     let shop_before = fingerprint(src, SHOP, "items").await;
     let bakery_before = fingerprint(src, BAKERY, "orders").await;
     assert_eq!(shop_before.0, 30000);
@@ -205,6 +211,22 @@ async fn databases_and_roles_restore_into_a_fresh_server_with_identical_data() {
 
     // A second, fresh server: the globals first, then each database into an empty one.
     let dst = Node::bootstrap(&env.dir.0, "dst-1", None).await;
+    dst.instance
+        .apply_pooler_auth(Some("target-look-up"))
+        .await
+        .expect("the target's pooler look-up");
+    let look_up_verifier = async |node: &Node| -> Option<String> {
+        on(node, "postgres")
+            .await
+            .query_one(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = 'pgop_pooler'",
+                &[],
+            )
+            .await
+            .expect("pgop_pooler")
+            .get(0)
+    };
+    let target_verifier = look_up_verifier(&dst).await;
     let scratch = TempDir::new("restore-scratch");
     let globals = logical::restore_globals(
         &env.store,
@@ -216,6 +238,8 @@ async fn databases_and_roles_restore_into_a_fresh_server_with_identical_data() {
     .await
     .expect("restore the globals");
     assert_eq!(globals.created_roles, vec!["reporter"]);
+    assert_eq!(look_up_verifier(&dst).await, target_verifier);
+    assert_ne!(look_up_verifier(src).await, target_verifier);
     assert!(
         globals.existing_roles.iter().any(|r| r == "postgres"),
         "{globals:?}"
@@ -235,6 +259,11 @@ async fn databases_and_roles_restore_into_a_fresh_server_with_identical_data() {
         &[&create_databases[0], &create_databases[1]],
     )
     .await;
+    // The target's databases have the look-up schema before the restore.
+    dst.instance
+        .apply_pooler_auth(Some("target-look-up"))
+        .await
+        .expect("the target's pooler look-up in the new databases");
     for (db, object) in [(SHOP, &shop.dump), (BAKERY, &bakery.dump)] {
         let bytes = logical::restore(
             &env.store,

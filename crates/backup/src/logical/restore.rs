@@ -400,6 +400,11 @@ fn filter_globals(sql: &str, roles: &[String], tablespaces: &[String]) -> Filter
         .and_then(leading_ident);
         if let Some(role) = role {
             let created = line.starts_with("CREATE ROLE ");
+            // The poolers' look-up role is pgop's: the target's manager makes it, with the
+            // target's password, when the target has poolers.
+            if role == pgop_api::pooler::AUTH_USER {
+                continue;
+            }
             if roles.contains(&role) {
                 if created {
                     restored.existing_roles.push(role);
@@ -428,7 +433,7 @@ mod tests {
 
     #[test]
     fn globals_of_existing_roles_and_tablespaces_are_skipped() {
-        let sql = "--\n-- Roles\n--\n\nCREATE ROLE app;\nALTER ROLE app WITH NOSUPERUSER LOGIN PASSWORD 'x';\nCREATE ROLE \"Report \"\"Reader\"\"\";\nALTER ROLE \"Report \"\"Reader\"\"\" WITH LOGIN;\nCOMMENT ON ROLE \"Report \"\"Reader\"\"\" IS 'r';\nCREATE ROLE postgres;\nALTER ROLE postgres WITH SUPERUSER PASSWORD 'secret';\nGRANT app TO \"Report \"\"Reader\"\"\" GRANTED BY postgres;\nCREATE TABLESPACE fast OWNER postgres LOCATION '/fast';\nCREATE TABLESPACE slow OWNER postgres LOCATION '/slow';\n";
+        let sql = "--\n-- Roles\n--\n\nCREATE ROLE app;\nALTER ROLE app WITH NOSUPERUSER LOGIN PASSWORD 'x';\nCREATE ROLE \"Report \"\"Reader\"\"\";\nALTER ROLE \"Report \"\"Reader\"\"\" WITH LOGIN;\nCOMMENT ON ROLE \"Report \"\"Reader\"\"\" IS 'r';\nCREATE ROLE postgres;\nALTER ROLE postgres WITH SUPERUSER PASSWORD 'secret';\nGRANT app TO \"Report \"\"Reader\"\"\" GRANTED BY postgres;\nCREATE TABLESPACE fast OWNER postgres LOCATION '/fast';\nCREATE TABLESPACE slow OWNER postgres LOCATION '/slow';\nCREATE ROLE pgop_pooler;\nALTER ROLE pgop_pooler WITH LOGIN PASSWORD 'SCRAM-SHA-256$x';\n";
         let out = filter_globals(
             sql,
             &["postgres".into(), "app".into()],
@@ -444,5 +449,7 @@ mod tests {
         assert!(out.sql.contains("GRANT app TO"));
         assert!(!out.sql.contains("/fast"));
         assert!(out.sql.contains("LOCATION '/slow'"));
+        // pgop's pooler look-up role is never restored (nor reported).
+        assert!(!out.sql.contains("pgop_pooler"), "{}", out.sql);
     }
 }

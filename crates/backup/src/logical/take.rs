@@ -200,6 +200,12 @@ async fn dump_all(
         let mut cmd = tools.command("pg_dump");
         cmd.arg("--format=custom")
             .arg(format!("--compress={PG_DUMP_COMPRESSION}"))
+            // pgop's own schema (the poolers' password look-up): the target's manager
+            // installs it, and a restore into a database that has it would fail on it.
+            .arg(format!(
+                "--exclude-schema={}",
+                pgop_api::pooler::AUTH_SCHEMA
+            ))
             .arg("--no-password")
             .arg(format!("--dbname={}", source_conninfo(source, name)));
         let key = dump_key(id, name);
