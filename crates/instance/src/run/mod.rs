@@ -974,20 +974,23 @@ async fn reconcile(
                 .map_err(manage)?;
             // The poolers look passwords up as pgop_pooler: with poolers, its password from
             // `<cluster>.pooler` (a Secret not made yet: the next pass); without, it is shut.
-            if cluster.spec.poolers.is_empty() {
-                instance.apply_pooler_auth(None).await.map_err(manage)?;
+            // A failure is logged and tried again next pass; it holds nothing else back.
+            let password = if cluster.spec.poolers.is_empty() {
+                Ok(None)
             } else {
-                match read_secret(inputs, pgop_api::pooler::identity_name(&settings.cluster))
+                read_secret(inputs, pgop_api::pooler::identity_name(&settings.cluster))
                     .await
                     .and_then(|s| secret_text(&s, "password"))
-                {
-                    Ok(password) => instance
-                        .apply_pooler_auth(Some(&password))
-                        .await
-                        .map_err(manage)?,
-                    Err(err) => {
-                        tracing::debug!(error = %error_chain(&err), "the poolers' Secret is not readable yet")
+                    .map(Some)
+            };
+            match password {
+                Ok(password) => {
+                    if let Err(err) = instance.apply_pooler_auth(password.as_deref()).await {
+                        tracing::warn!(error = %error_chain(&err), "the poolers' password look-up was not set up");
                     }
+                }
+                Err(err) => {
+                    tracing::debug!(error = %error_chain(&err), "the poolers' Secret is not readable yet")
                 }
             }
         }
