@@ -47,7 +47,7 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// The watch of an instance Pod no pass read for this long ends (no longer an instance).
 const POD_IDLE: Duration = Duration::from_secs(300);
 /// How long a stopping PgBouncer lets the transactions under way finish before it closes
-/// every connection: with [`STOP_TIMEOUT`], within a pooler Pod's default grace period
+/// every connection: with [`STOP_TIMEOUT`], within a pooler Pod's grace period
 /// (30 s).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long PgBouncer has after SIGTERM before SIGKILL.
