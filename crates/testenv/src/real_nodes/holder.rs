@@ -136,7 +136,13 @@ cleanup() {{
     echo THAWED > /sys/fs/cgroup/freezer/{name}/freezer.state
     sleep 0.1
   done
-  find /sys/fs/cgroup/*/{name} -depth -type d -exec rmdir {{}} \\; 2>/dev/null
+  # rmdir answers EBUSY for a moment after the last task left (the kernel releases exited
+  # tasks later): tried again until the tree is gone, for at most 10 s.
+  for i in $(seq 100); do
+    find /sys/fs/cgroup/*/{name} -depth -type d -exec rmdir {{}} \\; 2>/dev/null
+    [ -z \"$(ls -d /sys/fs/cgroup/*/{name} 2>/dev/null)\" ] && break
+    sleep 0.1
+  done
   # Volumes and container root filesystems are mounted in this namespace, deepest first.
   awk '$2 ~ \"^{d}/\" {{print $2}}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
   rm -rf {d}
