@@ -41,6 +41,8 @@ pub const AUTH_SCHEMA: &str = "pgop_pooler";
 /// PgBouncer's `auth_query` calls it: the SCRAM verifier of a role that may log in and is
 /// neither a superuser nor a replication role nor pgop's own.
 pub const AUTH_FUNCTION: &str = "pgop_pooler.user_lookup";
+/// PgBouncer's `auth_query`: [`AUTH_FUNCTION`] called with the client's user name.
+pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM pgop_pooler.user_lookup($1)";
 
 /// `<cluster>.pooler`: the poolers' ServiceAccount, Role and RoleBinding, and the Secret
 /// with [`AUTH_USER`]'s password (a dot: no cluster's name, nor any name pgop derives from

@@ -20,7 +20,6 @@ mod passwords;
 mod pooler_auth;
 mod roles;
 
-pub use pooler_auth::AUTH_QUERY;
 pub use roles::Password as RolePassword;
 mod store;
 

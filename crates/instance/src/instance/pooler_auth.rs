@@ -49,9 +49,6 @@ fn install_sql() -> String {
     )
 }
 
-/// PgBouncer's `auth_query`.
-pub const AUTH_QUERY: &str = "SELECT usename, passwd FROM pgop_pooler.user_lookup($1)";
-
 impl Instance {
     /// Primary: with `password` (the cluster has poolers), [`AUTH_USER`] logs in with it
     /// and every database has the look-up function; without, [`AUTH_USER`] (if any) may not

@@ -288,7 +288,7 @@ pub fn render_ini(layout: &Layout, desired: &Desired) -> Result<String, Error> {
         // Users not in the auth file: their SCRAM verifier from the server, through the
         // one function the look-up role may call (in the database the client names).
         settings.push(("auth_user", AUTH_USER.into()));
-        settings.push(("auth_query", crate::instance::AUTH_QUERY.into()));
+        settings.push(("auth_query", pgop_api::pooler::AUTH_QUERY.into()));
     }
     out.push_str("[pgbouncer]\n");
     for (name, value) in settings {

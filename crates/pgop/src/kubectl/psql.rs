@@ -53,12 +53,7 @@ pub fn ready_pod(pods: &[Pod]) -> Option<String> {
     let mut ready: Vec<String> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(|p| pgop_operator::cluster::status::pod_ready(p))
         .map(ResourceExt::name_any)
         .collect();
     ready.sort();

@@ -97,19 +97,12 @@ pub(crate) fn poolers(
 
 /// `<cluster>.pooler`: the user PgBouncer looks passwords up as, and its password.
 fn auth_secret(c: &Common, password: &str) -> Secret {
-    let data = [("username", AUTH_USER), ("password", password)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    Secret {
-        metadata: c.meta(
-            &identity_name(&c.cluster),
-            &[(labels::COMPONENT, labels::COMPONENT_POOLER)],
-        ),
-        type_: Some("kubernetes.io/basic-auth".to_string()),
-        string_data: Some(data),
-        ..Secret::default()
-    }
+    super::secret::user_and_password(
+        c,
+        identity_name(&c.cluster),
+        &[(labels::COMPONENT, labels::COMPONENT_POOLER)],
+        (AUTH_USER, password),
+    )
 }
 
 fn service_account(c: &Common) -> ServiceAccount {

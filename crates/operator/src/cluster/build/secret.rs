@@ -121,11 +121,29 @@ pub fn derived_keys(copied: bool) -> Vec<&'static str> {
 }
 
 pub fn replication(c: &Common, password: &str) -> Secret {
-    let data = [("username", REPLICATION_USER), ("password", password)]
+    user_and_password(
+        c,
+        format!("{}{REPLICATION_SECRET_SUFFIX}", c.cluster),
+        &[],
+        (REPLICATION_USER, password),
+    )
+}
+
+/// A Secret with a role's `username` and `password` only, labelled with `extra_labels`.
+pub fn user_and_password(
+    c: &Common,
+    name: String,
+    extra_labels: &[(&str, &str)],
+    (username, password): (&str, &str),
+) -> Secret {
+    let data = [("username", username), ("password", password)]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    secret(c, format!("{}{REPLICATION_SECRET_SUFFIX}", c.cluster), data)
+    Secret {
+        metadata: c.meta(&name, extra_labels),
+        ..secret(c, name, data)
+    }
 }
 
 fn bytes(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
