@@ -213,6 +213,13 @@ async fn run_until_stopped(
         if interrupt.interrupted() {
             return Ok(());
         }
+        // The CRD converts between v1alpha1 and v1beta1 through the operator's webhook,
+        // which points the CRD at its loopback port once it has a certificate: wired and
+        // answering before anything is applied, whichever version the manifest is in.
+        tokio::select! {
+            wired = pgop_operator::webhook::wait_converting(&client, "default", Duration::from_secs(60)) => wired?,
+            () = interrupt.wait() => return Ok(()),
+        }
         let manifest = match &args.cluster {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| format!("failed to read {}: {e}", path.display()))?,

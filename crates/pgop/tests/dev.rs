@@ -33,8 +33,13 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn spawn_dev() -> Result<Child> {
+    spawn_dev_with(&[])
+}
+
+fn spawn_dev_with(args: &[&str]) -> Result<Child> {
     Ok(Command::new(env!("CARGO_BIN_EXE_pgop"))
         .args(["dev", "--ready-timeout", "120"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()?)
@@ -239,26 +244,60 @@ fn ctrl_c_while_the_control_plane_starts_leaves_nothing_behind() -> Result {
     nothing_left(pid, "while starting")
 }
 
+/// A cluster in the API version tutorials and older manifests still use: the API server
+/// converts it to `v1beta1` (the stored version) through the operator's webhook.
+const V1ALPHA1_CLUSTER: &str = "apiVersion: database.example.com/v1alpha1
+kind: PostgresCluster
+metadata:
+  name: tutorial
+spec:
+  replicas: 2
+  storage:
+    size: 1Gi
+";
+
 #[test]
 fn ctrl_c_while_waiting_for_ready_leaves_nothing_behind() -> Result {
     let _serial = serial();
-    let mut child = spawn_dev()?;
+    // `--cluster` with a v1alpha1 manifest: the conversion webhook is wired before the
+    // demo applies it (it once failed at once: the CRD still called the in-cluster
+    // Service).
+    let dir = tempfile_dir("pgop-dev-v1alpha1")?;
+    let manifest = dir.join("cluster.yaml");
+    std::fs::write(&manifest, V1ALPHA1_CLUSTER)?;
+    let path = manifest.to_str().ok_or("a UTF-8 temporary path")?;
+    let mut child = spawn_dev_with(&["--cluster", path])?;
     let pid = child.id();
     let stdout = child.stdout.take().ok_or("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();
+    let mut printed = String::new();
     loop {
-        let line = lines
-            .next()
-            .ok_or("pgop dev ended before applying its cluster")??;
+        let line = lines.next().ok_or_else(|| {
+            format!("pgop dev ended before applying its cluster; it printed:\n{printed}")
+        })??;
+        printed.push_str(&line);
+        printed.push('\n');
         if line.contains("waiting until it is Ready") {
             break;
         }
     }
+    assert!(
+        printed.contains("applied PostgresCluster default/tutorial;"),
+        "{printed}"
+    );
     // Pods are being created and PostgreSQL initialised now.
     std::thread::sleep(Duration::from_millis(1500));
     let status = interrupt(&mut child)?;
     assert!(status.success(), "pgop dev exited with {status}");
+    std::fs::remove_dir_all(&dir)?;
     nothing_left(pid, "while waiting for Ready")
+}
+
+/// A new directory of this process for the test's files.
+fn tempfile_dir(prefix: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 #[test]

@@ -150,6 +150,45 @@ impl Webhook {
     }
 }
 
+/// Waits until the API server converts a `v1alpha1` PostgresCluster in `namespace`
+/// through the conversion webhook: a dry-run create of a one-instance probe, which is
+/// converted to `v1beta1` to be stored and so fails while the CRD does not yet call a
+/// webhook that answers (the certificate keeper writes its `caBundle` and address once it
+/// has a certificate). `pgop dev` waits for this before it applies a manifest of either
+/// version; the real-node tests after installing the chart. The last refusal when it does
+/// not within `timeout`.
+pub async fn wait_converting(
+    client: &kube::Client,
+    namespace: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let api: kube::Api<pgop_api::PostgresCluster> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let probe: pgop_api::PostgresCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": pgop_api::v1beta1::V1ALPHA1, "kind": "PostgresCluster",
+        "metadata": {"name": "pgop-conversion-probe"},
+        "spec": {"replicas": 1, "storage": {"size": "1Gi"}}
+    }))
+    .map_err(|e| format!("the conversion probe: {e}"))?;
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..kube::api::PostParams::default()
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match api.create(&dry_run, &probe).await {
+            Ok(_) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!(
+                    "the API server did not convert a {} PostgresCluster within {timeout:?}: {e}",
+                    pgop_api::v1beta1::V1ALPHA1
+                ));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 struct Shared {

@@ -195,34 +195,17 @@ impl RealEnv {
 
     /// Waits until the API server converts a `v1alpha1` PostgresCluster through the
     /// operator's webhook (its keeper writes the CRD's caBundle as it starts, not before
-    /// the Lease): a dry-run create, which is converted to `v1beta1` to be stored.
+    /// the Lease).
     pub async fn converting(&self) {
-        let api: Api<PostgresCluster> = Api::namespaced(self.client.clone(), "pgop-system");
-        let probe: PostgresCluster = match serde_json::from_value(json!({
-            "apiVersion": pgop_api::v1beta1::V1ALPHA1, "kind": "PostgresCluster",
-            "metadata": {"name": "conversion-probe"},
-            "spec": {"replicas": 1, "storage": {"size": "1Gi"}}
-        })) {
-            Ok(probe) => probe,
-            Err(e) => panic!("the probe cluster: {e}"),
-        };
-        eventually(
-            "the conversion webhook answers",
+        if let Err(e) = pgop_operator::webhook::wait_converting(
+            &self.client,
+            "pgop-system",
             Duration::from_secs(120),
-            || async {
-                api.create(
-                    &PostParams {
-                        dry_run: true,
-                        ..PostParams::default()
-                    },
-                    &probe,
-                )
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-            },
         )
-        .await;
+        .await
+        {
+            panic!("the conversion webhook answers: {e}");
+        }
         println!("conversion answering at {:.1?}", self.started.elapsed());
     }
 
