@@ -276,6 +276,7 @@ async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
         return victim().await;
     }
     use std::io::BufRead;
+    let host_before = host_sysctls();
     let exe = std::env::current_exe().expect("test binary");
     let mut child = std::process::Command::new(exe)
         .args(["--exact", test, "--nocapture"])
@@ -300,6 +301,20 @@ async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
         .filter_map(|p| p.parse().ok())
         .collect();
     assert!(!pgop_testenv::real_nodes::cgroup::existing(&prefix).is_empty());
+    // The kubelet has set its kernel tunables (it does before its node is Ready): in the
+    // node's own copies, the machine's are as they were.
+    for (key, kubelet) in pgop_testenv::real_nodes::KEPT_SYSCTLS {
+        let copy = dir
+            .join("node-0")
+            .join(pgop_testenv::real_nodes::kept_sysctl_file(key));
+        let set = std::fs::read_to_string(&copy).expect("the node's copy of a kernel tunable");
+        assert_eq!(set.trim(), kubelet, "{key} as the kubelet saw it");
+    }
+    assert_eq!(
+        host_sysctls(),
+        host_before,
+        "the machine's kernel tunables while the node runs"
+    );
 
     // SIGKILL: no cleanup code of the victim runs. SIGINT: what Ctrl-C sends the test
     // process (its children lead process groups of their own, so only it gets it), whose
@@ -330,6 +345,23 @@ async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert_eq!(
+        host_sysctls(),
+        host_before,
+        "the machine's kernel tunables after the kill"
+    );
+}
+
+/// The machine's values of the kernel tunables a kubelet sets.
+fn host_sysctls() -> Vec<(&'static str, String)> {
+    pgop_testenv::real_nodes::KEPT_SYSCTLS
+        .iter()
+        .map(|(key, _)| {
+            let value = std::fs::read_to_string(format!("/proc/sys/{key}"))
+                .unwrap_or_else(|e| panic!("/proc/sys/{key}: {e}"));
+            (*key, value.trim().to_string())
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

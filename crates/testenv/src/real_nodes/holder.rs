@@ -113,6 +113,41 @@ pub fn require_programs() -> Result<(), Error> {
     Ok(())
 }
 
+/// The kernel tunables a kubelet sets at start (its `setupKernelTunables`, unless
+/// `protectKernelDefaults`), as paths under `/proc/sys` with the value it sets. They are
+/// host-wide, not of the node's network namespace: set for real, they would stay changed on
+/// the machine after the tests (`kernel/panic_on_oops` 1 turns any oops into a panic).
+pub const KEPT_SYSCTLS: [(&str, &str); 6] = [
+    ("vm/overcommit_memory", "1"),
+    ("vm/panic_on_oom", "0"),
+    ("kernel/panic", "10"),
+    ("kernel/panic_on_oops", "1"),
+    ("kernel/keys/root_maxkeys", "1000000"),
+    ("kernel/keys/root_maxbytes", "25000000"),
+];
+
+/// The part of a node's holder script that keeps [`KEPT_SYSCTLS`] from the machine: in the
+/// node's mount namespace each is a file of the node's directory holding the machine's
+/// value, bind-mounted over its `/proc/sys` entry, so the kubelet reads and sets its own
+/// copy and nothing outside the node sees a change, even when the run is killed.
+fn kept_sysctls_script(dir: &Path) -> String {
+    let d = dir.display();
+    let mut s = format!("mkdir -p {d}/sysctl\n");
+    for (key, _) in KEPT_SYSCTLS {
+        let file = kept_sysctl_file(key);
+        s.push_str(&format!(
+            "cat /proc/sys/{key} > {d}/{file}\nmount --bind {d}/{file} /proc/sys/{key}\n"
+        ));
+    }
+    s
+}
+
+/// The file of a node's directory that stands for `/proc/sys/<key>` in the node
+/// ([`KEPT_SYSCTLS`]): `sysctl/vm.overcommit_memory`, ...
+pub fn kept_sysctl_file(key: &str) -> String {
+    format!("sysctl/{}", key.replace('/', "."))
+}
+
 /// The script a namespace holder runs: its namespaces' set-up, then it waits. Killed by
 /// the harness (drop), it takes its namespaces with it. Sent SIGTERM, which is what the
 /// kernel sends it when the harness's process dies (Ctrl-C, SIGKILL), it first kills
@@ -154,6 +189,7 @@ ip link set lo up
         join = tree.join_script(),
     );
     if node {
+        s.push_str(&kept_sysctls_script(dir));
         s.push_str(&format!(
             "hostname {hostname}
 echo 1 > /proc/sys/net/ipv4/ip_forward

@@ -34,6 +34,7 @@ pub use s3::{NodesS3, S3_SERVICE_PORT};
 pub use volumes::STORAGE_CLASS;
 
 pub use config::{CLUSTER_CIDR, CLUSTER_DNS, SERVICE_CIDR, node_ip, normalized_image, pod_cidr};
+pub use holder::{KEPT_SYSCTLS, kept_sysctl_file};
 
 use crate::binaries::{self, Binary};
 use crate::control_plane::ControlPlane;
