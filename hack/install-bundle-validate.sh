@@ -6,7 +6,7 @@
 #   hack/install-bundle-validate.sh
 #   ~/.cache/pgop/bundle-validate/bin/bundle-validate --k8s-version 1.34 bundle/
 #
-# crates/operator/tests/olm_bundle.rs finds it there (or through PGOP_BUNDLE_VALIDATE)
+# crates/operator/tests/it/olm_bundle.rs finds it there (or through PGOP_BUNDLE_VALIDATE)
 # and checks bundle/ with it. Why not operator-sdk itself: the Go module proxy does not
 # serve github.com/operator-framework/operator-sdk (docs/olm.md).
 #

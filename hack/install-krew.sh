@@ -7,7 +7,7 @@
 #   ~/.cache/pgop/krew/bin/validate-krew-manifest -manifest pgop.yaml
 #   KREW_ROOT=$(mktemp -d) ~/.cache/pgop/krew/bin/krew install --manifest=pgop.yaml --archive=ARCHIVE
 #
-# crates/pgop/tests/kubectl_krew.rs finds them there (or through PGOP_KREW and
+# crates/pgop/tests/it/kubectl_krew.rs finds them there (or through PGOP_KREW and
 # PGOP_VALIDATE_KREW_MANIFEST) and installs the archive and manifest of
 # hack/package-plugin.sh with them (docs/kubectl.md, "Installing with krew").
 # Needs Go (hack/test.sh's other builds need it too).

@@ -7,7 +7,7 @@
 #   hack/install-otlp-check.sh
 #   ~/.cache/pgop/otlp-check/bin/otlp-check < export-request.json
 #
-# crates/pgop/tests/e2e_tracing.rs finds it there (or through PGOP_OTLP_CHECK) and passes
+# crates/pgop/tests/it/e2e_tracing.rs finds it there (or through PGOP_OTLP_CHECK) and passes
 # every body pgop exported through it: the collector's own decoder must take them.
 set -euo pipefail
 exec "$(dirname "${BASH_SOURCE[0]}")/build-go-tool.sh" otlp-check \

@@ -6,7 +6,7 @@
 #   hack/install-promtool.sh
 #   ~/.cache/pgop/promtool/bin/promtool test rules deploy/monitoring/tests/*.yaml
 #
-# crates/pgop/tests/monitoring_rules.rs finds it there (or through PGOP_PROMTOOL) and
+# crates/pgop/tests/it/monitoring_rules.rs finds it there (or through PGOP_PROMTOOL) and
 # checks deploy/monitoring/prometheusrule.yaml with it. Needs Go (hack/test.sh's other
 # builds need it too).
 #

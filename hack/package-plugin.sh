@@ -19,7 +19,7 @@
 #
 # Then: kubectl krew install --manifest=DIR/pgop.yaml --archive=DIR/<archive> (offline),
 # or, once the archive is at URL, kubectl krew install --manifest=DIR/pgop.yaml.
-# docs/kubectl.md, "Installing with krew"; tested by crates/pgop/tests/kubectl_krew.rs.
+# docs/kubectl.md, "Installing with krew"; tested by crates/pgop/tests/it/kubectl_krew.rs.
 #
 # The same binary gives the same archive, byte for byte (names sorted, fixed mtime, owner
 # and modes, gzip without a name or time stamp), so its sha256 is stable.

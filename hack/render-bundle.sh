@@ -14,7 +14,7 @@
 #   bundle/metadata/annotations.yaml, bundle/bundle.Dockerfile <- package pgop, channel candidate
 #
 #   hack/render-bundle.sh            regenerate bundle/
-#   hack/render-bundle.sh --out DIR  render into DIR instead (crates/operator/tests/olm_bundle.rs
+#   hack/render-bundle.sh --out DIR  render into DIR instead (crates/operator/tests/it/olm_bundle.rs
 #                                    compares that with bundle/)
 #
 # No cargo: the CRDs are the chart's (hack/render-deploy.sh writes them from `pgop crd`).

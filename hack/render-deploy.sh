@@ -11,7 +11,7 @@
 #
 #   hack/render-deploy.sh                  regenerate all of them
 #   hack/render-deploy.sh --manifests DIR  only render deploy/operator's files, into DIR
-#                                          (no cargo; crates/operator/tests/helm_chart.rs
+#                                          (no cargo; crates/operator/tests/it/helm_chart.rs
 #                                          compares that with deploy/operator/)
 #   hack/render-deploy.sh --monitoring DIR only render deploy/monitoring's generated files,
 #                                          into DIR (no cargo; helm_chart.rs compares them)

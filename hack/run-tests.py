@@ -3,22 +3,30 @@
 
     hack/run-tests.py [--jobs N] [cargo test build arguments] [-- test binary arguments]
 
-`cargo test` runs one test binary after the other. Most of pgop's binaries spend their
-time waiting on PostgreSQL, the API server, kubelets and timers, so on these 2-core
-machines one binary leaves a core idle. This runs up to N binaries at once (each still
-running its own tests two at a time, as libtest does), longest first, so the suite ends
-sooner. Every binary keeps its own control plane, nodes and directories (the tests never
-share process-global state), so running them side by side changes only the load; the
-real-node binaries run one at a time (beside the others), their load being the heaviest.
+`cargo test` runs one test binary after the other. Most of pgop's tests spend their time
+waiting on PostgreSQL, the API server, kubelets and timers, so on these 2-core machines one
+binary leaves a core idle. This runs up to N test processes at once (each still running its
+own tests two at a time, as libtest does), longest first, so the suite ends sooner.
 
-A binary's output is printed whole when it ends, headed by cargo's own
+Each crate's integration tests are one binary, `tests/it/main.rs`, with a module per
+subject (one link of the dependency tree instead of one per file). Such a binary is run as
+one process per module (`it --exact MODULE::test ...`, the names from `it --list`), so a
+module keeps a process of its own, as when each was a binary: its own control plane, nodes
+and directories (the tests never share process-global state), and running modules side
+by side changes only the load. Unit-test binaries run whole. The real-node modules run one
+at a time (beside the others), their load being the heaviest.
+
+A process's output is printed whole when it ends, headed by cargo's own
 "     Running <source> (<binary>)" line, and the failures are listed at the end in
-cargo's words (`error: N targets failed:` and one `-p <package> --test <name>` each),
-so logs read as they do under `cargo test --no-fail-fast`. Every binary runs, whatever
-the others do. The exit status is 101 when a binary failed, as cargo's.
+cargo's words (`error: N targets failed:` and one `-p <package> --test <name>` each, with
+`-- MODULE::` for a module), so logs read as they do under `cargo test --no-fail-fast`.
+Every process runs, whatever the others do. The exit status is 101 when one failed, as
+cargo's. Test name filters after `--` select tests as libtest would (substring, or whole
+names with `--exact`), and a module with no test selected is not started.
 
-Durations of the last run are kept in ~/.cache/pgop/test-durations.tsv (outside the
-checkout) and order the next run; hack/test-durations.tsv, committed, orders a first run.
+Durations of the last run (per unit-test binary, per module of an `it` binary) are kept in
+~/.cache/pgop/test-durations.tsv (outside the checkout) and order the next run;
+hack/test-durations.tsv, committed, orders a first run.
 PGOP_TEST_JOBS sets N (default 2). Doc tests run last, through cargo.
 """
 
@@ -84,6 +92,52 @@ def split_args(argv):
     return jobs, cargo, binary
 
 
+# libtest's options that take a value: what follows them is not a test name filter.
+VALUED = {"--test-threads", "--skip", "--format", "--color", "--logfile", "-Z", "--shuffle-seed"}
+
+
+def filters_of(binary_args):
+    """The test name filters among the binary arguments, and the arguments without them."""
+    filters, rest = [], []
+    i = 0
+    while i < len(binary_args):
+        arg = binary_args[i]
+        if arg in VALUED and i + 1 < len(binary_args):
+            rest += [arg, binary_args[i + 1]]
+            i += 2
+            continue
+        if arg.startswith("-"):
+            rest.append(arg)
+        else:
+            filters.append(arg)
+        i += 1
+    return filters, rest
+
+
+def modules(entry, binary_args):
+    """An `it` binary as one entry per module: [(package, kind, module, source, executable,
+    dir, [test names])], with the tests the filters select."""
+    package, kind, name, source, executable, directory = entry
+    filters, _ = filters_of(binary_args)
+    exact = "--exact" in binary_args
+    listed = subprocess.run([executable, "--list", "--format", "terse"], cwd=directory,
+                            env=dict(os.environ, CARGO_MANIFEST_DIR=directory),
+                            stdout=subprocess.PIPE, text=True, check=True).stdout
+    by_module = {}
+    for line in listed.splitlines():
+        if not line.endswith(": test"):
+            continue
+        test = line[: -len(": test")]
+        if filters and not any((test == f) if exact else (f in test) for f in filters):
+            continue
+        module = test.split("::", 1)[0] if "::" in test else ""
+        by_module.setdefault(module, []).append(test)
+    source_dir = os.path.dirname(source)
+    return [(package, kind, module or name, os.path.join(source_dir, module or "main"),
+             executable, directory, tests)
+            for module, tests in sorted(by_module.items())]
+
+
 def build(cargo_args):
     """Builds every test binary; returns [(package, kind, name, source, executable, dir)]."""
     command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"] + cargo_args
@@ -127,7 +181,9 @@ def group(name):
     return None
 
 
-def rerun_hint(package, kind, name):
+def rerun_hint(package, kind, name, split=False):
+    if kind == "test" and split:
+        return f"-p {package} --test it -- {name}::"
     if kind == "test":
         return f"-p {package} --test {name}"
     if kind == "bin":
@@ -140,14 +196,20 @@ def main():
     started = time.monotonic()
     binaries = build(cargo_args)
     built = time.monotonic() - started
-    print(f"[run-tests] built {len(binaries)} test binaries in {built:.0f} s; running {jobs} at a time",
-          flush=True)
+    entries = []
+    for b in binaries:
+        if b[1] == "test" and b[2] == "it":
+            entries += modules(b, binary_args)
+        else:
+            entries.append(b + (None,))
+    print(f"[run-tests] built {len(binaries)} test binaries in {built:.0f} s; running "
+          f"{len(entries)} test processes, {jobs} at a time", flush=True)
 
     durations = read_durations(COMMITTED)
     durations.update(read_durations(SEEN))
     key = lambda b: f"{b[0]}/{b[2]}"
     # Longest first: the long ones start while there is still short work to fill the gaps.
-    pending = sorted(binaries, key=lambda b: -durations.get(key(b), 30.0))
+    pending = sorted(entries, key=lambda b: -durations.get(key(b), 30.0))
 
     lock = threading.Lock()
     failed, measured = [], {}
@@ -155,12 +217,17 @@ def main():
     stop = threading.Event()
 
     def run(entry):
-        package, kind, name, source, executable, directory = entry
+        package, kind, name, source, executable, directory, tests = entry
+        if tests is None:
+            argv = [executable] + binary_args
+        else:
+            flags = [a for a in filters_of(binary_args)[1] if a != "--exact"]
+            argv = [executable, "--exact"] + tests + flags
         with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as out:
             env = dict(os.environ, CARGO_MANIFEST_DIR=directory, CARGO_PKG_NAME=package)
             t0 = time.monotonic()
             busy0, total0 = machine_busy()
-            process = subprocess.Popen([executable] + binary_args, cwd=directory, env=env,
+            process = subprocess.Popen(argv, cwd=directory, env=env,
                                        stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             with lock:
                 running[process.pid] = process
@@ -176,8 +243,9 @@ def main():
             sys.stdout.write(f"     Running {source} ({executable})\n")
             sys.stdout.write(text)
             if status != 0:
-                sys.stdout.write(f"error: test failed, to rerun pass `{rerun_hint(package, kind, name)}`\n")
-                failed.append(rerun_hint(package, kind, name))
+                hint = rerun_hint(package, kind, name, tests is not None)
+                sys.stdout.write(f"error: test failed, to rerun pass `{hint}`\n")
+                failed.append(hint)
             sys.stdout.write(f"[run-tests] {package}/{name}: {elapsed:.1f} s, exit {status}, "
                              f"machine busy {load:.0f}%, {time.monotonic() - started:.0f} s since start\n\n")
             sys.stdout.flush()
@@ -254,7 +322,7 @@ def main():
     except OSError as error:
         print(f"[run-tests] could not record durations in {SEEN}: {error}", file=sys.stderr)
 
-    print(f"[run-tests] {len(binaries)} binaries in {time.monotonic() - started:.0f} s "
+    print(f"[run-tests] {len(entries)} test processes in {time.monotonic() - started:.0f} s "
           f"({jobs} at a time)", flush=True)
     if failed:
         print(f"error: {len(failed)} target{'s' if len(failed) > 1 else ''} failed:")

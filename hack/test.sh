@@ -33,17 +33,17 @@ hack/install-testenv.sh >/dev/null
 # The backup tests start a real S3 server (s3s-fs), installed once into
 # ~/.cache/pgop/s3s-fs (a few minutes the first time).
 hack/install-s3-server.sh >/dev/null
-# The alert rules' tests run promtool (crates/pgop/tests/monitoring_rules.rs), built once
+# The alert rules' tests run promtool (crates/pgop/tests/it/monitoring_rules.rs), built once
 # from the Go module proxy into ~/.cache/pgop/promtool (about 2 minutes the first time).
 hack/install-promtool.sh >/dev/null
-# The OLM bundle's tests run operator-sdk's validation library (crates/operator/tests/
+# The OLM bundle's tests run operator-sdk's validation library (crates/operator/tests/it/
 # olm_bundle.rs), built once from the Go module proxy into ~/.cache/pgop/bundle-validate.
 hack/install-bundle-validate.sh >/dev/null
-# The traces' end-to-end test (crates/pgop/tests/e2e_tracing.rs) passes what pgop exported
+# The traces' end-to-end test (crates/pgop/tests/it/e2e_tracing.rs) passes what pgop exported
 # through the OpenTelemetry collector's OTLP/JSON decoder, built once from the Go module
 # proxy into ~/.cache/pgop/otlp-check (about 30 s the first time).
 hack/install-otlp-check.sh >/dev/null
-# The kubectl plugin's krew packaging test (crates/pgop/tests/kubectl_krew.rs) runs krew
+# The kubectl plugin's krew packaging test (crates/pgop/tests/it/kubectl_krew.rs) runs krew
 # and validate-krew-manifest, built once from the Go module proxy into ~/.cache/pgop/krew
 # (about a minute the first time).
 hack/install-krew.sh >/dev/null

@@ -2,7 +2,7 @@
 // collector's own decoder (go.opentelemetry.io/collector/pdata's ptrace.JSONUnmarshaler,
 // what the collector's otlp receiver runs on an application/json body), and prints one
 // JSON line: {"spans": N, "traces": [...], "services": [...]}. A body the collector would
-// refuse exits 1 with the decoder's error. crates/pgop/tests/e2e_tracing.rs passes every
+// refuse exits 1 with the decoder's error. crates/pgop/tests/it/e2e_tracing.rs passes every
 // body pgop's processes exported through it (hack/install-otlp-check.sh builds it).
 package main
 

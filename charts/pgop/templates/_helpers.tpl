@@ -83,7 +83,7 @@ Everything `pgop operator` may do in the namespaces it watches, and nothing more
 of the ClusterRole (cluster-wide) or of the Role in each watched namespace (namespace-scoped).
 */}}
 {{- define "pgop.rules" -}}
-# Each rule, and each verb, is used; crates/operator/tests/rbac_minimal.rs removes them one
+# Each rule, and each verb, is used; crates/operator/tests/it/rbac_minimal.rs removes them one
 # at a time and shows what then fails (docs/security.md has the table).
 # The controllers' watches; get: a backup's cluster, a recovery's source cluster (and
 # granted to the instance Roles). patch: only to remove the switchover annotation once

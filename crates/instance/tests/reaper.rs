@@ -8,7 +8,7 @@
 //! (the reaper task and any reaping it handed to the blocking pool included) before
 //! letting go of it.
 
-#[path = "postgres/common.rs"]
+#[path = "it/postgres/common.rs"]
 #[allow(dead_code)]
 mod common;
 

@@ -12,7 +12,7 @@
 //! Everything is real: API server, operator, local node, PostgreSQL. Run it on an
 //! otherwise idle machine; the figures are wall-clock times on this machine.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 #[path = "support/measure.rs"]
 mod measure;

@@ -17,7 +17,7 @@
 //! Environment: `PGOP_LIVE_STEADY_SECS` (default 60), the steady window;
 //! `PGOP_LIVE_RUNS` (default 3), failovers per N.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 #[path = "support/measure.rs"]
 mod measure;

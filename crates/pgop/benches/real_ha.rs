@@ -21,7 +21,7 @@
 //!
 //! Run it on an otherwise idle machine; the figures are wall-clock times on it.
 
-#[path = "../tests/real/mod.rs"]
+#[path = "../tests/it/real/mod.rs"]
 mod real;
 
 use kube::api::{DeleteParams, Patch, PatchParams};

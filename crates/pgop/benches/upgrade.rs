@@ -13,7 +13,7 @@
 //! Everything is real: API server, operator, local node, PostgreSQL 15 and 18, the S3
 //! server. Run it on an otherwise idle machine; the figures are wall-clock times here.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 #[path = "support/measure.rs"]
 mod measure;

@@ -13,7 +13,7 @@
 //! see docs/testenv.md), so the figures are pgop's own latency (operator, prober, manager)
 //! plus a remount, not a cloud disk's. Run it on an otherwise idle machine.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 #[path = "support/measure.rs"]
 mod measure;

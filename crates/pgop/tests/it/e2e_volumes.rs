@@ -1,0 +1,196 @@
+//! Volume size end to end on the local node with real PostgreSQL, on volumes of the
+//! testenv class `pgop-local-sized`: a tmpfs of the claim's size per volume, which really
+//! fills up and which the node's resizer grows online (see `pgop_testenv::node`'s
+//! provisioner). Rows written into the cluster fill the volumes past
+//! `storage.autoGrow.thresholdPercent`; the operator grows every claim by
+//! `increasePercent`, the filesystems grow, the managers report it (`VolumesResized`
+//! True), then again up to `maxSize`, where a volume over the threshold is a
+//! `VolumeAutoGrowLimit` Warning and no growth. A larger `storage.size` grows them past
+//! it; a smaller one than the volumes hold turns the cluster Invalid and shrinks nothing.
+//! Every row is still there, on both instances.
+
+use crate::common;
+
+use common::*;
+use pgop_api::conditions;
+use serde_json::json;
+
+fn condition(s: &pgop_api::PostgresClusterStatus, type_: &str) -> Option<(String, String, String)> {
+    conditions::find_condition(&s.conditions, type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Inserts batches of 4 MiB of rows (1 KiB each, not compressible) until the filesystem
+/// of `claim` is at least `percent` full, as `statvfs` shows it (and the manager reports
+/// it); at most `limit` batches. Never more once there: a volume filled further while the
+/// operator reacts could fill up, and PostgreSQL would stop.
+async fn fill_to(
+    env: &Env,
+    app: &tokio_postgres::Client,
+    claim: &str,
+    percent: u64,
+    limit: usize,
+) -> Result {
+    for batch in 0..=limit {
+        let (request, _, fs_size, fs_used) = env.volume(claim).await?;
+        if fs_used * 100 >= percent * fs_size {
+            eprintln!(
+                "{claim}: {fs_used} of {fs_size} MiB used after {batch} batches ({request} asked)"
+            );
+            return Ok(());
+        }
+        app.batch_execute(
+            "insert into filler select g, repeat(md5(random()::text), 32) \
+             from generate_series(1, 4096) g",
+        )
+        .await?;
+    }
+    Err(format!("{claim} not {percent}% full after {limit} batches").into())
+}
+
+#[tokio::test]
+async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> Result {
+    let _serial = SERIAL.lock().await;
+    let env = start("volumes").await?;
+    let name = "volumes";
+    env.create(
+        name,
+        json!({"replicas": 2, "storage": {
+            "size": "128Mi", "storageClassName": pgop_testenv::node::SIZED_STORAGE_CLASS,
+            "autoGrow": {"thresholdPercent": 60, "increasePercent": 50, "maxSize": "256Mi"}
+        }}),
+    )
+    .await?;
+    let ready = env.wait_ready(name, 2).await?;
+    let primary = env.current_primary(name).await?;
+    let standby = if primary.ends_with("-1") {
+        "volumes-2"
+    } else {
+        "volumes-1"
+    };
+    let status = ready.status.as_ref().ok_or("no status")?;
+    let (ok, reason, _) =
+        condition(status, conditions::VOLUMES_RESIZED).ok_or("no VolumesResized")?;
+    assert_eq!((ok.as_str(), reason.as_str()), ("True", "Resized"));
+    let (request, capacity, fs_size, fs_used) = env.volume(&primary).await?;
+    eprintln!(
+        "{primary} at the start: {request} asked, {capacity} given, {fs_used} of {fs_size} MiB used"
+    );
+    assert_eq!(
+        (request.as_str(), capacity.as_str(), fs_size),
+        ("128Mi", "128Mi", 128)
+    );
+
+    let ip = env.pod_ip(&primary).await?;
+    let password = env.password(name).await?;
+    let app = connect(&ip, &password).await?;
+    app.batch_execute("create table filler (id int, body text)")
+        .await?;
+
+    // Past 60 %: every claim grows by half, the filesystems with them.
+    fill_to(&env, &app, &primary, 61, 24).await?;
+    let grown = env
+        .wait_cluster(name, "grown to 192Mi and resized", TIMEOUT, |s| {
+            s.auto_grow
+                .as_ref()
+                .is_some_and(|g| g.size == "192Mi" && g.count == 1)
+                && condition(s, conditions::VOLUMES_RESIZED)
+                    .is_some_and(|(ok, _, m)| ok == "True" && m.contains("192Mi"))
+        })
+        .await?;
+    assert!(
+        grown
+            .status
+            .as_ref()
+            .and_then(|s| s.auto_grow.as_ref())
+            .is_some_and(|g| g.grown_at.is_some() && !g.at_limit)
+    );
+    for claim in [primary.as_str(), standby] {
+        let (request, capacity, fs_size, _) = env.volume(claim).await?;
+        assert_eq!(
+            (request.as_str(), capacity.as_str(), fs_size),
+            ("192Mi", "192Mi", 192),
+            "{claim}"
+        );
+    }
+    let event = env.wait_event("VolumeAutoGrown").await?;
+    assert!(
+        event.contains("from 128Mi to 192Mi") && event.contains("threshold 60%"),
+        "{event}"
+    );
+
+    // Again: 192 MiB and a half is more than the maximum, so 256Mi.
+    fill_to(&env, &app, &primary, 61, 24).await?;
+    env.wait_cluster(name, "grown to 256Mi and resized", TIMEOUT, |s| {
+        s.auto_grow
+            .as_ref()
+            .is_some_and(|g| g.size == "256Mi" && g.count == 2)
+            && condition(s, conditions::VOLUMES_RESIZED).is_some_and(|(ok, _, _)| ok == "True")
+    })
+    .await?;
+
+    // At the maximum: over the threshold, reported, not grown.
+    fill_to(&env, &app, &primary, 61, 24).await?;
+    env.wait_cluster(name, "status.autoGrow.atLimit", TIMEOUT, |s| {
+        s.auto_grow.as_ref().is_some_and(|g| g.at_limit)
+    })
+    .await?;
+    let warning = env.wait_event("VolumeAutoGrowLimit").await?;
+    assert!(warning.contains("maxSize (256Mi)"), "{warning}");
+    let (request, _, fs_size, fs_used) = env.volume(&primary).await?;
+    assert_eq!((request.as_str(), fs_size), ("256Mi", 256));
+    assert!(fs_used * 100 >= 60 * 256, "{fs_used} MiB used");
+    let rows: i64 = app
+        .query_one("select count(*) from filler", &[])
+        .await?
+        .get(0);
+
+    // A larger spec grows them past the maximum; below the threshold the limit is lifted.
+    // (with a larger maximum: a spec above it is refused)
+    env.patch(
+        name,
+        json!({"spec": {"storage": {"size": "512Mi", "autoGrow": {"maxSize": "1Gi"}}}}),
+    )
+    .await?;
+    env.wait_cluster(name, "resized to 512Mi", TIMEOUT, |s| {
+        condition(s, conditions::VOLUMES_RESIZED)
+            .is_some_and(|(ok, _, m)| ok == "True" && m.contains("512Mi"))
+            && s.auto_grow.as_ref().is_some_and(|g| !g.at_limit)
+    })
+    .await?;
+    for claim in [primary.as_str(), standby] {
+        let (request, capacity, fs_size, _) = env.volume(claim).await?;
+        assert_eq!(
+            (request.as_str(), capacity.as_str(), fs_size),
+            ("512Mi", "512Mi", 512),
+            "{claim}"
+        );
+    }
+
+    // A spec below the volumes (what the webhook refuses, caught by the operator here):
+    // Invalid, nothing shrinks, and the cluster comes back when it is raised again.
+    env.patch(name, json!({"spec": {"storage": {"size": "256Mi"}}}))
+        .await?;
+    env.wait_cluster(name, "Invalid", TIMEOUT, |s| {
+        s.phase == Some(pgop_api::cluster::ClusterPhase::Invalid)
+    })
+    .await?;
+    assert_eq!(env.volume(&primary).await?.0, "512Mi");
+    env.patch(name, json!({"spec": {"storage": {"size": "512Mi"}}}))
+        .await?;
+    env.wait_ready(name, 2).await?;
+
+    // Every row, on both instances.
+    let standby_ip = env.pod_ip(standby).await?;
+    let replica = connect(&standby_ip, &password).await?;
+    eventually("the standby has every row", TIMEOUT, || async {
+        let n: i64 = replica
+            .query_one("select count(*) from filler", &[])
+            .await
+            .ok()?
+            .get(0);
+        (n == rows).then_some(())
+    })
+    .await;
+    env.stop().await
+}
