@@ -1,0 +1,1 @@
+//! Never built: cargo deny reads this crate's dependency graph only.
