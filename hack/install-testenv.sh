@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes binaries that testenv runs from the Go module proxy: the control
 # plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl) and, for the
-# real-node tier, kubelet, kube-proxy, crictl, CoreDNS and Helm.
+# real-node tier, kubelet, kube-proxy, crictl, CoreDNS (with the plugins the nodes' Corefile
+# uses: hack/coredns-minimal/main.go) and Helm.
 #
 #   hack/install-testenv.sh          build what is missing, print the bin directory
 #
@@ -93,13 +94,16 @@ else
     ld+=" -X $p.gitVersion=v$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
-  i=0
-  for c in "${missing[@]}"; do
-    i=$((i + 1))
-    log "building $c v$KUBERNETES_VERSION ($i/${#missing[@]}; a cold build takes several minutes each)"
-    go build -trimpath -ldflags "$ld" -o "$bin/$c.tmp" "k8s.io/kubernetes/cmd/$c"
-    mv "$bin/$c.tmp" "$bin/$c"
-  done
+  # One go build for all of them: the packages they share are compiled once and the
+  # binaries linked side by side (one at a time, each link left a core idle).
+  log "building ${missing[*]} v$KUBERNETES_VERSION (a cold build takes several minutes)"
+  packages=()
+  for c in "${missing[@]}"; do packages+=("k8s.io/kubernetes/cmd/$c"); done
+  out=$bin/.build
+  rm -rf "$out" && mkdir -p "$out"
+  go build -trimpath -ldflags "$ld" -o "$out/" "${packages[@]}"
+  for c in "${missing[@]}"; do mv "$out/$c" "$bin/$c"; done
+  rmdir "$out"
   log "kubernetes built: $("$bin/kube-apiserver" --version)"
 fi
 
@@ -125,11 +129,20 @@ else
   go_tool crictl "$CRI_TOOLS_VERSION" sigs.k8s.io/cri-tools sigs.k8s.io/cri-tools/cmd/crictl \
     "-X sigs.k8s.io/cri-tools/pkg/version.Version=v$CRI_TOOLS_VERSION"
 fi
-if built coredns "$COREDNS_VERSION"; then
-  log "coredns v$COREDNS_VERSION already built"
+# CoreDNS with the plugins the nodes' Corefile uses (hack/coredns-minimal/main.go).
+if built coredns "$COREDNS_VERSION-minimal"; then
+  log "coredns v$COREDNS_VERSION (minimal) already built"
 else
-  log "building coredns v$COREDNS_VERSION (a cold build takes several minutes)"
-  go_tool coredns "$COREDNS_VERSION" github.com/coredns/coredns github.com/coredns/coredns
+  log "building coredns v$COREDNS_VERSION with the plugins of the nodes' Corefile"
+  d=$work/coredns-$COREDNS_VERSION
+  rm -rf "$d" && mkdir -p "$d" && cd "$d"
+  go mod init pgop.local/testenv-coredns >/dev/null 2>&1
+  cp "$here/coredns-minimal/main.go" .
+  go get "github.com/coredns/coredns@v$COREDNS_VERSION"
+  go mod tidy
+  go build -trimpath -ldflags "-s -w" -o "$bin/coredns.tmp" .
+  mv "$bin/coredns.tmp" "$bin/coredns"
+  printf '%s\n' "$COREDNS_VERSION-minimal" >"$bin/.coredns.version"
 fi
 if built helm "$HELM_VERSION"; then
   log "helm v$HELM_VERSION already built"
