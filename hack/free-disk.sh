@@ -36,6 +36,14 @@ done
 report "after removing incremental-compilation state"
 enough && exit 0
 
+# The real nodes' unpacked images (pgop_testenv::real_nodes::template): made again in
+# seconds by the first test that starts nodes.
+if [ -d "$cache/containerd-templates" ]; then
+  rm -rf "$cache/containerd-templates"
+  report "after removing the nodes' image templates"
+  enough && exit 0
+fi
+
 for t in "$cache"/target*; do
   [ -d "$t" ] || continue
   [ "$(realpath "$t")" = "$(realpath -m "$target")" ] && continue

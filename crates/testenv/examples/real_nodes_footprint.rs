@@ -46,7 +46,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("control plane ready: {:.1} s", plane_ready.as_secs_f64());
     println!(
-        "{count} nodes Ready (images imported into each): {:.1} s",
+        "{count} nodes Ready (each on a copy of the images unpacked once): {:.1} s",
         nodes_ready.as_secs_f64()
     );
     println!();

@@ -27,6 +27,7 @@ mod dns;
 mod holder;
 mod proxy;
 mod s3;
+mod template;
 mod volumes;
 
 pub(crate) use proxy::ClusterEgress;
@@ -122,7 +123,8 @@ pub enum Cut {
 pub struct NodesOptions {
     /// How many nodes (named `node-0`, `node-1`, ...).
     pub count: usize,
-    /// Image archives (OCI or Docker archive) imported into every node's containerd.
+    /// Image archives (OCI or Docker archive) in every node's containerd: unpacked once
+    /// into a template root that each node starts on (`template`).
     pub images: Vec<PathBuf>,
     /// The image containerd runs as every Pod's sandbox (must be among `images`).
     pub sandbox_image: String,
@@ -333,7 +335,9 @@ impl RealNodes {
         }
         nodes.check_containment()?;
 
-        // Node daemons.
+        // Node daemons, each containerd starting on a copy of the images, unpacked once
+        // ([`template`]).
+        let images_root = template::for_images(&options.images)?;
         let pki = plane.pki().clone();
         for index in 0..options.count {
             let node = &mut nodes.nodes[index];
@@ -396,6 +400,10 @@ impl RealNodes {
                 config::kube_proxy(&dir, &name, config::node_ip(index)),
             )?;
 
+            let containerd_dir = dir.join("containerd");
+            std::fs::create_dir_all(&containerd_dir)
+                .map_err(io(format!("creating {}", containerd_dir.display())))?;
+            template::copy(&images_root, &containerd_dir.join("root"))?;
             let containerd = in_node(holder, &tree_join, &owner, "containerd", |c| {
                 c.arg(format!(
                     "--config={}",
@@ -409,9 +417,6 @@ impl RealNodes {
         }
         for index in 0..options.count {
             nodes.wait_containerd(index).await?;
-            for image in &options.images {
-                nodes.import(index, image)?;
-            }
         }
         for index in 0..options.count {
             let node = &mut nodes.nodes[index];
@@ -755,17 +760,6 @@ impl RealNodes {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-    }
-
-    /// Imports an image archive into node `index`'s containerd (namespace `k8s.io`, where
-    /// the kubelet looks), so that Pods with `imagePullPolicy: IfNotPresent` find it.
-    pub fn import(&self, index: usize, archive: &Path) -> Result<(), Error> {
-        let sock = self.nodes[index].dir.join("containerd.sock");
-        run(Command::new("ctr")
-            .arg(format!("--address={}", sock.display()))
-            .args(["-n", "k8s.io", "images", "import", "--no-unpack=false"])
-            .arg(archive))?;
-        Ok(())
     }
 
     fn check_processes(&mut self) -> Result<(), Error> {

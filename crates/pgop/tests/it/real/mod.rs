@@ -74,7 +74,17 @@ impl RealEnv {
     /// A control plane and `workload` real nodes (`node-0`...), plus, with `infra`, one
     /// more node for the operator, CoreDNS and clients (tainted: no instance lands there).
     pub async fn start(workload: usize, infra: bool) -> Result<Self> {
+        Self::start_with(workload, infra, false).await
+    }
+
+    /// [`RealEnv::start`], with the next pgop image (`Images::next`) in every node too when
+    /// `next`.
+    pub async fn start_with(workload: usize, infra: bool, next: bool) -> Result<Self> {
         let images = pgop_testenv::images::built()?;
+        let mut archives = images.archives();
+        if next {
+            archives.push(images.next()?.1.archive.clone());
+        }
         let started = Instant::now();
         let plane = ControlPlane::start(
             Options::default()
@@ -87,7 +97,7 @@ impl RealEnv {
             &plane,
             NodesOptions {
                 count: workload + usize::from(infra),
-                images: images.archives(),
+                images: archives,
                 sandbox_image: images.pause.name.clone(),
                 bin_dir: None,
                 dns_image: Some(images.coredns.name.clone()),
