@@ -53,8 +53,9 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}
 # about 25 minutes on 2 cores), and a second pgop image whose binary reports the next
 # version, for the upgrade tests (e2e_real_upgrade).
 PGOP_IMAGE_PROFILE=${PGOP_IMAGE_PROFILE:-dev} hack/build-images.sh --next-version >/dev/null
-# The test binaries run two at a time (hack/run-tests.py: most of them wait on PostgreSQL,
-# the API server and timers, and one leaves a core idle), longest first; every binary runs
-# whatever the others do, and the failures are listed at the end as cargo lists them.
-# PGOP_TEST_JOBS=1 runs them one after the other.
+# The tests run three processes at a time, a module of an integration-test binary or a
+# unit-test binary each (hack/run-tests.py: most wait on PostgreSQL, the API server and
+# timers; at two the machine was busy 75% of the time), a real-node module counting as
+# two; longest first; every process runs whatever the others do, and the failures are
+# listed at the end as cargo lists them. PGOP_TEST_JOBS=1 runs them one after the other.
 exec python3 hack/run-tests.py "$@"
