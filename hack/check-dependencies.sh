@@ -58,6 +58,10 @@ if [ "$(cat "$db/.pgop-snapshot" 2>/dev/null)" != "$commit $date" ]; then
 fi
 
 echo "check-dependencies: licences, bans, sources, and advisories as of $date (RustSec $commit)"
+# cargo deny reads the manifests of every platform's dependencies, which a build on this
+# platform never downloads: on a machine with an empty cargo cache, `--offline` alone fails
+# ("failed to load source for dependency ..."). Fetch them first (seconds when present).
+(cd "$repo" && cargo fetch --locked --quiet)
 (cd "$repo" && "$deny" --locked --offline check licenses bans sources advisories)
 
 # The advisories check must refuse a crate that an advisory names.
