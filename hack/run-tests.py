@@ -14,7 +14,8 @@ one process per module (`it --exact MODULE::test ...`, the names from `it --list
 module keeps a process of its own, as when each was a binary: its own control plane, nodes
 and directories (the tests never share process-global state), and running modules side
 by side changes only the load. Unit-test binaries run whole. The real-node modules run one
-at a time (beside the others), their load being the heaviest.
+at a time (beside the others), their load being the heaviest, and first: their chain is the
+longest path of a run.
 
 A process's output is printed whole when it ends, headed by cargo's own
 "     Running <source> (<binary>)" line, and the failures are listed at the end in
@@ -210,8 +211,11 @@ def main():
     durations = read_durations(COMMITTED)
     durations.update(read_durations(SEEN))
     key = lambda b: f"{b[0]}/{b[2]}"
-    # Longest first: the long ones start while there is still short work to fill the gaps.
-    pending = sorted(entries, key=lambda b: -durations.get(key(b), 30.0))
+    # The real-node modules first (they run one after the other, and their chain is the
+    # longest path of the run: started last, the short ones ran alone at the end with the
+    # machine a third busy), then the others longest first, so that the long ones start
+    # while there is still short work to fill the gaps.
+    pending = sorted(entries, key=lambda b: (group(b[2]) is None, -durations.get(key(b), 30.0)))
 
     lock = threading.Lock()
     failed, measured = [], {}

@@ -1118,6 +1118,23 @@ pub struct InstanceStatus {
     /// answers; unset otherwise, and from managers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgres_version: Option<String>,
+
+    /// Why the instance is not ready, as its manager last said: `StartFailed`,
+    /// `VolumeFull`, `WalVolumeFull`, `BootstrapFailed`, `MajorUpgradeFailed`, `WalGone` or
+    /// `NotStreaming` (docs/troubleshooting.md). Kept until the instance is ready again
+    /// (while it restarts, its manager says nothing); unset while it is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+
+    /// With `reason`: PostgreSQL's own last words (its last FATAL/PANIC lines) or the
+    /// manager's error, and the parameters of the restart that left the instance down;
+    /// at most 1 KiB, control characters escaped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// With `reason`: since when (RFC 3339) the instance has been down for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down_since: Option<String>,
 }
 
 /// The role the instance runs in: `primary` or `replica` (the same values as the

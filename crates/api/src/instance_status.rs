@@ -118,8 +118,8 @@ pub struct PgStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_volume: Option<VolumeUsage>,
     /// Why the last bootstrap of the data directory failed (a restore from a backup whose
-    /// target is unreachable, a corrupt object, ...); unset once a bootstrap succeeds. The
-    /// manager retries after a back-off.
+    /// target is unreachable, a corrupt object, ...; initdb or a clone from the primary once
+    /// they have failed for 30 s); unset once a bootstrap succeeds. The manager retries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_error: Option<String>,
     /// When the running postmaster started (`pg_postmaster_start_time()`, RFC 3339): a
@@ -142,6 +142,104 @@ pub struct PgStatus {
     /// data directory holds an older major and no upgrade was requested. Unset otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_upgrade_error: Option<String>,
+    /// Why this instance is not ready, as its manager sees it: set while PostgreSQL does
+    /// not run (and not on purpose: a fenced instance has none), or a standby does not
+    /// stream. Unset from managers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub down: Option<Down>,
+}
+
+/// Why an instance is not ready ([`PgStatus::down`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Down {
+    pub reason: DownReason,
+    /// PostgreSQL's own last words (its last FATAL/PANIC lines, each without the log line
+    /// prefix, joined by " | "), or the manager's error; printable and at most
+    /// [`MAX_DOWN_MESSAGE`] bytes.
+    pub message: String,
+    /// The parameters whose values changed since the instance's last start that succeeded
+    /// (a restart for them left it down); empty when none did, or the manager saw no
+    /// start succeed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parameters: Vec<String>,
+    /// Since when (RFC 3339) the instance has been down for this reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}
+
+/// The longest [`Down::message`], in bytes.
+pub const MAX_DOWN_MESSAGE: usize = 1024;
+
+/// Why an instance is not ready: the `reason` of `status.instances[]` and of the
+/// `InstanceDown` Event. docs/troubleshooting.md says what to do for each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DownReason {
+    /// PostgreSQL exited while starting (a parameter it refuses at start, a library it
+    /// cannot load, a damaged data directory, ...).
+    StartFailed,
+    /// The data volume is full: PostgreSQL cannot write.
+    VolumeFull,
+    /// The WAL volume (`spec.walStorage`) is full.
+    WalVolumeFull,
+    /// The data directory could not be made: initdb, the clone from the primary or the
+    /// restore from a backup failed (the manager retries).
+    BootstrapFailed,
+    /// The in-place major upgrade failed, or the data directory holds an older major.
+    MajorUpgradeFailed,
+    /// The primary no longer has the WAL this standby needs.
+    WalGone,
+    /// A standby that runs but does not stream from its primary (it passes through this
+    /// during a failover or a switchover).
+    NotStreaming,
+}
+
+impl DownReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StartFailed => "StartFailed",
+            Self::VolumeFull => "VolumeFull",
+            Self::WalVolumeFull => "WalVolumeFull",
+            Self::BootstrapFailed => "BootstrapFailed",
+            Self::MajorUpgradeFailed => "MajorUpgradeFailed",
+            Self::WalGone => "WalGone",
+            Self::NotStreaming => "NotStreaming",
+        }
+    }
+
+    /// Whether this is a state an instance passes through on its own (a standby between
+    /// two primaries): said in status, without an Event.
+    pub fn passing(self) -> bool {
+        self == Self::NotStreaming
+    }
+}
+
+impl Down {
+    /// Whether the instance cannot start with parameters a restart just applied: the
+    /// rolling restart stops at once, and the configuration is not applied.
+    pub fn cannot_start_with_parameters(&self) -> bool {
+        self.reason == DownReason::StartFailed && !self.parameters.is_empty()
+    }
+}
+
+/// `text` made safe to print and bounded: control characters (newlines included) are
+/// escaped as `\u{..}` (a newline as " | "), and the result is cut at `max` bytes on a
+/// character boundary, ending in "…" when cut.
+pub fn printable(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.trim_end().chars() {
+        let piece = match c {
+            '\n' => " | ".to_string(),
+            c if c.is_control() => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        };
+        if out.len() + piece.len() > max.saturating_sub('…'.len_utf8()) {
+            out.push('…');
+            return out;
+        }
+        out.push_str(&piece);
+    }
+    out
 }
 
 /// WAL archiving as PostgreSQL reports it (`pg_stat_archiver`, since the server started
@@ -251,6 +349,7 @@ impl PgStatus {
             last_error: None,
             restart_refused: None,
             major_upgrade_error: None,
+            down: None,
         }
     }
 
@@ -459,5 +558,41 @@ mod tests {
         assert_eq!(super::parse_major("9.6"), None);
         assert_eq!(super::parse_major("postgres (PostgreSQL)"), None);
         assert_eq!(super::parse_major("not postgres"), None);
+    }
+}
+
+#[cfg(test)]
+mod down_tests {
+    use super::*;
+
+    #[test]
+    fn printable_escapes_control_characters_and_bounds_the_length() {
+        assert_eq!(
+            printable("a\nb\x1b[31mc\rd", 100),
+            "a | b\\u{1b}[31mc\\u{d}d"
+        );
+        let long = "é".repeat(600);
+        let cut = printable(&long, 1024);
+        assert!(cut.len() <= 1024, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(printable("short\n", 1024), "short");
+    }
+
+    #[test]
+    fn down_reads_and_writes_as_the_manager_serves_it() {
+        let down = Down {
+            reason: DownReason::StartFailed,
+            message: "FATAL:  could not map anonymous shared memory".into(),
+            parameters: vec!["huge_pages".into()],
+            since: Some("2026-12-06T00:00:00Z".into()),
+        };
+        let json = serde_json::to_value(&down).expect("serializes");
+        assert_eq!(json["reason"], "StartFailed");
+        assert_eq!(json["parameters"][0], "huge_pages");
+        let back: Down = serde_json::from_value(json).expect("deserializes");
+        assert_eq!(back, down);
+        assert!(down.cannot_start_with_parameters());
+        assert!(DownReason::NotStreaming.passing());
+        assert!(!DownReason::VolumeFull.passing());
     }
 }

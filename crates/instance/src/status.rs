@@ -87,6 +87,7 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         last_error: None,
         restart_refused: None,
         major_upgrade_error: None,
+        down: None,
     };
     if !in_recovery {
         let rows = client

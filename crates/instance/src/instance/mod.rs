@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod databases;
+pub mod down;
 mod floors;
 mod passwords;
 mod pooler_auth;
@@ -156,6 +157,17 @@ struct Desired {
     /// PostgreSQL's last error lines when the last start failed; cleared by a start that
     /// succeeds.
     start_error: Option<String>,
+    /// The last start failed because the primary no longer has the WAL this standby
+    /// needs; cleared by a start that succeeds.
+    wal_gone: bool,
+    /// The parameters of the last start that succeeded.
+    started_with: Option<BTreeMap<String, String>>,
+    /// When the last start failed: the parameters whose values differ from the last start
+    /// that succeeded (what the restart that left the instance down changed); cleared by a
+    /// start that succeeds.
+    failed_with_changes: Vec<String>,
+    /// Why the instance is down, and since when (RFC 3339), as last served.
+    down_since: Option<(pgop_api::instance_status::DownReason, String)>,
     /// For the next start as a standby: the primary's values of the parameters a hot
     /// standby needs at least as high (from pg_controldata), used where the spec's are
     /// lower. Not kept in later renderings: the rolling restart lowers them in order.
@@ -236,6 +248,10 @@ impl Instance {
                 validated: false,
                 restart_refused: None,
                 start_error: None,
+                wal_gone: false,
+                started_with: None,
+                failed_with_changes: Vec::new(),
+                down_since: None,
                 standby_floors: BTreeMap::new(),
                 passwords,
                 passwords_set: None,
@@ -591,18 +607,27 @@ impl Instance {
     async fn stay_down(&self, err: Error) -> Error {
         if matches!(err, Error::UpstreamWalGone) {
             tracing::warn!(log = ?self.supervisor.last_error_lines(), "the primary no longer has WAL this standby needs; stopping it");
-            self.desired().start_error = Some(err.to_string());
+            {
+                let mut d = self.desired();
+                d.start_error = Some(err.to_string());
+                d.wal_gone = true;
+            }
             if let Err(stop) = self.supervisor.stop_with(supervisor::Stop::Immediate).await {
                 return Error::StopPostgres(stop);
             }
             return err;
         }
         if matches!(err, Error::ExitedAtStart) {
-            self.desired().start_error = Some(
-                self.supervisor
-                    .last_error_lines()
-                    .unwrap_or_else(|| "PostgreSQL exited while starting".into()),
-            );
+            let words = self
+                .supervisor
+                .last_error_lines()
+                .unwrap_or_else(|| "PostgreSQL exited while starting".into());
+            let mut d = self.desired();
+            d.start_error = Some(words);
+            d.failed_with_changes = match &d.started_with {
+                Some(before) => down::changed(before, &d.parameters),
+                None => Vec::new(),
+            };
         }
         if matches!(err, Error::ExitedAtStart) && self.crashed_at().is_none() {
             tracing::warn!(log = ?self.supervisor.last_error_lines(), "PostgreSQL exited while starting; leaving it stopped until the next pass");
@@ -648,7 +673,13 @@ impl Instance {
             () = exited => return Err(Error::ExitedAtStart),
             () = wal_gone => return Err(Error::UpstreamWalGone),
         };
-        self.desired().start_error = None;
+        {
+            let mut d = self.desired();
+            d.start_error = None;
+            d.wal_gone = false;
+            d.failed_with_changes.clear();
+            d.started_with = Some(d.parameters.clone());
+        }
         Ok(client)
     }
 
@@ -1180,6 +1211,7 @@ impl Instance {
             restart_refused,
             start_error,
             major_upgrade_error,
+            failure,
         ) = {
             let d = self.desired();
             (
@@ -1190,6 +1222,11 @@ impl Instance {
                 d.restart_refused.clone(),
                 d.start_error.clone(),
                 d.major_upgrade_error.clone(),
+                down::Failure {
+                    words: d.start_error.clone(),
+                    wal_gone: d.wal_gone,
+                    changed_parameters: d.failed_with_changes.clone(),
+                },
             )
         };
         let queried = async {
@@ -1222,6 +1259,24 @@ impl Instance {
         if status.role == PgRole::Stopped {
             status.last_error = start_error;
         }
+        // Why it is not ready; `since` is the first time this reason was served.
+        status.down = down::decide(&status, &failure);
+        let mut d = self.desired();
+        d.down_since = match (&mut status.down, d.down_since.take()) {
+            (Some(down), Some((reason, since))) if down.reason == reason => {
+                down.since = Some(since.clone());
+                Some((reason, since))
+            }
+            (Some(down), _) => {
+                let now = jiff::Timestamp::now();
+                let since = jiff::Timestamp::from_second(now.as_second())
+                    .unwrap_or(now)
+                    .to_string();
+                down.since = Some(since.clone());
+                Some((down.reason, since))
+            }
+            (None, _) => None,
+        };
         status
     }
 

@@ -613,6 +613,41 @@ struct Memory {
     /// When this manager started on a primary's data PostgreSQL did not shut down
     /// (`Instance::crashed_as_primary`); cleared once PostgreSQL runs.
     crashed_before_start: Option<Instant>,
+    /// Since when making the data directory (initdb, a clone) has failed; cleared once it
+    /// is made.
+    making_failed_since: Option<Instant>,
+}
+
+/// How long making the data directory (initdb, a clone) may fail before `/pg/status` says
+/// so (`bootstrapError`): a standby made with its cluster clones before its primary
+/// listens, and fails a few times on the way.
+const MAKING_GRACE: Duration = Duration::from_secs(30);
+
+/// What `bootstrapError` becomes after an attempt to make the data directory that ended
+/// in `failed` (the error chain) at `now`: `Some(None)` (cleared) once made after a
+/// failure, `Some(Some(chain))` once it has failed for [`MAKING_GRACE`], else `None`
+/// (unchanged).
+fn making_report(
+    since: &mut Option<Instant>,
+    now: Instant,
+    failed: Option<String>,
+) -> Option<Option<String>> {
+    match failed {
+        None => since.take().map(|_| None),
+        Some(chain) => {
+            let first = *since.get_or_insert(now);
+            (now.duration_since(first) >= MAKING_GRACE).then_some(Some(chain))
+        }
+    }
+}
+
+/// [`making_report`] applied to the instance's status.
+fn made<T>(instance: &Instance, memory: &mut Memory, result: Result<T, Error>) -> Result<T, Error> {
+    let failed = result.as_ref().err().map(|e| error_chain(e));
+    if let Some(report) = making_report(&mut memory.making_failed_since, Instant::now(), failed) {
+        instance.set_bootstrap_error(report);
+    }
+    result
 }
 
 /// One pass: observe, plan (pure, in [`plan`]), act, then slots, synchronous standbys and
@@ -871,7 +906,8 @@ async fn reconcile(
             }
             None => {
                 tracing::info!("bootstrapping a new primary with initdb");
-                instance.bootstrap_primary().await.map_err(manage)?;
+                let result = instance.bootstrap_primary().await.map_err(manage);
+                made(instance, memory, result)?;
             }
         },
         Action::StartPrimary => instance.start_as(Mode::Primary).await.map_err(manage)?,
@@ -921,10 +957,8 @@ async fn reconcile(
                     .map_err(|e| manage(instance::Error::ProbePrimary(e)))?;
             }
             tracing::info!(%primary, "cloning the primary");
-            instance
-                .bootstrap_standby(&upstream)
-                .await
-                .map_err(manage)?;
+            let result = instance.bootstrap_standby(&upstream).await.map_err(manage);
+            made(instance, memory, result)?;
         }
         Action::Rejoin { primary } if observed.diverged => {
             tracing::warn!(%primary, timeline = ?pg.timeline, replayed = ?pg.replayed_lsn, "this standby replayed WAL past the point where the primary's timeline forked off its own, so it cannot follow: rewinding onto the primary's timeline");
@@ -1312,6 +1346,37 @@ async fn watch_lease(client: kube::Client, namespace: String, lease: Arc<Primary
 #[cfg(test)]
 mod tests {
     use super::{PostgresClusterStatus, cluster_concerns, recovery_target, restart_requested};
+
+    #[test]
+    fn making_the_data_directory_is_reported_failed_only_once_it_failed_for_the_grace() {
+        use super::{MAKING_GRACE, making_report};
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mut since = None;
+        assert_eq!(making_report(&mut since, t0, None), None, "made at once");
+        let failed = || Some("cloning: connection refused".to_string());
+        assert_eq!(
+            making_report(&mut since, t0, failed()),
+            None,
+            "first failure"
+        );
+        assert_eq!(
+            making_report(&mut since, t0 + Duration::from_secs(5), failed()),
+            None
+        );
+        assert_eq!(
+            making_report(&mut since, t0 + MAKING_GRACE, failed()),
+            Some(failed()),
+            "failing for the grace"
+        );
+        assert_eq!(
+            making_report(&mut since, t0 + MAKING_GRACE * 2, None),
+            Some(None),
+            "made: cleared"
+        );
+        assert_eq!(since, None);
+        assert_eq!(making_report(&mut since, t0 + MAKING_GRACE * 3, None), None);
+    }
 
     #[test]
     fn a_divergence_is_acted_on_only_once_it_lasted_and_forgotten_when_it_stops() {

@@ -141,6 +141,9 @@ pub fn status(
                 replayed_lsn: previous.and_then(|p| p.replayed_lsn.clone()),
                 manager_version: None,
                 postgres_version: None,
+                reason: None,
+                message: None,
+                down_since: None,
                 name: instance,
                 serial: *serial,
             }

@@ -1222,6 +1222,7 @@ async fn write_status(
     );
     set_volumes_resized(cluster, &mut status, storage, &observed.pvcs, usage, None);
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
+    let instance_events = status::instance_events(cluster.status.as_ref(), &status);
     let refused: Vec<(&str, String)> = [&status::ROLES, &status::DATABASES]
         .into_iter()
         .filter_map(|what| declared_event(what, cluster.status.as_ref(), &status))
@@ -1251,6 +1252,15 @@ async fn write_status(
             message,
         )
         .await;
+    }
+    for e in &instance_events {
+        let kind = if e.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        let names = (e.reason, e.action.as_str());
+        publish_as(ctx, cluster, kind, names, &e.note, Some(&e.instance)).await;
     }
     for note in &roles.notes {
         let kind = if note.warning {
@@ -1810,6 +1820,19 @@ async fn publish_about(
     note: &str,
     instance: Option<&str>,
 ) {
+    publish_as(ctx, cluster, type_, (reason, "Reconcile"), note, instance).await;
+}
+
+/// [`publish_about`] with the Event's action: the recorder keeps Events of one reason but
+/// different actions apart (an instance down for one reason, then for another).
+async fn publish_as(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    type_: EventType,
+    (reason, action): (&str, &str),
+    note: &str,
+    instance: Option<&str>,
+) {
     let secondary = instance.map(|name| k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("v1".to_string()),
         kind: Some("Pod".to_string()),
@@ -1826,7 +1849,7 @@ async fn publish_about(
         type_,
         reason: reason.to_string(),
         note: Some(note.chars().take(1000).collect()),
-        action: "Reconcile".to_string(),
+        action: action.to_string(),
         secondary,
     };
     if let Err(e) = ctx

@@ -244,7 +244,7 @@ impl Input<'_> {
 /// Why a rollout stopped, for the `RolloutBlocked` condition.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Blocked {
-    /// `RestartRefused` or `InstanceNotBack`.
+    /// `RestartRefused`, `InstanceCannotStart` or `InstanceNotBack`.
     pub reason: &'static str,
     pub message: String,
 }
@@ -270,6 +270,34 @@ pub fn blocked(
         return Some(Blocked {
             reason: "RestartRefused",
             message: format!("{name} refused its restart, the rollout stops here: {why}"),
+        });
+    }
+    // An instance that a restart for the spec's parameters left down will not come back
+    // with them: the rollout stops at once, without waiting for the bound.
+    let cannot_start: Vec<String> = input
+        .instances
+        .iter()
+        .filter_map(|(name, _)| {
+            let down = input
+                .probes
+                .get(name)
+                .and_then(Probe::status)
+                .and_then(|s| s.down.as_ref())
+                .filter(|d| d.cannot_start_with_parameters())?;
+            Some(format!("{name} {}", super::status::down_message(down)))
+        })
+        .collect();
+    if !cannot_start.is_empty() {
+        return Some(Blocked {
+            reason: super::status::REASON_INSTANCE_CANNOT_START,
+            message: pgop_api::instance_status::printable(
+                &format!(
+                    "cannot start, the rollout stops here and leaves the other instances \
+                     alone: {}; set the parameter(s) back to go on",
+                    cannot_start.join("; ")
+                ),
+                2048,
+            ),
         });
     }
     let since = not_ready_since?;
@@ -815,6 +843,46 @@ mod tests {
             }
         }
         assert_eq!(w.next(&roles("db-1", "db-1")), Step::Idle);
+    }
+
+    #[test]
+    fn an_instance_that_cannot_start_after_a_restart_for_parameters_blocks_at_once() {
+        use pgop_api::instance_status::{Down, DownReason};
+        let mut w = World::new();
+        let r = roles("db-1", "db-1");
+        let bound = std::time::Duration::from_secs(60);
+        let now = t("2026-01-01T00:10:00Z");
+        let mut down = PgStatus::stopped("db-2", false);
+        down.down = Some(Down {
+            reason: DownReason::StartFailed,
+            message: "FATAL:  could not load library \"/nope.so\"".into(),
+            parameters: vec!["shared_preload_libraries".into()],
+            since: Some("2026-01-01T00:09:58Z".into()),
+        });
+        w.probes
+            .insert("db-2".into(), Probe::Status(Box::new(down)));
+        w.pods[1] = pod("db-2", "old", false);
+        w.restarting = Some("db-2".into());
+        // Not ready for two seconds only: blocked all the same, naming the instance, the
+        // parameter and PostgreSQL's words.
+        let since = Some(t("2026-01-01T00:09:58Z"));
+        let b = blocked(&w.input(&r), None, since, now, bound).expect("blocked");
+        assert_eq!(b.reason, "InstanceCannotStart");
+        for part in [
+            "db-2 after the restart for shared_preload_libraries",
+            "could not load library",
+            "set the parameter(s) back",
+        ] {
+            assert!(b.message.contains(part), "{part:?} in {}", b.message);
+        }
+        assert!(!b.message.contains("db-3"), "{}", b.message);
+        // Down for another reason (no restart for parameters first): the bound applies.
+        if let Some(Probe::Status(s)) = w.probes.get_mut("db-2")
+            && let Some(d) = s.down.as_mut()
+        {
+            d.parameters.clear();
+        }
+        assert_eq!(blocked(&w.input(&r), None, since, now, bound), None);
     }
 
     #[test]

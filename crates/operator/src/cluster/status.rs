@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
 use pgop_api::conditions::{self, new_condition, set_condition};
-use pgop_api::instance_status::PgRole;
+use pgop_api::instance_status::{Down, DownReason, MAX_DOWN_MESSAGE, PgRole, PgStatus, printable};
 use pgop_api::v1beta1::PostgresCluster;
 use pgop_api::{PostgresClusterStatus, labels};
 use std::collections::BTreeMap;
@@ -269,6 +269,134 @@ pub struct Observations<'a> {
     pub roles: &'a Roles,
 }
 
+/// An instance's `reason`, `message` and `downSince`: none while it is ready; what its
+/// manager says while it is not; else (it restarts, or its manager does not answer) what
+/// was last said, so that a reason does not flicker away while the instance retries.
+fn down_status(
+    ready: bool,
+    pg: Option<&PgStatus>,
+    previous: Option<&InstanceStatus>,
+) -> (Option<String>, Option<String>, Option<String>) {
+    if ready {
+        return (None, None, None);
+    }
+    match pg.and_then(|s| s.down.as_ref()) {
+        Some(down) => (
+            Some(down.reason.as_str().to_string()),
+            Some(down_message(down)),
+            down.since.clone(),
+        ),
+        None => match previous {
+            Some(p) => (p.reason.clone(), p.message.clone(), p.down_since.clone()),
+            None => (None, None, None),
+        },
+    }
+}
+
+/// A [`Down`]'s words for people: the parameters of the restart that left the instance
+/// down, then PostgreSQL's (or the manager's) words; printable, at most 1 KiB.
+pub fn down_message(down: &Down) -> String {
+    let words = if down.parameters.is_empty() {
+        down.message.clone()
+    } else {
+        format!(
+            "after the restart for {}: {}",
+            down.parameters.join(", "),
+            down.message
+        )
+    };
+    printable(&words, MAX_DOWN_MESSAGE)
+}
+
+/// The instances that are not ready with a reason, as "name (Reason)", for the messages
+/// of Ready and Degraded.
+fn down_instances(instances: &[InstanceStatus]) -> Vec<String> {
+    instances
+        .iter()
+        .filter(|i| !i.ready)
+        .map(|i| match &i.reason {
+            Some(reason) => format!("{} ({reason})", i.name),
+            None => i.name.clone(),
+        })
+        .collect()
+}
+
+/// The action of an `InstanceDown` Event: the reason and a digest of the words, so that
+/// the recorder (which folds Events of the same reason, action and objects into one series,
+/// keeping the first note) keeps apart two failures of one reason with other words (a
+/// parameter, then another), and folds the same failure seen again.
+fn down_action(reason: &str, message: Option<&str>) -> String {
+    // FNV-1a: the same words give the same digest in every operator process.
+    let digest = message
+        .unwrap_or_default()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("{reason}-{:08x}", digest >> 32)
+}
+
+/// An Event about one instance: `InstanceDown` (a Warning) when it is down for a reason it
+/// was not before, or with other words, `InstanceBack` when it is ready again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    /// The Event's action: the down reason, so that the recorder keeps two reasons apart.
+    pub action: String,
+    pub instance: String,
+    pub note: String,
+}
+
+/// The instance Events of a status change: one `InstanceDown` per instance and reason
+/// (none for a state a standby passes through, [`DownReason::passing`]: status only),
+/// one `InstanceBack` when an instance that was down is ready again.
+pub fn instance_events(
+    old: Option<&PostgresClusterStatus>,
+    new: &PostgresClusterStatus,
+) -> Vec<InstanceEvent> {
+    let quiet = |reason: &str| reason == DownReason::NotStreaming.as_str();
+    let mut events = Vec::new();
+    for i in &new.instances {
+        let before = old.and_then(|o| o.instances.iter().find(|p| p.name == i.name));
+        let was = before
+            .and_then(|b| b.reason.as_deref())
+            .filter(|r| !quiet(r));
+        match i.reason.as_deref() {
+            Some(reason)
+                if !quiet(reason)
+                    && (was != Some(reason)
+                        || before.and_then(|b| b.message.as_deref()) != i.message.as_deref()) =>
+            {
+                events.push(InstanceEvent {
+                    warning: true,
+                    reason: "InstanceDown",
+                    action: down_action(reason, i.message.as_deref()),
+                    instance: i.name.clone(),
+                    note: format!(
+                        "{} is down ({reason}): {}",
+                        i.name,
+                        i.message.as_deref().unwrap_or("")
+                    ),
+                });
+            }
+            None if i.ready
+                && let Some(was) = was =>
+            {
+                events.push(InstanceEvent {
+                    warning: false,
+                    reason: "InstanceBack",
+                    action: was.to_string(),
+                    instance: i.name.clone(),
+                    note: format!("{} is ready again (it was down: {was})", i.name),
+                })
+            }
+            _ => {}
+        }
+    }
+    events
+}
+
 /// The status of a cluster whose spec is valid, given its instance plan, its pods, what
 /// the instances reported and the roles decided.
 ///
@@ -314,13 +442,15 @@ pub fn compute(
                     previous.and_then(|p| p.replayed_lsn.clone()),
                 ),
             };
+            let ready = pod.is_some_and(pod_ready);
+            let (reason, message, down_since) = down_status(ready, pg, previous);
             InstanceStatus {
                 role: match pg.map(|s| s.role) {
                     Some(PgRole::Primary) => Some(InstanceRole::Primary),
                     Some(PgRole::Replica) => Some(InstanceRole::Replica),
                     _ => None,
                 },
-                ready: pod.is_some_and(pod_ready),
+                ready,
                 timeline,
                 received_lsn: received,
                 replayed_lsn: replayed,
@@ -329,6 +459,9 @@ pub fn compute(
                 manager_version: pg.and_then(|s| s.manager_version.clone()),
                 postgres_version: pg.and_then(|s| s.postgres_version.clone()),
                 fenced: pg.is_some_and(|s| s.fenced),
+                reason,
+                message,
+                down_since,
                 name: instance,
                 serial: *serial,
             }
@@ -420,6 +553,18 @@ pub fn compute(
                 now.clone(),
             );
         }
+        Some(Refused::CannotStart(message)) => {
+            set_condition(
+                c,
+                cond(
+                    conditions::CONFIGURATION_APPLIED,
+                    false,
+                    REASON_INSTANCE_CANNOT_START,
+                    message.clone(),
+                ),
+                now.clone(),
+            );
+        }
         // No instance answered: what was last seen stays.
         None => {}
     }
@@ -427,6 +572,21 @@ pub fn compute(
         "; some of spec.postgresql was refused and is not in effect (see ConfigurationApplied)"
     } else {
         ""
+    };
+    let down = down_instances(&status.instances);
+    let why = status
+        .instances
+        .iter()
+        .find(|i| !i.ready && i.message.is_some())
+        .and_then(|i| Some(format!("{}: {}", i.name, i.message.as_deref()?)));
+    let not_ready_note = match (down.is_empty(), why) {
+        (true, _) => String::new(),
+        (false, Some(why)) => format!(
+            "; not ready: {}; why: {}",
+            down.join(", "),
+            printable(&why, 300)
+        ),
+        (false, None) => format!("; not ready: {}", down.join(", ")),
     };
     set_spec_valid(c, generation, &now);
     // spec.roles and spec.databases, as the primary's manager last applied them.
@@ -491,7 +651,7 @@ pub fn compute(
                 conditions::READY,
                 false,
                 "InstancesNotReady",
-                format!("{ready} of {desired} instances are ready"),
+                format!("{ready} of {desired} instances are ready{not_ready_note}"),
             )
         },
         now.clone(),
@@ -587,7 +747,10 @@ pub fn compute(
                 conditions::DEGRADED,
                 true,
                 "InstancesNotReady",
-                format!("{} of {desired} instances are not ready", desired - ready),
+                format!(
+                    "{} of {desired} instances are not ready{not_ready_note}",
+                    desired - ready
+                ),
             )
         } else {
             cond(
@@ -633,12 +796,19 @@ pub fn set_rollout_blocked(
 /// The reason of `ConfigurationApplied=False`.
 pub const REASON_PARAMETERS_REFUSED: &str = "ParametersRefused";
 
+/// The reason of `ConfigurationApplied=False` (and `RolloutBlocked=True`) while an
+/// instance cannot start after a restart for the spec's parameters.
+pub const REASON_INSTANCE_CANNOT_START: &str = "InstanceCannotStart";
+
 /// What the instances said of the spec's configuration.
 enum Refused {
     /// Every instance that answered applied all of it.
     None,
     /// Something was refused: instance, parameter, value and reason, for people.
     Some(String),
+    /// An instance does not start since a restart applied the spec's parameters: which,
+    /// with the parameters and PostgreSQL's words.
+    CannotStart(String),
 }
 
 /// Longest `ConfigurationApplied` message: the first refusals, then a count.
@@ -661,6 +831,26 @@ fn refused_configuration(
         .collect();
     if answered.is_empty() {
         return None;
+    }
+    let cannot_start: Vec<String> = answered
+        .iter()
+        .filter_map(|(name, s)| {
+            let down = s
+                .down
+                .as_ref()
+                .filter(|d| d.cannot_start_with_parameters())?;
+            Some(format!("{name}: {}", down_message(down)))
+        })
+        .collect();
+    if !cannot_start.is_empty() {
+        let message = format!(
+            "not in effect: an instance cannot start with it ({})",
+            cannot_start.join("; ")
+        );
+        return Some(Refused::CannotStart(printable(
+            &message,
+            MAX_REFUSED_MESSAGE,
+        )));
     }
     let all: Vec<String> = answered
         .iter()
@@ -748,6 +938,9 @@ mod tests {
             manager_version: None,
             postgres_version: None,
             fenced: false,
+            reason: None,
+            message: None,
+            down_since: None,
         };
         let with = |instances: Vec<InstanceStatus>, observed: Option<Time>| PostgresClusterStatus {
             instances,
@@ -962,6 +1155,178 @@ mod tests {
         let prog = conditions::find_condition(&s.conditions, conditions::PROGRESSING)
             .expect("Progressing");
         assert_eq!(prog.reason, "Scaling");
+    }
+
+    #[test]
+    fn an_instance_that_cannot_start_is_named_with_its_reason_until_it_is_ready_again() {
+        use pgop_api::instance_status::{Down, DownReason, PgStatus};
+        let p = plan(2, &BTreeSet::from([1, 2]), 3, Some(1));
+        let roles = running("main-1");
+        let down = Down {
+            reason: DownReason::StartFailed,
+            message: "FATAL:  could not map anonymous shared memory: Cannot allocate memory".into(),
+            parameters: vec!["huge_pages".into()],
+            since: Some("2026-12-06T02:00:00Z".into()),
+        };
+        let probes_with = |down: Option<Down>| {
+            let mut primary = PgStatus::stopped("main-1", false);
+            primary.role = PgRole::Primary;
+            let mut standby = PgStatus::stopped("main-2", false);
+            standby.down = down;
+            BTreeMap::from([
+                ("main-1".to_string(), Probe::Status(Box::new(primary))),
+                ("main-2".to_string(), Probe::Status(Box::new(standby))),
+            ])
+        };
+        let compute_at = |old: Option<PostgresClusterStatus>,
+                          probes: &BTreeMap<String, Probe>,
+                          standby_ready: bool,
+                          t| {
+            let pods = [pod("main-1", true), pod("main-2", standby_ready)];
+            let seen = Observations {
+                pods: &pods,
+                probes,
+                roles: &roles,
+            };
+            compute(&cluster(old), &p, &seen, at(t)).0
+        };
+        let ready = compute_at(None, &probes_with(None), true, 10);
+
+        // Down after the restart for huge_pages.
+        let failed = compute_at(
+            Some(ready.clone()),
+            &probes_with(Some(down.clone())),
+            false,
+            20,
+        );
+        let i = &failed.instances[1];
+        assert_eq!(i.reason.as_deref(), Some("StartFailed"));
+        assert_eq!(i.down_since.as_deref(), Some("2026-12-06T02:00:00Z"));
+        let message = i.message.as_deref().expect("message");
+        assert!(
+            message.starts_with("after the restart for huge_pages: FATAL:  could not map"),
+            "{message}"
+        );
+        let cond = |s: &PostgresClusterStatus, t: &str| {
+            conditions::find_condition(&s.conditions, t)
+                .cloned()
+                .expect("condition")
+        };
+        let r = cond(&failed, conditions::READY);
+        assert!(
+            r.message.contains(
+                "not ready: main-2 (StartFailed); why: main-2: after the restart for huge_pages"
+            ),
+            "{}",
+            r.message
+        );
+        let d = cond(&failed, conditions::DEGRADED);
+        assert_eq!(d.status, conditions::TRUE);
+        assert!(d.message.contains("main-2 (StartFailed)"), "{}", d.message);
+        let a = cond(&failed, conditions::CONFIGURATION_APPLIED);
+        assert_eq!(
+            (a.status.as_str(), a.reason.as_str()),
+            (conditions::FALSE, REASON_INSTANCE_CANNOT_START)
+        );
+        assert!(
+            a.message
+                .contains("main-2: after the restart for huge_pages"),
+            "{}",
+            a.message
+        );
+        let events = instance_events(Some(&ready), &failed);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(events[0].warning);
+        assert_eq!(
+            (
+                events[0].reason,
+                events[0].action.as_str(),
+                events[0].instance.as_str()
+            ),
+            (
+                "InstanceDown",
+                down_action("StartFailed", failed.instances[1].message.as_deref()).as_str(),
+                "main-2"
+            )
+        );
+        assert!(
+            events[0].note.contains("FATAL:  could not map"),
+            "{}",
+            events[0].note
+        );
+        // The same reason again: no second Event.
+        let again = compute_at(
+            Some(failed.clone()),
+            &probes_with(Some(down.clone())),
+            false,
+            30,
+        );
+        assert!(instance_events(Some(&failed), &again).is_empty());
+        // The same reason with other words (another parameter): a second Event, which the
+        // recorder keeps apart from the first (another action).
+        let mut other = down.clone();
+        other.parameters = vec!["shared_preload_libraries".into()];
+        other.message = "FATAL:  could not load library \"/x\"".into();
+        let second = compute_at(Some(again.clone()), &probes_with(Some(other)), false, 35);
+        let events = instance_events(Some(&again), &second);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(
+            events[0].note.contains("shared_preload_libraries"),
+            "{}",
+            events[0].note
+        );
+        assert_ne!(
+            events[0].action,
+            down_action("StartFailed", failed.instances[1].message.as_deref())
+        );
+        let again = compute_at(
+            Some(second.clone()),
+            &probes_with(Some(down.clone())),
+            false,
+            38,
+        );
+
+        // Restarting with the parameter removed, the manager says nothing: the reason stays.
+        let restarting = compute_at(Some(again.clone()), &BTreeMap::new(), false, 40);
+        assert_eq!(
+            restarting.instances[1].reason.as_deref(),
+            Some("StartFailed")
+        );
+        assert!(instance_events(Some(&again), &restarting).is_empty());
+
+        // Ready again: everything cleared, and one InstanceBack.
+        let back = compute_at(Some(restarting.clone()), &probes_with(None), true, 50);
+        assert_eq!(back.instances[1].reason, None);
+        assert_eq!(back.instances[1].message, None);
+        assert_eq!(back.instances[1].down_since, None);
+        assert_eq!(
+            cond(&back, conditions::CONFIGURATION_APPLIED).status,
+            conditions::TRUE
+        );
+        assert_eq!(cond(&back, conditions::READY).status, conditions::TRUE);
+        let events = instance_events(Some(&restarting), &back);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(!events[0].warning);
+        assert_eq!(
+            (events[0].reason, events[0].action.as_str()),
+            ("InstanceBack", "StartFailed")
+        );
+
+        // A standby between two primaries is in status only: no Event either way.
+        let passing = Down {
+            reason: DownReason::NotStreaming,
+            message: "does not stream".into(),
+            parameters: Vec::new(),
+            since: None,
+        };
+        let streaming_not = compute_at(Some(back.clone()), &probes_with(Some(passing)), false, 60);
+        assert_eq!(
+            streaming_not.instances[1].reason.as_deref(),
+            Some("NotStreaming")
+        );
+        assert!(instance_events(Some(&back), &streaming_not).is_empty());
+        let streaming = compute_at(Some(streaming_not.clone()), &probes_with(None), true, 70);
+        assert!(instance_events(Some(&streaming_not), &streaming).is_empty());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use pgop_api::PostgresBackup;
 use pgop_api::cluster::InstanceRole;
+use pgop_api::instance_status::{MAX_DOWN_MESSAGE, printable};
 use pgop_api::v1beta1::PostgresCluster;
 use std::io::Write;
 
@@ -84,6 +85,13 @@ struct InstanceView {
     /// Standby: bytes of WAL the primary has written that it has not replayed.
     lag_bytes: Option<u64>,
     postgres_version: Option<String>,
+    /// Why it is not ready (`status.instances[].reason`), its words and since when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    down_since: Option<String>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -152,6 +160,9 @@ pub fn view(c: &PostgresCluster, backups: &[PostgresBackup], now: Timestamp) -> 
                 _ => None,
             },
             postgres_version: i.postgres_version.clone(),
+            reason: i.reason.clone(),
+            message: i.message.clone(),
+            down_since: i.down_since.clone(),
         })
         .collect();
     let since = status.target_primary_since.as_ref().map(|t| t.0);
@@ -361,10 +372,15 @@ pub fn render(v: &View, out: &mut impl Write, colour: bool) -> std::io::Result<(
             (true, role) => format!("{role} (fenced)"),
             (false, role) => role.to_string(),
         };
+        let ready = match (i.ready, &i.reason) {
+            (true, _) => "yes".to_string(),
+            (false, Some(reason)) => format!("no ({})", printable(reason, 40)),
+            (false, None) => "no".to_string(),
+        };
         rows.push([
             i.name.clone(),
             role,
-            if i.ready { "yes" } else { "no" }.to_string(),
+            ready,
             i.timeline.map_or("-".into(), |t| t.to_string()),
             i.lsn.clone().unwrap_or_else(|| "-".into()),
             i.replayed_lsn.clone().unwrap_or_else(|| "-".into()),
@@ -372,6 +388,25 @@ pub fn render(v: &View, out: &mut impl Write, colour: bool) -> std::io::Result<(
         ]);
     }
     table(&rows, out)?;
+    // Why an instance is down, in PostgreSQL's (or its manager's) words; the status is
+    // anybody's to write, so every word is escaped again before it reaches the terminal.
+    for i in v.instances.iter().filter(|i| !i.ready) {
+        let Some(reason) = &i.reason else { continue };
+        let since = i
+            .down_since
+            .as_deref()
+            .map(|s| format!(" since {}", printable(s, 40)))
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "{} is down{since}: {}",
+            printable(&i.name, 80),
+            paint(&printable(reason, 40), RED, colour)
+        )?;
+        if let Some(message) = &i.message {
+            writeln!(out, "  {}", printable(message, MAX_DOWN_MESSAGE))?;
+        }
+    }
     if !v.poolers.is_empty() {
         writeln!(out)?;
         writeln!(out, "{}", paint("Poolers", BOLD, colour))?;
@@ -500,6 +535,35 @@ fn table<const N: usize>(rows: &[[String; N]], out: &mut impl Write) -> std::io:
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_instance_that_is_down_is_shown_with_its_reason_and_words_escaped() {
+        let c: PostgresCluster = serde_json::from_value(json!({
+            "apiVersion": "database.example.com/v1beta1", "kind": "PostgresCluster",
+            "metadata": {"name": "shop", "namespace": "prod"},
+            "spec": {"instances": 2, "storage": {"size": "1Gi"}},
+            "status": {"phase": "Degraded", "currentPrimary": "shop-1", "readyReplicas": 1,
+                "instances": [
+                    {"name": "shop-1", "serial": 1, "role": "primary", "ready": true},
+                    {"name": "shop-2", "serial": 2, "ready": false, "reason": "StartFailed",
+                     "downSince": "2026-12-06T02:00:00Z",
+                     "message": "after the restart for huge_pages: FATAL:  could not map anonymous shared memory\u{1b}[2J"}]}
+        }))
+        .expect("cluster");
+        let now: Timestamp = "2026-12-06T02:03:00Z".parse().expect("time");
+        let v = view(&c, &[], now);
+        let mut out = Vec::new();
+        render(&v, &mut out, false).expect("render");
+        let text = String::from_utf8(out).expect("utf-8");
+        assert!(!text.contains('\x1b'), "{text}");
+        for part in [
+            "shop-2  unknown  no (StartFailed)",
+            "shop-2 is down since 2026-12-06T02:00:00Z: StartFailed",
+            "  after the restart for huge_pages: FATAL:  could not map anonymous shared memory\\u{1b}[2J",
+        ] {
+            assert!(text.contains(part), "{part:?} in\n{text}");
+        }
+    }
 
     #[test]
     fn the_status_screen_shows_roles_lag_backups_and_conditions_without_colour() {

@@ -7,7 +7,9 @@
 //! True), then again up to `maxSize`, where a volume over the threshold is a
 //! `VolumeAutoGrowLimit` Warning and no growth. A larger `storage.size` grows them past
 //! it; a smaller one than the volumes hold turns the cluster Invalid and shrinks nothing.
-//! Every row is still there, on both instances.
+//! Every row is still there, on both instances. A standby whose volume is filled from the
+//! host is named `VolumeFull` (status, Ready, an Event) while the primary keeps taking
+//! writes, and comes back once the space is freed.
 
 use crate::common;
 
@@ -192,5 +194,135 @@ async fn e2e_volumes_grow_on_their_own_up_to_the_maximum_and_with_the_spec() -> 
         (n == rows).then_some(())
     })
     .await;
+    env.stop().await
+}
+
+/// Fills the filesystem of `dir` from this machine (as root, as a disk fills up behind an
+/// instance's back): one file of 1 MiB writes until the filesystem refuses (`ENOSPC`).
+/// Returns the file, to be removed to free the space.
+async fn fill_from_the_host(dir: std::path::PathBuf) -> Result<std::path::PathBuf> {
+    let file = dir.join("pgop-e2e-filler");
+    let path = file.clone();
+    let written = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&path)?;
+        let chunk = vec![0x5a_u8; 1 << 20];
+        let mut written = 0u64;
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => return Ok(written),
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(28) => return Ok(written),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await??;
+    eprintln!(
+        "{}: {written} bytes written until the filesystem was full",
+        file.display()
+    );
+    Ok(file)
+}
+
+/// Batches of 2048 rows (2 MiB) the primary takes while its standby's volume is full.
+const BATCHES: i64 = 10;
+
+#[tokio::test]
+async fn e2e_a_standby_whose_volume_is_full_is_named_and_comes_back_once_space_is_freed() -> Result
+{
+    let _serial = SERIAL.lock().await;
+    let env = start("volfull").await?;
+    let name = "volfull";
+    env.create(
+        name,
+        json!({"replicas": 2, "storage": {
+            "size": "256Mi", "storageClassName": pgop_testenv::node::SIZED_STORAGE_CLASS
+        }}),
+    )
+    .await?;
+    env.wait_ready(name, 2).await?;
+    let primary = env.current_primary(name).await?;
+    let standby = if primary.ends_with("-1") {
+        "volfull-2"
+    } else {
+        "volfull-1"
+    };
+    let password = env.password(name).await?;
+
+    // The standby's volume fills up: the next WAL segment it receives cannot be written.
+    let filler = fill_from_the_host(env.claim_dir(standby).await?).await?;
+    // Meanwhile the primary keeps taking writes: 2 MiB of rows at a time, about 20 MiB of
+    // WAL in all (more than a segment, which the standby cannot make room for).
+    write_through_rw(
+        &env,
+        name,
+        &password,
+        "create table filler (id int, body text)",
+    )
+    .await?;
+    for _ in 0..BATCHES {
+        write_through_rw(
+            &env,
+            name,
+            &password,
+            "insert into filler select g, repeat(md5(random()::text), 32) \
+             from generate_series(1, 2048) g",
+        )
+        .await?;
+    }
+    let status = env
+        .wait_cluster(name, &format!("{standby} VolumeFull"), TIMEOUT, |s| {
+            s.instances
+                .iter()
+                .any(|i| i.name == standby && i.reason.as_deref() == Some("VolumeFull"))
+        })
+        .await?
+        .status
+        .ok_or("no status")?;
+    let instance = status
+        .instances
+        .iter()
+        .find(|i| i.name == standby)
+        .ok_or("no standby in status")?;
+    let message = instance.message.clone().unwrap_or_default();
+    println!("{standby}: {message}");
+    // From the volume's use, or (should PostgreSQL have freed a segment meanwhile) from
+    // its own words.
+    assert!(
+        [
+            "the data volume is full",
+            "No space left on device",
+            "free disk space"
+        ]
+        .iter()
+        .any(|w| message.contains(w)),
+        "{message}"
+    );
+    assert!(instance.down_since.is_some());
+    let event = env.wait_event("InstanceDown").await?;
+    assert!(
+        event.contains(standby) && event.contains("VolumeFull"),
+        "{event}"
+    );
+    let ready =
+        conditions::find_condition(&status.conditions, conditions::READY).ok_or("no Ready")?;
+    assert!(
+        ready.message.contains(&format!("{standby} (VolumeFull)")),
+        "{}",
+        ready.message
+    );
+
+    // Space freed: the standby comes back, catches up, and the reason is gone.
+    std::fs::remove_file(&filler)?;
+    env.wait_ready(name, 2).await?;
+    env.wait_cluster(name, "no reason left", TIMEOUT, |s| {
+        s.instances.iter().all(|i| i.reason.is_none())
+    })
+    .await?;
+    let back = env.wait_event("InstanceBack").await?;
+    assert!(back.contains(standby), "{back}");
+    let standby_ip = env.pod_ip(standby).await?;
+    wait_rows(standby, &standby_ip, &password, "filler", BATCHES * 2048).await?;
     env.stop().await
 }
