@@ -27,9 +27,7 @@ pub const MAX_NODE_AFFINITY_TERMS: usize = 8;
 pub const MAX_NODE_EXPRESSIONS: usize = 8;
 /// Most values in one node affinity expression.
 pub const MAX_NODE_VALUES: usize = 16;
-/// PriorityClass names Kubernetes keeps for its own Pods (`system-node-critical`,
-/// `system-cluster-critical`): a Pod outside `kube-system` may not use them.
-pub const SYSTEM_PRIORITY_CLASS_PREFIX: &str = "system-";
+pub use crate::reserved::SYSTEM_PRIORITY_CLASS_PREFIX;
 
 /// Where the instance Pods may run, and how strictly they are kept apart.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -5,14 +5,14 @@
 //! present; the `has()` guards are for the optional ones. The API server puts the path of
 //! the field in front of each message, so messages do not repeat it.
 
-use crate::cluster::{
-    MAX_CLUSTER_NAME_LENGTH, OWNED_PARAMETERS, RESERVED_NAME_PREFIX, RESERVED_NAMES,
-    UNSUPPORTED_PARAMETER_PREFIX, UNSUPPORTED_PARAMETERS,
-};
 use crate::constants::OWN_SECRET_SUFFIXES;
 use crate::formats::{
     DNS_LABEL_PATTERN, LABEL_KEY_PATTERN, MAX_LABEL_KEY_LENGTH, MAX_LABEL_KEY_PREFIX_LENGTH,
     MAX_PARAMETER_NAME_LENGTH, PARAMETER_NAME_PATTERN,
+};
+use crate::reserved::{
+    MAX_CLUSTER_NAME_LENGTH, OWNED_PARAMETERS, RESERVED_NAME_PREFIX, RESERVED_NAMES,
+    UNSUPPORTED_PARAMETER_PREFIX, UNSUPPORTED_PARAMETERS,
 };
 use kube::core::{Message, Reason, Rule};
 
@@ -211,7 +211,7 @@ pub fn pooler_names_fit() -> Rule {
 pub fn msg_forbidden_membership() -> String {
     format!(
         "may not name {}: membership would hand over their objects and privileges",
-        crate::roles::FORBIDDEN_MEMBERSHIPS.join(" or ")
+        crate::reserved::FORBIDDEN_MEMBERSHIPS.join(" or ")
     )
 }
 
@@ -219,7 +219,7 @@ pub fn msg_forbidden_membership() -> String {
 pub fn no_forbidden_memberships() -> Rule {
     Rule::new(format!(
         "self.all(r, !(r in {}))",
-        cel_list(crate::roles::FORBIDDEN_MEMBERSHIPS)
+        cel_list(crate::reserved::FORBIDDEN_MEMBERSHIPS)
     ))
     .message(Message::Message(msg_forbidden_membership()))
     .reason(Reason::FieldValueForbidden)
@@ -408,7 +408,7 @@ pub fn msg_unusable_owner() -> String {
     format!(
         "may not be {} or start with {RESERVED_NAME_PREFIX}: pgop keeps the replication \
          role, and PostgreSQL the predefined roles",
-        crate::databases::FORBIDDEN_OWNERS.join(" or ")
+        crate::reserved::FORBIDDEN_OWNERS.join(" or ")
     )
 }
 
@@ -417,7 +417,7 @@ pub fn msg_unusable_owner() -> String {
 pub fn usable_owner(field: &str) -> Rule {
     Rule::new(format!(
         "!has(self.{field}) || (!(self.{field} in {}) && !self.{field}.startsWith('{RESERVED_NAME_PREFIX}'))",
-        cel_list(crate::databases::FORBIDDEN_OWNERS)
+        cel_list(crate::reserved::FORBIDDEN_OWNERS)
     ))
     .message(Message::Message(msg_unusable_owner()))
     .field_path(format!(".{field}"))
@@ -430,7 +430,7 @@ pub fn msg_reserved_schema() -> String {
         "must not be a reserved name ({}) or start with {RESERVED_NAME_PREFIX}",
         RESERVED_NAMES
             .iter()
-            .chain(crate::databases::RESERVED_SCHEMAS)
+            .chain(crate::reserved::RESERVED_SCHEMAS)
             .copied()
             .collect::<Vec<_>>()
             .join(", ")
@@ -441,7 +441,7 @@ pub fn msg_reserved_schema() -> String {
 pub fn unreserved_schema_name() -> Rule {
     let names: Vec<&str> = RESERVED_NAMES
         .iter()
-        .chain(crate::databases::RESERVED_SCHEMAS)
+        .chain(crate::reserved::RESERVED_SCHEMAS)
         .copied()
         .collect();
     Rule::new(format!(
@@ -515,7 +515,7 @@ pub fn backup_spec_immutable() -> Rule {
 pub fn not_system_priority_class() -> Rule {
     Rule::new(format!(
         "!self.startsWith('{}')",
-        crate::affinity::SYSTEM_PRIORITY_CLASS_PREFIX
+        crate::reserved::SYSTEM_PRIORITY_CLASS_PREFIX
     ))
     .message(MSG_SYSTEM_PRIORITY_CLASS)
     .reason(Reason::FieldValueForbidden)

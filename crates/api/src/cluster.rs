@@ -14,94 +14,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// PostgreSQL parameters pgop sets itself. A cluster's `spec.postgresql.parameters` may not
-/// name any of them (case-insensitively, as PostgreSQL reads parameter names): the CRD's CEL
-/// rule and [`crate::validate`] are both generated from this one list.
-pub const OWNED_PARAMETERS: &[&str] = &[
-    // Where PostgreSQL listens and keeps its files: the pod layout depends on them.
-    "port",
-    "listen_addresses",
-    "unix_socket_directories",
-    "data_directory",
-    "config_file",
-    "hba_file",
-    "ident_file",
-    "external_pid_file",
-    // Replication and failover: set from spec.replicas and spec.replication.
-    "wal_level",
-    "hot_standby",
-    "wal_log_hints",
-    "full_page_writes",
-    "max_wal_senders",
-    "max_replication_slots",
-    "primary_conninfo",
-    "primary_slot_name",
-    "synchronous_standby_names",
-    "cluster_name",
-    // WAL archiving and recovery: set from spec.backup and spec.bootstrap.recovery.
-    "archive_mode",
-    "archive_command",
-    "archive_library",
-    "archive_cleanup_command",
-    "restore_command",
-    "recovery_end_command",
-    "recovery_target",
-    "recovery_target_action",
-    "recovery_target_inclusive",
-    "recovery_target_lsn",
-    "recovery_target_name",
-    "recovery_target_time",
-    "recovery_target_timeline",
-    "recovery_target_xid",
-    // The instance manager collects the server log from stderr.
-    "logging_collector",
-    "log_destination",
-];
-
-/// Parameters pgop refuses although it does not set them, compared in lower case:
-/// configuration-file directives (`include`, `include_dir`, `include_if_exists`: written as
-/// a parameter they would make PostgreSQL read another file) and TLS (`ssl` and every
-/// `ssl_*` name, one of which runs a shell command), which pgop configures itself. The CRD's
-/// CEL rule and [`crate::validate`] are both generated from this list and
-/// [`UNSUPPORTED_PARAMETER_PREFIX`].
-pub const UNSUPPORTED_PARAMETERS: &[&str] = &["include", "include_dir", "include_if_exists", "ssl"];
-/// Every parameter whose name starts with this is refused (TLS, see [`UNSUPPORTED_PARAMETERS`]).
-pub const UNSUPPORTED_PARAMETER_PREFIX: &str = "ssl_";
-
-/// Whether pgop refuses a parameter name it does not own (see [`UNSUPPORTED_PARAMETERS`]).
-pub fn is_unsupported_parameter(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    UNSUPPORTED_PARAMETERS.contains(&lower.as_str())
-        || lower.starts_with(UNSUPPORTED_PARAMETER_PREFIX)
-}
-
-/// Whether pgop sets this parameter itself (see [`OWNED_PARAMETERS`]), in any case.
-pub fn is_owned_parameter(name: &str) -> bool {
-    OWNED_PARAMETERS.contains(&name.to_ascii_lowercase().as_str())
-}
-
-/// Names `spec.bootstrap.initdb.database` and `.owner` may not take: pgop's superuser
-/// (`postgres`, also the maintenance database) and replication role, the template
-/// databases, and the role names PostgreSQL reserves. Names starting with
-/// [`RESERVED_NAME_PREFIX`] are reserved too.
-pub const RESERVED_NAMES: &[&str] = &[
-    crate::constants::SUPERUSER,
-    crate::constants::REPLICATION_USER,
-    "template0",
-    "template1",
-    "public",
-    "none",
-    "current_user",
-    "current_role",
-    "session_user",
-];
-/// PostgreSQL reserves role names starting with this for its predefined roles.
-pub const RESERVED_NAME_PREFIX: &str = "pg_";
-
-/// Whether a database or role name is reserved (see [`RESERVED_NAMES`]).
-pub fn is_reserved_name(name: &str) -> bool {
-    RESERVED_NAMES.contains(&name) || name.starts_with(RESERVED_NAME_PREFIX)
-}
+pub use crate::reserved::{
+    OWNED_PARAMETERS, RESERVED_NAME_PREFIX, RESERVED_NAMES, UNSUPPORTED_PARAMETER_PREFIX,
+    UNSUPPORTED_PARAMETERS, is_owned_parameter, is_reserved_name, is_unsupported_parameter,
+};
 
 /// PostgreSQL major versions pgop runs (`spec.postgresVersion`).
 pub const SUPPORTED_POSTGRES_VERSIONS: &[i32] = &[15, 18];
@@ -109,13 +25,7 @@ pub const SUPPORTED_POSTGRES_VERSIONS: &[i32] = &[15, 18];
 /// cluster ran before the field meant anything, so that such a cluster keeps it.
 pub const DEFAULT_POSTGRES_VERSION: i32 = 15;
 
-/// Most instances a cluster may have (one primary and eight standbys).
-pub const MAX_REPLICAS: i32 = 9;
-/// Most entries in `spec.postgresql.parameters` (bounds the cost of its CEL rule).
-pub const MAX_PARAMETERS: usize = 256;
-/// Longest cluster name: `<cluster>-<serial>` and `<cluster>-replication` must stay
-/// valid object names of at most 63 characters.
-pub const MAX_CLUSTER_NAME_LENGTH: usize = 50;
+pub use crate::reserved::{MAX_CLUSTER_NAME_LENGTH, MAX_PARAMETERS, MAX_REPLICAS};
 
 /// The desired state of a highly available PostgreSQL cluster: one primary and
 /// `replicas - 1` streaming standbys, each with its own volume.

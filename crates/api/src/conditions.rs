@@ -146,6 +146,22 @@ pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
     find_condition(conditions, type_).is_some_and(|c| c.status == TRUE)
 }
 
+/// `SpecValid=True`: the spec passed validation in this pass.
+pub fn set_spec_valid(c: &mut Vec<Condition>, generation: Option<i64>, now: &Time) {
+    set_condition(
+        c,
+        new_condition(
+            SPEC_VALID,
+            true,
+            "Valid",
+            "the spec is valid".to_string(),
+            generation,
+            now.clone(),
+        ),
+        now.clone(),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ pub const API_VERSION: &str = "database.example.com/v1alpha1";
 /// `v1beta1`, the stored version. Children made by a pgop before it name `v1alpha1` and are
 /// rewritten ([`crate::owner`]), so that `v1alpha1` can stop being served without leaving
 /// children the garbage collector cannot resolve (docs/api.md, "Upgrading to v1beta1").
-pub const CLUSTER_OWNER_API_VERSION: &str = crate::v1beta1::API_VERSION;
+pub const CLUSTER_OWNER_API_VERSION: &str = "database.example.com/v1beta1";
 
 /// The one field manager pgop uses for every server-side apply (children and status).
 pub const FIELD_MANAGER: &str = "pgop";

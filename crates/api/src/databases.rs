@@ -22,12 +22,7 @@ pub const MAX_DATABASES: usize = 16;
 pub const MAX_SCHEMAS: usize = 16;
 /// Most extensions in one database's `extensions`.
 pub const MAX_EXTENSIONS: usize = 16;
-/// Roles that may not own a declared database or schema: the replication role (its
-/// password is pgop's and it only streams WAL). Predefined `pg_*` roles are refused too.
-pub const FORBIDDEN_OWNERS: &[&str] = &[crate::constants::REPLICATION_USER];
-/// Schema names PostgreSQL keeps besides those of [`crate::cluster::RESERVED_NAMES`] and
-/// the `pg_` prefix.
-pub const RESERVED_SCHEMAS: &[&str] = &["information_schema"];
+pub use crate::reserved::{FORBIDDEN_OWNERS, RESERVED_SCHEMAS};
 
 /// One PostgreSQL database declared in the spec.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -94,7 +89,7 @@ pub struct DatabaseSpec {
 #[x_kube(validation = cel::usable_owner("owner"))]
 pub struct SchemaSpec {
     /// The schema's name: a lower-case identifier, not `public`, `information_schema` or
-    /// `pg_*` (nor the other names of [`crate::cluster::RESERVED_NAMES`]).
+    /// `pg_*` (nor the other names of [`crate::reserved::RESERVED_NAMES`]).
     #[schemars(length(min = 1, max = 63), pattern(formats::IDENTIFIER_PATTERN))]
     pub name: String,
 
@@ -142,10 +137,10 @@ fn default_connection_limit() -> i32 {
 
 /// Whether `name` may own a declared database or schema (see [`FORBIDDEN_OWNERS`]).
 pub fn is_usable_owner(name: &str) -> bool {
-    !FORBIDDEN_OWNERS.contains(&name) && !name.starts_with(crate::cluster::RESERVED_NAME_PREFIX)
+    !FORBIDDEN_OWNERS.contains(&name) && !name.starts_with(crate::reserved::RESERVED_NAME_PREFIX)
 }
 
 /// Whether `name` may be a declared schema's name.
 pub fn is_usable_schema_name(name: &str) -> bool {
-    !crate::cluster::is_reserved_name(name) && !RESERVED_SCHEMAS.contains(&name)
+    !crate::reserved::is_reserved_name(name) && !RESERVED_SCHEMAS.contains(&name)
 }

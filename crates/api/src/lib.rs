@@ -22,6 +22,7 @@ pub mod network;
 pub mod owner;
 pub mod pooler;
 pub mod quantity;
+pub mod reserved;
 pub mod roles;
 pub mod v1beta1;
 pub mod validation;

@@ -17,9 +17,7 @@ pub const MAX_ROLES: usize = 32;
 pub const MAX_IN_ROLES: usize = 16;
 /// The highest `connectionLimit` accepted (-1: no limit).
 pub const MAX_CONNECTION_LIMIT: i32 = 100_000;
-/// Roles no declared role may be a member of: the superuser and the replication role
-/// (membership would hand over their objects and privileges).
-pub const FORBIDDEN_MEMBERSHIPS: &[&str] = &["postgres", "streaming_replica"];
+pub use crate::reserved::FORBIDDEN_MEMBERSHIPS;
 
 /// One PostgreSQL role declared in the spec.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

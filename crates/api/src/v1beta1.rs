@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// The API version of this module's kind.
-pub const API_VERSION: &str = "database.example.com/v1beta1";
+pub const API_VERSION: &str = crate::constants::CLUSTER_OWNER_API_VERSION;
 
 /// The desired state of a highly available PostgreSQL cluster (`v1beta1`): one primary
 /// and `instances - 1` streaming standbys, each with its own volume.

@@ -36,7 +36,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use super::dereference::Observed;
+use super::world::Observed;
 
 /// `(namespace, cluster)`.
 type Key = (String, String);

@@ -4,11 +4,6 @@
 //! [`super::cache::Expectations`]), or caches not yet filled, are read from the API server
 //! instead: one labelled LIST per kind. Nothing here writes.
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource};
 use pgop_api::labels;
@@ -25,21 +20,7 @@ pub struct Error {
     pub source: kube::Error,
 }
 
-/// Every child of one cluster as the API server has it now.
-#[derive(Clone, Debug, Default)]
-pub struct Observed {
-    pub service_accounts: Vec<ServiceAccount>,
-    pub roles: Vec<Role>,
-    pub role_bindings: Vec<RoleBinding>,
-    pub secrets: Vec<Secret>,
-    pub services: Vec<Service>,
-    pub pod_disruption_budgets: Vec<PodDisruptionBudget>,
-    pub pvcs: Vec<PersistentVolumeClaim>,
-    pub pods: Vec<Pod>,
-    pub network_policies: Vec<NetworkPolicy>,
-    /// The poolers' Deployments (`spec.poolers`).
-    pub deployments: Vec<Deployment>,
-}
+pub use super::world::Observed;
 
 async fn list<K>(client: &Client, namespace: &str, selector: &str) -> Result<Vec<K>, Error>
 where

@@ -184,7 +184,7 @@ pub fn status(
         ),
         now.clone(),
     );
-    super::status::set_spec_valid(c, generation, &now);
+    pgop_api::conditions::set_spec_valid(c, generation, &now);
     status
 }
 

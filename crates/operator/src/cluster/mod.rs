@@ -48,6 +48,7 @@ pub mod instances;
 pub mod lease;
 pub mod nodes;
 pub mod pki;
+pub mod pods;
 pub mod probe;
 pub mod prober;
 pub mod roles;
@@ -56,6 +57,7 @@ pub mod status;
 pub mod storage;
 pub mod triggers;
 pub mod upgrade;
+pub mod world;
 
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;

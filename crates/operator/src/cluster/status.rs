@@ -9,58 +9,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use pgop_api::cluster::{ClusterPhase, InstanceRole, InstanceStatus};
 use pgop_api::conditions::{self, new_condition, set_condition};
-use pgop_api::instance_status::{Down, DownReason, MAX_DOWN_MESSAGE, PgRole, PgStatus, printable};
+use pgop_api::instance_status::{DownReason, PgRole, PgStatus, printable};
 use pgop_api::v1beta1::PostgresCluster;
 use pgop_api::{PostgresClusterStatus, labels};
 use std::collections::BTreeMap;
 
-/// Whether a Pod's Ready condition is True.
-pub fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The scheduler's message for a Pod it found no node for: its PodScheduled condition is
-/// False with reason Unschedulable, and it has no node.
-pub fn unschedulable(pod: &Pod) -> Option<&str> {
-    if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
-        return None;
-    }
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| {
-            cs.iter().find(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some(REASON_UNSCHEDULABLE)
-            })
-        })
-        .map(|c| c.message.as_deref().unwrap_or_default())
-}
-
-/// Since when the scheduler has found no node for a Pod (see [`unschedulable`]): its
-/// PodScheduled condition's last transition.
-pub fn unschedulable_since(pod: &Pod) -> Option<jiff::Timestamp> {
-    unschedulable(pod)?;
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0)
-}
-
-/// The reason of `PrimaryAvailable=False` while the primary is fenced
-/// (`spec.fencedInstances`, or its manager reports it so).
-pub const REASON_FENCED: &str = "Fenced";
-/// The reason of `PrimaryAvailable=False` while a primary no longer fenced starts again.
-pub const REASON_UNFENCING: &str = "Unfencing";
-
-/// The reason of `InstancesScheduled=False`, and of the Pod condition it comes from.
-pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+pub use super::pods::{
+    REASON_FENCED, REASON_INSTANCE_CANNOT_START, REASON_UNFENCING, REASON_UNSCHEDULABLE,
+    down_message, pod_ready, unschedulable, unschedulable_since,
+};
 
 /// Least time between two publications of the instances' WAL positions while nothing else
 /// about them changes (`status.positionsObservedAt`).
@@ -118,25 +75,7 @@ pub fn publish_positions_at_most_every(
     }
 }
 
-/// `SpecValid=True`: the spec passed validation in this pass.
-pub fn set_spec_valid(
-    c: &mut Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-    generation: Option<i64>,
-    now: &Time,
-) {
-    set_condition(
-        c,
-        new_condition(
-            conditions::SPEC_VALID,
-            true,
-            "Valid",
-            "the spec is valid".to_string(),
-            generation,
-            now.clone(),
-        ),
-        now.clone(),
-    );
-}
+pub use pgop_api::conditions::set_spec_valid;
 
 /// The reason of `RolesApplied=False` when PostgreSQL refused a declared role.
 pub const REASON_ROLE_FAILED: &str = "RoleFailed";
@@ -291,21 +230,6 @@ fn down_status(
             None => (None, None, None),
         },
     }
-}
-
-/// A [`Down`]'s words for people: the parameters of the restart that left the instance
-/// down, then PostgreSQL's (or the manager's) words; printable, at most 1 KiB.
-pub fn down_message(down: &Down) -> String {
-    let words = if down.parameters.is_empty() {
-        down.message.clone()
-    } else {
-        format!(
-            "after the restart for {}: {}",
-            down.parameters.join(", "),
-            down.message
-        )
-    };
-    printable(&words, MAX_DOWN_MESSAGE)
 }
 
 /// The instances that are not ready with a reason, as "name (Reason)", for the messages
@@ -795,10 +719,6 @@ pub fn set_rollout_blocked(
 
 /// The reason of `ConfigurationApplied=False`.
 pub const REASON_PARAMETERS_REFUSED: &str = "ParametersRefused";
-
-/// The reason of `ConfigurationApplied=False` (and `RolloutBlocked=True`) while an
-/// instance cannot start after a restart for the spec's parameters.
-pub const REASON_INSTANCE_CANNOT_START: &str = "InstanceCannotStart";
 
 /// What the instances said of the spec's configuration.
 enum Refused {
