@@ -9,6 +9,9 @@
 //! [`encode`] is a pure function of both, so the whole exposition is unit-tested without an
 //! API server. Nothing about an object outlives it: a deleted cluster's series vanish with
 //! it from the next scrape.
+//!
+//! Why this file stays whole: it is one idea, the exposition, whose families, help texts
+//! and label sets must be read side by side with [`encode`] and its table test.
 
 use axum::Router;
 use axum::extract::State;

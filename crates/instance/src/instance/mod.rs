@@ -1,6 +1,10 @@
 //! One PostgreSQL instance and everything the manager does to it, without Kubernetes: the
 //! desired role and spec are given by the caller (`run` from the PostgresCluster, tests
 //! directly). Operations are serialized. It must never choose a role itself.
+//!
+//! Why this file stays whole: it is one facade, `Instance`, whose operations share the
+//! `ops` lock and the `Desired` state; what each needs beyond that lives in the modules
+//! below (down, floors, store, roles, databases, passwords, pooler_auth).
 
 use crate::backups::Jobs;
 use crate::bootstrap::{self, Credentials, DataState};

@@ -70,8 +70,7 @@ use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{
-    ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SPEC_HASH,
-    ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
+    ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
 };
 use pgop_api::instance_status::{PgRole, VolumeUsage};
 use pgop_api::v1beta1::PostgresCluster;
@@ -360,16 +359,21 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
             &budgets,
         )
     };
-    let mut children = build(&roles)?;
-
     // 7. rollout: one outdated instance at a time, standbys first; a drain moves the
-    // primary first
+    // primary first. It compares the Pods' spec hashes, which do not depend on the roles,
+    // and may start a switchover, which does: the children are built after it, once.
+    let hashes = build::pod_spec_hashes(
+        &defaulted,
+        &instance_specs(named, None, major),
+        &ctx.settings,
+    )?;
     let rollout = rollout_step(
-        ctx, cluster, &defaulted, named, &observed, &probes, &placed, &children, &mut roles,
+        ctx, cluster, &defaulted, named, &observed, &probes, &placed, &hashes, &roles,
     );
-    if rollout.rebuild {
-        children = build(&roles)?;
+    if let Some(switchover) = rollout.switchover.clone() {
+        roles.start_switchover(switchover);
     }
+    let children = build(&roles)?;
 
     // 8. status first: a new targetPrimary is on record before any label moves
     let backups = backups_of(ctx, cluster, &namespace).await?;
@@ -730,7 +734,17 @@ fn build_children(
     major: i32,
     budgets: &build::Budgets,
 ) -> Result<build::Children, build::Error> {
-    let wanted: Vec<build::InstanceSpec> = named
+    let wanted = instance_specs(named, labelled, major);
+    build::children(defaulted, &wanted, credentials, &ctx.settings, budgets)
+}
+
+/// The instances to build, `labelled` carrying the primary's role label.
+fn instance_specs(
+    named: &[(String, i32)],
+    labelled: Option<&str>,
+    major: i32,
+) -> Vec<build::InstanceSpec> {
+    named
         .iter()
         .map(|(instance, _)| build::InstanceSpec {
             name: instance.clone(),
@@ -738,8 +752,7 @@ fn build_children(
             major,
             upgrade_from: None,
         })
-        .collect();
-    build::children(defaulted, &wanted, credentials, &ctx.settings, budgets)
+        .collect()
 }
 
 /// The Event for a change of the Hibernated condition's reason (Hibernating, Hibernated,
@@ -1004,13 +1017,15 @@ struct Rollout {
     instance_restart_request: Option<rollout::InstanceRestartRequest>,
     /// Why the rollout is blocked, if it is.
     blocked: Option<rollout::Blocked>,
-    /// The roles changed (a switchover started): the children must be built again.
-    rebuild: bool,
+    /// A switchover to start before anything is built: a drain, or a rolling update that
+    /// must update the primary.
+    switchover: Option<roles::Switchover>,
 }
 
 /// Step 7: the next step of a rolling update, behind its health gate; a cordoned
-/// primary's node (a drain) or a rollout that must update the primary starts a
-/// switchover instead, recorded in `roles`.
+/// primary's node (a drain) or a rollout that must update the primary asks for a
+/// switchover instead (`Rollout::switchover`, which the caller starts). `desired_hashes`:
+/// each instance's Pod spec hash as the spec builds it now.
 #[allow(clippy::too_many_arguments)]
 fn rollout_step(
     ctx: &Context,
@@ -1020,18 +1035,10 @@ fn rollout_step(
     observed: &dereference::Observed,
     probes: &BTreeMap<String, probe::Probe>,
     placed: &[nodes::Instance<'_>],
-    children: &build::Children,
-    roles: &mut roles::Roles,
+    desired_hashes: &BTreeMap<String, String>,
+    roles: &roles::Roles,
 ) -> Rollout {
     let old_status = cluster.status.clone().unwrap_or_default();
-    let desired_hashes: BTreeMap<String, String> = children
-        .pods
-        .iter()
-        .filter_map(|p| {
-            let hash = p.annotations().get(ANNOTATION_SPEC_HASH)?;
-            Some((p.name_any(), hash.clone()))
-        })
-        .collect();
     // The restart annotation: recorded with the moment it was first seen, so that every
     // postmaster started before then restarts, through the rollout.
     let restart_requested = match (
@@ -1067,7 +1074,7 @@ fn rollout_step(
         pods: &observed.pods,
         probes,
         roles,
-        desired_hashes: &desired_hashes,
+        desired_hashes,
         generation: cluster.metadata.generation,
         restarting: old_status.restart_instance.as_deref(),
         restart_requested_at: restart_requested
@@ -1100,7 +1107,7 @@ fn rollout_step(
         instance_restarts,
         instance_restart_request,
         blocked,
-        rebuild: false,
+        switchover: None,
     };
     // A drain: the primary's node is cordoned, so the primary moves first (its budget
     // holds its eviction meanwhile); the rollout goes on afterwards.
@@ -1111,18 +1118,18 @@ fn rollout_step(
             .find(|p| p.name_any() == roles.current)
             .and_then(|p| p.spec.as_ref()?.node_name.clone())
             .unwrap_or_default();
-        roles.notes.push(roles::Note {
-            warning: false,
-            reason: "SwitchoverStarted",
-            message: format!(
-                "node {node} of the primary {} is cordoned (drained): switching the primary to {to}",
-                roles.current
-            ),
-            instance: Some(to.clone()),
+        decided.switchover = Some(roles::Switchover {
+            note: roles::Note {
+                warning: false,
+                reason: "SwitchoverStarted",
+                message: format!(
+                    "node {node} of the primary {} is cordoned (drained): switching the primary to {to}",
+                    roles.current
+                ),
+                instance: Some(to.clone()),
+            },
+            to,
         });
-        roles.target = to;
-        roles.phase = Some(ClusterPhase::SwitchingOver);
-        decided.rebuild = true;
         return decided;
     }
     match step {
@@ -1130,18 +1137,18 @@ fn rollout_step(
         rollout::Step::Replace { instance } => decided.replace = Some(instance),
         rollout::Step::Restart { instance } => decided.restart_instance = Some(instance),
         rollout::Step::Switchover { to } => {
-            roles.notes.push(roles::Note {
-                warning: false,
-                reason: "SwitchoverStarted",
-                message: format!(
-                    "rolling update: switching the primary from {} to {to} so that {} can be updated",
-                    roles.current, roles.current
-                ),
-                instance: Some(to.clone()),
+            decided.switchover = Some(roles::Switchover {
+                note: roles::Note {
+                    warning: false,
+                    reason: "SwitchoverStarted",
+                    message: format!(
+                        "rolling update: switching the primary from {} to {to} so that {} can be updated",
+                        roles.current, roles.current
+                    ),
+                    instance: Some(to.clone()),
+                },
+                to,
             });
-            roles.target = to;
-            roles.phase = Some(ClusterPhase::SwitchingOver);
-            decided.rebuild = true;
         }
     }
     decided

@@ -67,6 +67,24 @@ impl Roles {
     pub fn in_transition(&self) -> bool {
         self.current != self.target
     }
+
+    /// Starts a switchover another step decided (a drain, a rolling update that must move
+    /// the primary): the new target, phase SwitchingOver, and the Event's note.
+    pub fn start_switchover(&mut self, switchover: Switchover) {
+        self.target = switchover.to;
+        self.phase = Some(ClusterPhase::SwitchingOver);
+        self.notes.push(switchover.note);
+    }
+}
+
+/// A switchover decided outside [`decide`] (by the rollout), to be started with
+/// [`Roles::start_switchover`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Switchover {
+    /// The standby that becomes the primary.
+    pub to: String,
+    /// Its `SwitchoverStarted` Event, about `to`.
+    pub note: Note,
 }
 
 /// What the decision reads.

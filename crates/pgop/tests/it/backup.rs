@@ -5,6 +5,9 @@
 //!
 //! A missing `s3s-fs` fails the tests with the command that installs it
 //! (`hack/install-s3-server.sh`); `PGOP_S3_SERVER` names another binary.
+//!
+//! Why this file stays whole: backup18.rs compiles it again against PostgreSQL 18, so the
+//! same scenarios run on both majors from one source.
 
 use crate::common::{self, eventually, secret};
 // `common::pg` (PostgreSQL 15) here; `common::pg18` where backup18.rs compiles this again.

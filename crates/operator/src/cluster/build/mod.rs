@@ -277,5 +277,23 @@ pub fn children(
     })
 }
 
+/// Each instance's Pod spec hash (the `ANNOTATION_SPEC_HASH` its Pod carries), as
+/// [`children`] builds it: what the rolling update compares the live Pods' with. It does
+/// not depend on which instance is labelled the primary (the label is metadata).
+pub fn pod_spec_hashes(
+    cluster: &PostgresCluster,
+    instances: &[InstanceSpec],
+    settings: &Settings,
+) -> Result<std::collections::BTreeMap<String, String>, Error> {
+    let common = Common::new(cluster)?;
+    Ok(instances
+        .iter()
+        .map(|i| {
+            let pod = pod::pod(&common, &cluster.spec, i, settings);
+            (i.name.clone(), pod::spec_hash(&pod.spec))
+        })
+        .collect())
+}
+
 #[cfg(test)]
 pub(crate) mod tests;

@@ -835,3 +835,33 @@ fn managers_get_the_otlp_endpoint_only_when_one_is_set() {
         "{endpoints:?}"
     );
 }
+
+#[test]
+fn the_pod_spec_hashes_are_the_pods_whichever_instance_is_labelled_primary() {
+    let hashes =
+        super::pod_spec_hashes(&fixture(), &instances(), &Settings::default()).expect("hashes");
+    let mut relabelled = instances();
+    for i in relabelled.iter_mut() {
+        i.primary = !i.primary;
+    }
+    for wanted in [instances(), relabelled] {
+        let built = children(
+            &fixture(),
+            &wanted,
+            &passwords(),
+            &Settings::default(),
+            &Budgets::new(wanted.len(), false, false),
+        )
+        .expect("children");
+        assert_eq!(built.pods.len(), hashes.len());
+        for p in &built.pods {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let live = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(pgop_api::constants::ANNOTATION_SPEC_HASH));
+            assert_eq!(live, hashes.get(&name), "{name}");
+        }
+    }
+}
