@@ -116,52 +116,105 @@ pub fn set_frozen(name: &str, frozen: bool) -> io::Result<()> {
     }
 }
 
-/// Freezes the tree, SIGKILLs every process in it, thaws it, waits (up to 10 s) until it
-/// is empty and removes every directory, deepest first.
+/// How long [`destroy`] (and a node holder's clean-up) keeps killing and removing before
+/// it gives up: on a loaded machine a node's few dozen processes take seconds to die and
+/// be reaped, and rmdir answers EBUSY until the last one is.
+pub const DESTROY_LIMIT: Duration = Duration::from_secs(60);
+
+/// Freezes the tree, SIGKILLs every process in it, thaws it and removes every directory,
+/// deepest first, again and again until the tree is gone (at most [`DESTROY_LIMIT`]).
+///
+/// One loop does both, so that neither a process that was slow to die nor one that was
+/// still exiting (rmdir answers EBUSY until the kernel has released the last exited
+/// task, not when it left `cgroup.procs`) makes it give up early.
 pub fn destroy(name: &str) {
     let freezer = Path::new(ROOT).join("freezer").join(name);
-    let frozen = std::fs::write(freezer.join("freezer.state"), "FROZEN").is_ok();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + DESTROY_LIMIT;
     loop {
         let pids = pids_in(name);
-        if pids.is_empty() {
-            break;
-        }
-        for pid in &pids {
-            // SAFETY: kill(2) on a process inside a cgroup tree this harness made.
-            unsafe {
-                libc::kill(*pid, libc::SIGKILL);
+        if !pids.is_empty() {
+            let frozen = std::fs::write(freezer.join("freezer.state"), "FROZEN").is_ok();
+            for pid in &pids {
+                // SAFETY: kill(2) on a process inside a cgroup tree this harness made.
+                unsafe {
+                    libc::kill(*pid, libc::SIGKILL);
+                }
+            }
+            if frozen {
+                let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
             }
         }
-        if frozen {
-            let _ = std::fs::write(freezer.join("freezer.state"), "THAWED");
-        }
-        if Instant::now() > deadline {
-            tracing::warn!(
-                cgroup = name,
-                left = pids.len(),
-                "processes survived SIGKILL"
-            );
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // rmdir answers EBUSY for a while after the last process left `cgroup.procs`: the
-    // kernel drops a cgroup's "populated" state when the exited tasks are released, not
-    // when they leave the list. Tried again until every directory is gone (bounded).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
         for h in hierarchies() {
             remove_tree(&h.join(name));
         }
         if hierarchies().iter().all(|h| !h.join(name).exists()) {
-            break;
+            return;
         }
         if Instant::now() > deadline {
-            tracing::warn!(cgroup = name, "cgroup directories left after 10 s of rmdir");
-            break;
+            tracing::warn!(
+                cgroup = name,
+                left = %describe(name),
+                "cgroup tree left after {} s of killing and rmdir",
+                DESTROY_LIMIT.as_secs()
+            );
+            return;
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What is left of the tree `name`: each directory that still exists, with the
+/// processes it lists (pid, state and command), for a message that says why it stays.
+pub fn describe(name: &str) -> String {
+    let mut out = Vec::new();
+    for h in hierarchies() {
+        describe_dir(&h.join(name), &mut out);
+    }
+    if out.is_empty() {
+        "nothing".to_string()
+    } else {
+        out.join("; ")
+    }
+}
+
+fn describe_dir(dir: &Path, out: &mut Vec<String>) {
+    if !dir.exists() {
+        return;
+    }
+    let procs: Vec<String> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .map(|pid| {
+            let stat =
+                std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default();
+            // `pid (comm) state ...`: the command and the one-letter state.
+            let comm = stat
+                .split_once('(')
+                .and_then(|(_, rest)| rest.rsplit_once(')'))
+                .map(|(comm, rest)| format!("{comm} {}", rest.trim().chars().next().unwrap_or('?')))
+                .unwrap_or_else(|| "gone".to_string());
+            format!("{} {comm}", pid.trim())
+        })
+        .collect();
+    let populated = std::fs::read_to_string(dir.join("cgroup.events"))
+        .ok()
+        .and_then(|e| {
+            e.lines()
+                .find(|l| l.starts_with("populated"))
+                .map(str::to_string)
+        });
+    out.push(format!(
+        "{} [{}]{}",
+        dir.display(),
+        procs.join(", "),
+        populated.map(|p| format!(" {p}")).unwrap_or_default()
+    ));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                describe_dir(&e.path(), out);
+            }
+        }
     }
 }
 

@@ -163,19 +163,20 @@ fn holder_script(tree: &cgroup::Tree, hostname: &str, dir: &Path, node: bool) ->
 cleanup() {{
   set +e
   for f in /sys/fs/cgroup/*/cgroup.procs; do echo $$ > \"$f\"; done
-  echo FROZEN > /sys/fs/cgroup/freezer/{name}/freezer.state
-  for i in $(seq 100); do
-    pids=$(cat $(find /sys/fs/cgroup/*/{name} -name cgroup.procs) 2>/dev/null)
-    [ -z \"$pids\" ] && break
-    kill -9 $pids 2>/dev/null
-    echo THAWED > /sys/fs/cgroup/freezer/{name}/freezer.state
-    sleep 0.1
-  done
-  # rmdir answers EBUSY for a moment after the last task left (the kernel releases exited
-  # tasks later): tried again until the tree is gone, for at most 10 s.
-  for i in $(seq 100); do
-    find /sys/fs/cgroup/*/{name} -depth -type d -exec rmdir {{}} \\; 2>/dev/null
-    [ -z \"$(ls -d /sys/fs/cgroup/*/{name} 2>/dev/null)\" ] && break
+  # Kill what is in the tree and remove it, deepest first, again and again until it is
+  # gone: a process can be slow to die on a loaded machine, and rmdir answers EBUSY until
+  # the kernel has released the last exited task. At most {limit} s.
+  end=$(( $(date +%s) + {limit} ))
+  while [ \"$(date +%s)\" -lt \"$end\" ]; do
+    trees=$(ls -d /sys/fs/cgroup/*/{name} 2>/dev/null)
+    [ -z \"$trees\" ] && break
+    pids=$(cat $(find $trees -name cgroup.procs) 2>/dev/null)
+    if [ -n \"$pids\" ]; then
+      echo FROZEN > /sys/fs/cgroup/freezer/{name}/freezer.state
+      kill -9 $pids 2>/dev/null
+      echo THAWED > /sys/fs/cgroup/freezer/{name}/freezer.state
+    fi
+    find $trees -depth -type d -exec rmdir {{}} \\; 2>/dev/null
     sleep 0.1
   done
   # Volumes and container root filesystems are mounted in this namespace, deepest first.
@@ -187,6 +188,7 @@ trap cleanup TERM INT
 ip link set lo up
 ",
         join = tree.join_script(),
+        limit = cgroup::DESTROY_LIMIT.as_secs(),
     );
     if node {
         s.push_str(&kept_sysctls_script(dir));

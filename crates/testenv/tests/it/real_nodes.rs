@@ -220,7 +220,15 @@ echo pod-ip-ok cluster-ip-ok dns-ok contained > /dev/termination-log"
 /// No cgroup tree of the run, no process of its nodes and no directory is left.
 fn assert_nothing_left(prefix: &str, pids: &[u32], dir: &std::path::Path) {
     let cgroups = pgop_testenv::real_nodes::cgroup::existing(prefix);
-    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+    assert!(
+        cgroups.is_empty(),
+        "cgroups left: {}",
+        cgroups
+            .iter()
+            .map(|c| pgop_testenv::real_nodes::cgroup::describe(c))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
     for pid in pids {
         assert!(
             !std::path::Path::new(&format!("/proc/{pid}")).exists(),
@@ -324,8 +332,10 @@ async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
     unsafe { libc::kill(pid, signal) };
     child.wait().expect("reap");
     // The holders clean up on their own (the kernel sends them SIGTERM when the victim
-    // dies): no sweep by a later run is needed for the containers to go.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // dies): no sweep by a later run is needed for the containers to go. They keep at it
+    // for up to DESTROY_LIMIT; this waits a little longer.
+    let deadline =
+        Instant::now() + pgop_testenv::real_nodes::cgroup::DESTROY_LIMIT + Duration::from_secs(30);
     loop {
         let cgroups = pgop_testenv::real_nodes::cgroup::existing(&prefix);
         let alive: Vec<u32> = pids
@@ -339,7 +349,12 @@ async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
         }
         assert!(
             Instant::now() < deadline,
-            "left after the kill: cgroups {cgroups:?}, processes {alive:?}, {} exists: {}",
+            "left after the kill: cgroups {cgroups:?} ({}), processes {alive:?}, {} exists: {}",
+            cgroups
+                .iter()
+                .map(|c| pgop_testenv::real_nodes::cgroup::describe(c))
+                .collect::<Vec<_>>()
+                .join("; "),
             node_dir.display(),
             node_dir.exists()
         );
