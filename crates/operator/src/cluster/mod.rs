@@ -25,6 +25,10 @@
 //! 11. [`apply`] — server-side apply what differs, create what is missing, delete the
 //!     instances the plan removed and the Pod the rollout replaces.
 //!
+//! The pass's other reads (the instances' `/pg/status`, its PostgresBackups, PersistentVolumes
+//! of lost nodes) are in [`observe`], its writes (status, annotations, Events, backups, the
+//! Lease, the children) in [`write`]; this module calls them in the order above.
+//!
 //! A cluster runs when it or a child changes (the watches), when something else it reads
 //! changes (a Secret of the user's it names, one of its PostgresBackups, the node of one
 //! of its instances: [`triggers`]), when one of its instances changes significantly (the
@@ -47,6 +51,7 @@ pub mod immutable;
 pub mod instances;
 pub mod lease;
 pub mod nodes;
+mod observe;
 pub mod pki;
 pub mod pods;
 pub mod probe;
@@ -58,26 +63,30 @@ pub mod storage;
 pub mod triggers;
 pub mod upgrade;
 pub mod world;
+mod write;
 
-use crate::{Context, backup};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use crate::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
+use observe::{backup_facts, backups_of, probes, volume_usage};
 use pgop_api::PostgresClusterStatus;
-use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{
-    ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER,
+    ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SWITCHOVER_TO,
 };
-use pgop_api::instance_status::{PgRole, VolumeUsage};
+use pgop_api::instance_status::VolumeUsage;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
+use write::{
+    apply_children, clear_annotation, clear_switchover_request, create_upgrade_backup,
+    patch_status, publish, publish_about, publish_as, release_dead_primary_lease, schedule_backups,
+    volumes_refused,
+};
 
 /// How often a cluster is looked at while a decision waits on the clock (see
 /// [`next_pass`]).
@@ -599,39 +608,6 @@ async fn decide_upgrade(
     }))
 }
 
-/// The PostgresBackup an upgrade takes before it starts or after it completes (an
-/// existing one of that name is kept: the name is fixed by the upgrade's record).
-async fn create_upgrade_backup(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    name: &str,
-    upgrade: &upgrade::Decision,
-) -> Result<(), Error> {
-    let Some(record) = &upgrade.record else {
-        return Ok(());
-    };
-    let value = format!("{}-to-{}", record.from, record.to);
-    let created = backup::cluster::create_owned(
-        &ctx.client,
-        namespace,
-        cluster,
-        name,
-        BackupMethod::BaseBackup,
-        (pgop_api::constants::ANNOTATION_MAJOR_UPGRADE, value),
-    )
-    .await
-    .map_err(Error::ScheduleBackup)?;
-    if created {
-        let note = format!(
-            "base backup {name} created for the upgrade from PostgreSQL {} to {}",
-            record.from, record.to
-        );
-        publish(ctx, cluster, EventType::Normal, "MajorUpgradeBackup", &note).await;
-    }
-    Ok(())
-}
-
 /// The upgrade's passes that replace steps 5 to 11 (see [`upgrade`]): every Pod deleted,
 /// the primary's first (`Stopping`); then only the primary's Pod, built for the new major
 /// with the upgrade request (`Upgrading`); or that Pod deleted after a failure. The other
@@ -807,57 +783,6 @@ fn next_pass(in_transition: bool, timed: bool, deadlines: [Option<Duration>; 2])
         return POLL;
     }
     deadlines.into_iter().flatten().fold(RESYNC, Duration::min)
-}
-
-/// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
-/// change of primary) after telling it the cluster's Pods; without a prober, probed now.
-async fn probes(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    observed: &dereference::Observed,
-) -> BTreeMap<String, probe::Probe> {
-    let Some(prober) = &ctx.prober else {
-        return probe::probe_all(&observed.pods).await;
-    };
-    let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
-    prober.track(&r, prober::instances_of(&observed.pods));
-    let changing = cluster
-        .status
-        .as_ref()
-        .is_some_and(|s| s.target_primary != s.current_primary);
-    if changing {
-        return prober.probe_now(&r).await;
-    }
-    let snapshot = prober.snapshot(&r).await;
-    if primary_lost(cluster, &snapshot) {
-        prober.probe_now(&r).await
-    } else {
-        snapshot
-    }
-}
-
-/// Whether a cluster that served has lost its primary in `probes`: a failover may be
-/// chosen in this pass, and it must compare the standbys' WAL as it is now, after the
-/// primary stopped. The prober's snapshot can be up to a polling interval old: a standby
-/// that looked behind then may have received the last commits since, and promoting
-/// another one would throw them away (and leave that standby on a timeline it cannot
-/// follow).
-fn primary_lost(cluster: &PostgresCluster, probes: &BTreeMap<String, probe::Probe>) -> bool {
-    let Some(status) = &cluster.status else {
-        return false;
-    };
-    let served = matches!(
-        status.phase,
-        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
-    );
-    let Some(primary) = status.current_primary.as_deref() else {
-        return false;
-    };
-    served
-        && !probes
-            .get(primary)
-            .and_then(probe::Probe::status)
-            .is_some_and(|s| s.role == PgRole::Primary)
 }
 
 /// Step 4: the instances to keep, create and remove, by serial.
@@ -1283,189 +1208,6 @@ async fn write_status(
     Ok((status, positions_due))
 }
 
-/// Step 9: creates the scheduled backups due now (their names are derived from the
-/// firing, so a second pass creates nothing twice); only a serving cluster takes them.
-/// Returns how long until the next firing of either schedule.
-async fn schedule_backups(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    defaulted: &PostgresCluster,
-    namespace: &str,
-    backups: &[pgop_api::backup::PostgresBackup],
-    status: &PostgresClusterStatus,
-) -> Result<Option<Duration>, Error> {
-    let serving = matches!(
-        status.phase,
-        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
-    );
-    if !serving {
-        return Ok(None);
-    }
-    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
-    for method in [BackupMethod::BaseBackup, BackupMethod::Logical] {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let name = match backup::cluster::due_backup(defaulted, &mine, method, now) {
-            Ok(Some((name, _))) => name,
-            Ok(None) => continue,
-            Err(e) => {
-                // Validation rejects bad schedules; a time zone unknown here is reported.
-                tracing::warn!(cluster = %key(cluster), ?method, error = %e, "no scheduled backups");
-                continue;
-            }
-        };
-        let created =
-            backup::cluster::create_scheduled(&ctx.client, namespace, defaulted, &name, method)
-                .await
-                .map_err(Error::ScheduleBackup)?;
-        if created {
-            let what = match method {
-                BackupMethod::BaseBackup => "base",
-                BackupMethod::Logical => "logical",
-            };
-            let note = format!("scheduled {what} backup {name} created");
-            publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
-        }
-    }
-    Ok(backup::cluster::until_next_firing(
-        defaulted,
-        k8s_openapi::jiff::Timestamp::now(),
-    ))
-}
-
-/// Step 10: releases the Lease of a primary whose container the kubelet reports stopped,
-/// so that the failover need not wait for its duration. A failure is logged: the Lease
-/// then expires on its own.
-async fn release_dead_primary_lease(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    observed: &dereference::Observed,
-    roles: &roles::Roles,
-) {
-    let name = cluster.name_any();
-    let old = observed.pods.iter().find(|p| p.name_any() == roles.current);
-    match lease::release_if_dead(&ctx.client, namespace, &name, &roles.current, old).await {
-        Ok(true) => {
-            let note = format!(
-                "the primary Lease held by {} was released: its container is not running",
-                roles.current
-            );
-            let about = Some(roles.current.as_str());
-            publish_about(
-                ctx,
-                cluster,
-                EventType::Normal,
-                "LeaseReleased",
-                &note,
-                about,
-            )
-            .await;
-        }
-        Ok(false) => {}
-        Err(e) => {
-            tracing::warn!(cluster = %key(cluster), error = %e, "releasing the Lease of a stopped primary");
-        }
-    }
-}
-
-/// Step 11: first, volumes lost with their node (the instance is recreated elsewhere on
-/// the next pass); else apply the children, delete what the plan removed and the Pod the
-/// rollout replaces, and say so in Events. Until the writes are known (an error may cut
-/// them short), the next pass reads from the API server rather than the caches.
-#[allow(clippy::too_many_arguments)]
-async fn apply_children(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    planned: &Planned,
-    observed: &dereference::Observed,
-    placed: &[nodes::Instance<'_>],
-    roles: &roles::Roles,
-    children: &build::Children,
-    replace: Option<String>,
-) -> Result<Vec<(String, String)>, Error> {
-    let name = cluster.name_any();
-    let lost = lost_volumes(ctx, observed, placed, roles).await?;
-    ctx.expectations.writing(namespace, &name);
-    if !lost.is_empty() {
-        let mut outcome = apply::Outcome::default();
-        apply::delete_instances(&ctx.client, namespace, &lost, observed, &mut outcome).await?;
-        ctx.expectations
-            .wrote(namespace, &name, std::mem::take(&mut outcome.written));
-        for (instance, node) in lost.iter().zip(&lost_nodes(observed, &lost)) {
-            let note = format!(
-                "the volume of {instance} was on node {node}, which no longer exists: \
-                 {instance} is removed and a new instance is cloned from the primary"
-            );
-            let about = Some(instance.as_str());
-            publish_about(ctx, cluster, EventType::Warning, "VolumeLost", &note, about).await;
-        }
-        return Ok(Vec::new());
-    }
-    let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
-    let refused_volumes = std::mem::take(&mut outcome.refused_volumes);
-    let plan = &planned.plan;
-    let removed: Vec<String> = plan
-        .remove
-        .iter()
-        .map(|s| instances::instance_name(&name, *s))
-        .collect();
-    apply::delete_instances(&ctx.client, namespace, &removed, observed, &mut outcome).await?;
-    if let Some(instance) = replace {
-        apply::delete_pod(&ctx.client, namespace, &instance, observed, &mut outcome).await?;
-        let note = format!("rolling update: replacing pod {instance}, built from an older spec");
-        let about = Some(instance.as_str());
-        publish_about(
-            ctx,
-            cluster,
-            EventType::Normal,
-            "RollingUpdate",
-            &note,
-            about,
-        )
-        .await;
-    }
-    ctx.expectations
-        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
-
-    let new_instances: Vec<String> = plan
-        .created(&planned.existing)
-        .iter()
-        .map(|s| instances::instance_name(&name, *s))
-        .collect();
-    if planned.existing.is_empty() && !new_instances.is_empty() {
-        let note = format!("created instances {}", new_instances.join(", "));
-        publish(ctx, cluster, EventType::Normal, "Created", &note).await;
-    } else if !new_instances.is_empty() || !removed.is_empty() {
-        let mut parts = Vec::new();
-        if !new_instances.is_empty() {
-            parts.push(format!("added {}", new_instances.join(", ")));
-        }
-        if !removed.is_empty() {
-            parts.push(format!("removed {}", removed.join(", ")));
-        }
-        let note = format!(
-            "scaled to {} instances: {}",
-            plan.serials.len(),
-            parts.join("; ")
-        );
-        publish(ctx, cluster, EventType::Normal, "Scaled", &note).await;
-    }
-    if !outcome.repaired.is_empty() {
-        let note = format!("restored {}", outcome.repaired.join(", "));
-        publish(ctx, cluster, EventType::Normal, "Repaired", &note).await;
-    }
-    Ok(refused_volumes)
-}
-
-/// What each instance's manager reports of its data volume.
-fn volume_usage(probes: &BTreeMap<String, probe::Probe>) -> Vec<(&str, VolumeUsage)> {
-    probes
-        .iter()
-        .filter_map(|(name, p)| Some((name.as_str(), p.status()?.volume?)))
-        .collect()
-}
-
 /// The `VolumesResized` condition (see [`storage::resized`]), once the cluster has claims.
 /// `refused` is the API server's refusal in this pass; without it, a refusal on record
 /// stands while the claims still ask for less.
@@ -1496,68 +1238,6 @@ fn set_volumes_resized(
     )
 }
 
-/// A change of the claims' size the API server refused in this pass (a StorageClass
-/// without `allowVolumeExpansion`, a claim not bound yet): the rest of the cluster was
-/// applied; the condition `VolumesResized` says so (ResizeRefused), with a Warning Event
-/// when it is new. The change is tried again at every pass.
-async fn volumes_refused(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    mut status: PostgresClusterStatus,
-    refused: &[(String, String)],
-    (storage, pvcs, usage): (
-        &storage::Storage,
-        &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
-        &[(&str, VolumeUsage)],
-    ),
-) -> Result<(), Error> {
-    if refused.is_empty() {
-        return Ok(());
-    }
-    let message = refused
-        .iter()
-        .map(|(claim, why)| {
-            format!(
-                "PersistentVolumeClaim {claim} keeps its size: the API server refused the \
-                 change to {} ({why})",
-                match storage.wal_size.as_deref() {
-                    Some(size)
-                        if pvcs
-                            .iter()
-                            .any(|p| p.name_any() == *claim && build::pvc::is_wal(p)) =>
-                    {
-                        format!("{size} (spec.walStorage.size)")
-                    }
-                    _ => format!(
-                        "{} (spec.storage.size, or what auto-grow reached)",
-                        storage.size
-                    ),
-                }
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ");
-    if set_volumes_resized(cluster, &mut status, storage, pvcs, usage, Some(&message)) {
-        patch_status(ctx, cluster, namespace, status).await?;
-        let note = format!(
-            "{message}; the rest of the cluster is reconciled, and the change is tried again \
-             at every pass"
-        );
-        let about = refused.first().map(|(claim, _)| claim.as_str());
-        publish_about(
-            ctx,
-            cluster,
-            EventType::Warning,
-            "VolumeResizeRefused",
-            &note,
-            about,
-        )
-        .await;
-    }
-    Ok(())
-}
-
 /// The Event for a change of a condition: a Warning (`reasons.0`) when it turns bad (its
 /// status is `bad_when`) or stays bad with another message, a Normal one (`reasons.1`)
 /// when it turns good again.
@@ -1578,295 +1258,6 @@ fn condition_event(
         (!same).then(|| (EventType::Warning, reasons.0, after.message.clone()))
     } else {
         was_bad.then(|| (EventType::Normal, reasons.1, after.message.clone()))
-    }
-}
-
-/// The cluster's PostgresBackups when it has a backup section (`None` otherwise): from the
-/// backup controller's cache once it is filled, else listed.
-async fn backups_of(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-) -> Result<Option<Vec<pgop_api::backup::PostgresBackup>>, Error> {
-    if cluster.spec.backup.is_none() {
-        return Ok(None);
-    }
-    let name = cluster.name_any();
-    let cached = ctx
-        .caches
-        .as_ref()
-        .and_then(|c| c.backups.as_ref())
-        .filter(|store| {
-            futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
-        });
-    let mine = match cached {
-        Some(store) => store
-            .state_filter(|b| {
-                b.metadata.namespace.as_deref() == Some(namespace) && b.spec.cluster.name == name
-            })
-            .iter()
-            .map(|b| pgop_api::backup::PostgresBackup::clone(b))
-            .collect(),
-        None => {
-            let api: Api<pgop_api::backup::PostgresBackup> =
-                Api::namespaced(ctx.client.clone(), namespace);
-            let all = api
-                .list(&kube::api::ListParams::default())
-                .await
-                .map_err(Error::ListBackups)?
-                .items;
-            backup::cluster::of_cluster(&all, &name)
-                .into_iter()
-                .cloned()
-                .collect()
-        }
-    };
-    Ok(Some(mine))
-}
-
-/// The backup facts of the status: the recovery source of a restored cluster (resolved
-/// once), a failed bootstrap, and with a backup section lastBackupTime,
-/// firstRecoverabilityPoint, BackupSucceeded and ContinuousArchiving.
-async fn backup_facts(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    probes: &BTreeMap<String, probe::Probe>,
-    roles: &roles::Roles,
-    backups: Option<&[pgop_api::backup::PostgresBackup]>,
-    status: &mut PostgresClusterStatus,
-) {
-    let generation = cluster.metadata.generation;
-    let spec = &cluster.spec;
-    let recovering = spec
-        .bootstrap
-        .as_ref()
-        .is_some_and(|b| b.recovery.is_some());
-    if recovering && status.recovery_source.is_none() {
-        match backup::cluster::resolve_recovery_source(&ctx.client, namespace, cluster).await {
-            Ok(source) => status.recovery_source = source,
-            Err(why) => {
-                pgop_api::conditions::set_condition(
-                    &mut status.conditions,
-                    pgop_api::conditions::new_condition(
-                        pgop_api::conditions::PROGRESSING,
-                        true,
-                        "WaitingForRecoverySource",
-                        why,
-                        generation,
-                        now(),
-                    ),
-                    now(),
-                );
-            }
-        }
-    }
-    // A restore (or another bootstrap) that fails shows here, not only in the pod's log.
-    let bootstrap_error = probes
-        .get(&roles.target)
-        .and_then(probe::Probe::status)
-        .and_then(|s| s.bootstrap_error.clone());
-    if let Some(error) = bootstrap_error {
-        pgop_api::conditions::set_condition(
-            &mut status.conditions,
-            pgop_api::conditions::new_condition(
-                pgop_api::conditions::PROGRESSING,
-                true,
-                "BootstrapFailed",
-                format!("{}: {error}", roles.target),
-                generation,
-                now(),
-            ),
-            now(),
-        );
-    }
-    let Some(backups) = backups else {
-        return;
-    };
-    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
-    backup::cluster::backup_status(&mine, status, generation, now());
-    if spec.backup.as_ref().is_some_and(|b| b.store.is_some()) && !roles.in_transition() {
-        let primary = probes.get(&roles.current).and_then(probe::Probe::status);
-        backup::cluster::archiving_status(primary, status, generation, now());
-    }
-}
-
-/// Removes the switchover annotation once it has been acted on or refused, so that an old
-/// request cannot move the primary again later.
-/// The instances whose volume is pinned to a node that no longer exists, and that may be
-/// recreated elsewhere ([`nodes::lost_volume`]). Reads a PersistentVolume only for a claim
-/// whose selected node is missing (or not recorded), and only while its Pod is not placed.
-async fn lost_volumes(
-    ctx: &Context,
-    observed: &dereference::Observed,
-    placed: &[nodes::Instance<'_>],
-    roles: &roles::Roles,
-) -> Result<Vec<String>, Error> {
-    let mut lost = Vec::new();
-    if !ctx.nodes.known() {
-        return Ok(lost);
-    }
-    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for instance in placed {
-        let placed_somewhere = instance
-            .pod
-            .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
-        if placed_somewhere || instance.name == roles.current || instance.name == roles.target {
-            continue;
-        }
-        let Some(claim) = observed.pvcs.iter().find(|c| c.name_any() == instance.name) else {
-            continue;
-        };
-        let selected = claim.annotations().get(SELECTED_NODE);
-        if selected.is_some_and(|n| ctx.nodes.state(n) != nodes::NodeState::Missing) {
-            continue;
-        }
-        let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
-            continue;
-        };
-        let pv = volumes.get_opt(volume).await.map_err(Error::ReadVolume)?;
-        if let Some(pv) = pv
-            && nodes::lost_volume(instance, roles, &pv, &ctx.nodes)
-        {
-            lost.push(instance.name.to_string());
-        }
-    }
-    Ok(lost)
-}
-
-/// The node each lost instance's claim was bound to, for the Event.
-fn lost_nodes(observed: &dereference::Observed, lost: &[String]) -> Vec<String> {
-    lost.iter()
-        .map(|name| {
-            observed
-                .pvcs
-                .iter()
-                .find(|c| c.name_any() == *name)
-                .and_then(|c| c.annotations().get(SELECTED_NODE).cloned())
-                .unwrap_or_else(|| "(unknown)".to_string())
-        })
-        .collect()
-}
-
-/// The annotation the scheduler sets on a claim bound late (WaitForFirstConsumer).
-const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-
-async fn clear_switchover_request(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-) -> Result<(), Error> {
-    clear_annotation(ctx, cluster, namespace, ANNOTATION_SWITCHOVER_TO).await
-}
-
-/// Removes a request annotation once it was read (a merge patch of the cluster).
-async fn clear_annotation(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    annotation: &'static str,
-) -> Result<(), Error> {
-    let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = serde_json::json!({
-        "metadata": {"annotations": {annotation: null}}
-    });
-    api.patch(
-        &cluster.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| Error::ClearAnnotation(annotation, e))?;
-    Ok(())
-}
-
-/// Server-side applies `status` unless the cluster already shows it; true if written.
-async fn patch_status(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    namespace: &str,
-    status: PostgresClusterStatus,
-) -> Result<bool, Error> {
-    if cluster.status.as_ref() == Some(&status) {
-        return Ok(false);
-    }
-    let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
-    let patch = serde_json::json!({
-        "apiVersion": <crate::ApiCluster as kube::Resource>::api_version(&()),
-        "kind": "PostgresCluster",
-        "status": status,
-    });
-    api.patch_status(
-        &cluster.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::PatchStatus)?;
-    Ok(true)
-}
-
-/// Publishes an Event on the cluster. A failure to publish is logged, not fatal: events
-/// are for people, and the status carries the same facts.
-async fn publish(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    type_: EventType,
-    reason: &str,
-    note: &str,
-) {
-    publish_about(ctx, cluster, type_, reason, note, None).await;
-}
-
-/// [`publish`], naming an instance's Pod as the Event's related object. The recorder folds
-/// Events of the same reason and objects into one series (keeping the first note), so
-/// naming the instance keeps, say, the restarts of two instances apart.
-async fn publish_about(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    type_: EventType,
-    reason: &str,
-    note: &str,
-    instance: Option<&str>,
-) {
-    publish_as(ctx, cluster, type_, (reason, "Reconcile"), note, instance).await;
-}
-
-/// [`publish_about`] with the Event's action: the recorder keeps Events of one reason but
-/// different actions apart (an instance down for one reason, then for another).
-async fn publish_as(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    type_: EventType,
-    (reason, action): (&str, &str),
-    note: &str,
-    instance: Option<&str>,
-) {
-    let secondary = instance.map(|name| k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".to_string()),
-        kind: Some("Pod".to_string()),
-        name: Some(name.to_string()),
-        namespace: cluster.namespace(),
-        ..Default::default()
-    });
-    // Every Event is a log line too (in the reconcile span: its cluster and namespace).
-    match type_ {
-        EventType::Normal => tracing::info!(reason, instance, "{note}"),
-        EventType::Warning => tracing::warn!(reason, instance, "{note}"),
-    }
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note.chars().take(1000).collect()),
-        action: action.to_string(),
-        secondary,
-    };
-    if let Err(e) = ctx
-        .recorder
-        .publish(&event, &crate::reference(cluster))
-        .await
-    {
-        tracing::warn!(cluster = %key(cluster), reason, error = %e, "failed to publish event");
     }
 }
 
@@ -1902,18 +1293,24 @@ mod tests {
             ])
         };
         let ready = cluster("Ready", "db-1");
-        assert!(!super::primary_lost(&ready, &probes(answer("primary"))));
-        assert!(super::primary_lost(&ready, &probes(answer("stopped"))));
-        assert!(super::primary_lost(
+        assert!(!super::observe::primary_lost(
+            &ready,
+            &probes(answer("primary"))
+        ));
+        assert!(super::observe::primary_lost(
+            &ready,
+            &probes(answer("stopped"))
+        ));
+        assert!(super::observe::primary_lost(
             &ready,
             &probes(Probe::Unreachable("refused".into()))
         ));
-        assert!(super::primary_lost(
+        assert!(super::observe::primary_lost(
             &cluster("Degraded", "db-1"),
             &BTreeMap::from([("db-2".to_string(), answer("replica"))])
         ));
         // A cluster still bootstrapping has no primary to lose yet.
-        assert!(!super::primary_lost(
+        assert!(!super::observe::primary_lost(
             &cluster("Creating", "db-1"),
             &probes(answer("stopped"))
         ));

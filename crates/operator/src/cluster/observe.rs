@@ -1,0 +1,244 @@
+//! The reads of a pass beside [`super::dereference`]: the instances' `/pg/status` (from
+//! the [`super::prober`] or probed now), the cluster's PostgresBackups, the recovery
+//! source and backup facts of the status, and the volumes lost with their node.
+
+use super::{Error, dereference, nodes, now, probe, prober, roles};
+use crate::{Context, backup};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::ResourceExt;
+use kube::api::Api;
+use pgop_api::PostgresClusterStatus;
+use pgop_api::cluster::ClusterPhase;
+use pgop_api::instance_status::{PgRole, VolumeUsage};
+use pgop_api::v1beta1::PostgresCluster;
+use std::collections::BTreeMap;
+
+/// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
+/// change of primary) after telling it the cluster's Pods; without a prober, probed now.
+pub(super) async fn probes(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    observed: &dereference::Observed,
+) -> BTreeMap<String, probe::Probe> {
+    let Some(prober) = &ctx.prober else {
+        return probe::probe_all(&observed.pods).await;
+    };
+    let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
+    prober.track(&r, prober::instances_of(&observed.pods));
+    let changing = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| s.target_primary != s.current_primary);
+    if changing {
+        return prober.probe_now(&r).await;
+    }
+    let snapshot = prober.snapshot(&r).await;
+    if primary_lost(cluster, &snapshot) {
+        prober.probe_now(&r).await
+    } else {
+        snapshot
+    }
+}
+
+/// Whether a cluster that served has lost its primary in `probes`: a failover may be
+/// chosen in this pass, and it must compare the standbys' WAL as it is now, after the
+/// primary stopped. The prober's snapshot can be up to a polling interval old: a standby
+/// that looked behind then may have received the last commits since, and promoting
+/// another one would throw them away (and leave that standby on a timeline it cannot
+/// follow).
+pub(super) fn primary_lost(
+    cluster: &PostgresCluster,
+    probes: &BTreeMap<String, probe::Probe>,
+) -> bool {
+    let Some(status) = &cluster.status else {
+        return false;
+    };
+    let served = matches!(
+        status.phase,
+        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    );
+    let Some(primary) = status.current_primary.as_deref() else {
+        return false;
+    };
+    served
+        && !probes
+            .get(primary)
+            .and_then(probe::Probe::status)
+            .is_some_and(|s| s.role == PgRole::Primary)
+}
+
+/// The cluster's PostgresBackups when it has a backup section (`None` otherwise): from the
+/// backup controller's cache once it is filled, else listed.
+pub(super) async fn backups_of(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+) -> Result<Option<Vec<pgop_api::backup::PostgresBackup>>, Error> {
+    if cluster.spec.backup.is_none() {
+        return Ok(None);
+    }
+    let name = cluster.name_any();
+    let cached = ctx
+        .caches
+        .as_ref()
+        .and_then(|c| c.backups.as_ref())
+        .filter(|store| {
+            futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        });
+    let mine = match cached {
+        Some(store) => store
+            .state_filter(|b| {
+                b.metadata.namespace.as_deref() == Some(namespace) && b.spec.cluster.name == name
+            })
+            .iter()
+            .map(|b| pgop_api::backup::PostgresBackup::clone(b))
+            .collect(),
+        None => {
+            let api: Api<pgop_api::backup::PostgresBackup> =
+                Api::namespaced(ctx.client.clone(), namespace);
+            let all = api
+                .list(&kube::api::ListParams::default())
+                .await
+                .map_err(Error::ListBackups)?
+                .items;
+            backup::cluster::of_cluster(&all, &name)
+                .into_iter()
+                .cloned()
+                .collect()
+        }
+    };
+    Ok(Some(mine))
+}
+
+/// The backup facts of the status: the recovery source of a restored cluster (resolved
+/// once), a failed bootstrap, and with a backup section lastBackupTime,
+/// firstRecoverabilityPoint, BackupSucceeded and ContinuousArchiving.
+pub(super) async fn backup_facts(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    probes: &BTreeMap<String, probe::Probe>,
+    roles: &roles::Roles,
+    backups: Option<&[pgop_api::backup::PostgresBackup]>,
+    status: &mut PostgresClusterStatus,
+) {
+    let generation = cluster.metadata.generation;
+    let spec = &cluster.spec;
+    let recovering = spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|b| b.recovery.is_some());
+    if recovering && status.recovery_source.is_none() {
+        match backup::cluster::resolve_recovery_source(&ctx.client, namespace, cluster).await {
+            Ok(source) => status.recovery_source = source,
+            Err(why) => {
+                pgop_api::conditions::set_condition(
+                    &mut status.conditions,
+                    pgop_api::conditions::new_condition(
+                        pgop_api::conditions::PROGRESSING,
+                        true,
+                        "WaitingForRecoverySource",
+                        why,
+                        generation,
+                        now(),
+                    ),
+                    now(),
+                );
+            }
+        }
+    }
+    // A restore (or another bootstrap) that fails shows here, not only in the pod's log.
+    let bootstrap_error = probes
+        .get(&roles.target)
+        .and_then(probe::Probe::status)
+        .and_then(|s| s.bootstrap_error.clone());
+    if let Some(error) = bootstrap_error {
+        pgop_api::conditions::set_condition(
+            &mut status.conditions,
+            pgop_api::conditions::new_condition(
+                pgop_api::conditions::PROGRESSING,
+                true,
+                "BootstrapFailed",
+                format!("{}: {error}", roles.target),
+                generation,
+                now(),
+            ),
+            now(),
+        );
+    }
+    let Some(backups) = backups else {
+        return;
+    };
+    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
+    backup::cluster::backup_status(&mine, status, generation, now());
+    if spec.backup.as_ref().is_some_and(|b| b.store.is_some()) && !roles.in_transition() {
+        let primary = probes.get(&roles.current).and_then(probe::Probe::status);
+        backup::cluster::archiving_status(primary, status, generation, now());
+    }
+}
+
+/// The instances whose volume is pinned to a node that no longer exists, and that may be
+/// recreated elsewhere ([`nodes::lost_volume`]). Reads a PersistentVolume only for a claim
+/// whose selected node is missing (or not recorded), and only while its Pod is not placed.
+pub(super) async fn lost_volumes(
+    ctx: &Context,
+    observed: &dereference::Observed,
+    placed: &[nodes::Instance<'_>],
+    roles: &roles::Roles,
+) -> Result<Vec<String>, Error> {
+    let mut lost = Vec::new();
+    if !ctx.nodes.known() {
+        return Ok(lost);
+    }
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    for instance in placed {
+        let placed_somewhere = instance
+            .pod
+            .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+        if placed_somewhere || instance.name == roles.current || instance.name == roles.target {
+            continue;
+        }
+        let Some(claim) = observed.pvcs.iter().find(|c| c.name_any() == instance.name) else {
+            continue;
+        };
+        let selected = claim.annotations().get(SELECTED_NODE);
+        if selected.is_some_and(|n| ctx.nodes.state(n) != nodes::NodeState::Missing) {
+            continue;
+        }
+        let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
+            continue;
+        };
+        let pv = volumes.get_opt(volume).await.map_err(Error::ReadVolume)?;
+        if let Some(pv) = pv
+            && nodes::lost_volume(instance, roles, &pv, &ctx.nodes)
+        {
+            lost.push(instance.name.to_string());
+        }
+    }
+    Ok(lost)
+}
+
+/// The node each lost instance's claim was bound to, for the Event.
+pub(super) fn lost_nodes(observed: &dereference::Observed, lost: &[String]) -> Vec<String> {
+    lost.iter()
+        .map(|name| {
+            observed
+                .pvcs
+                .iter()
+                .find(|c| c.name_any() == *name)
+                .and_then(|c| c.annotations().get(SELECTED_NODE).cloned())
+                .unwrap_or_else(|| "(unknown)".to_string())
+        })
+        .collect()
+}
+
+/// The annotation the scheduler sets on a claim bound late (WaitForFirstConsumer).
+pub(super) const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// What each instance's manager reports of its data volume.
+pub(super) fn volume_usage(probes: &BTreeMap<String, probe::Probe>) -> Vec<(&str, VolumeUsage)> {
+    probes
+        .iter()
+        .filter_map(|(name, p)| Some((name.as_str(), p.status()?.volume?)))
+        .collect()
+}

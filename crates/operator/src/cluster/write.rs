@@ -1,0 +1,415 @@
+//! The writes of a pass: the status, the request annotations, Events, scheduled and
+//! upgrade backups, the Lease of a stopped primary, the children (apply and delete) and a
+//! refused resize. [`super::reconcile`] calls them in its fixed order: the status with
+//! `targetPrimary` and reserved serials before any label moves or Pod is created, the
+//! Events of a status change right after it, then annotations, backups, the Lease and the
+//! children. (Issue 38 plans one write step that takes a decided pass as a value; these
+//! are its parts, still called one by one.)
+
+use super::observe::{lost_nodes, lost_volumes};
+use super::{
+    Error, Planned, apply, build, dereference, instances, key, lease, nodes, roles,
+    set_volumes_resized, storage, upgrade,
+};
+use crate::{Context, backup};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use pgop_api::PostgresClusterStatus;
+use pgop_api::backup::BackupMethod;
+use pgop_api::cluster::ClusterPhase;
+use pgop_api::constants::{ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
+use pgop_api::instance_status::VolumeUsage;
+use pgop_api::v1beta1::PostgresCluster;
+use std::time::Duration;
+
+/// Step 9: creates the scheduled backups due now (their names are derived from the
+/// firing, so a second pass creates nothing twice); only a serving cluster takes them.
+/// Returns how long until the next firing of either schedule.
+pub(super) async fn schedule_backups(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    backups: &[pgop_api::backup::PostgresBackup],
+    status: &PostgresClusterStatus,
+) -> Result<Option<Duration>, Error> {
+    let serving = matches!(
+        status.phase,
+        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    );
+    if !serving {
+        return Ok(None);
+    }
+    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
+    for method in [BackupMethod::BaseBackup, BackupMethod::Logical] {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let name = match backup::cluster::due_backup(defaulted, &mine, method, now) {
+            Ok(Some((name, _))) => name,
+            Ok(None) => continue,
+            Err(e) => {
+                // Validation rejects bad schedules; a time zone unknown here is reported.
+                tracing::warn!(cluster = %key(cluster), ?method, error = %e, "no scheduled backups");
+                continue;
+            }
+        };
+        let created =
+            backup::cluster::create_scheduled(&ctx.client, namespace, defaulted, &name, method)
+                .await
+                .map_err(Error::ScheduleBackup)?;
+        if created {
+            let what = match method {
+                BackupMethod::BaseBackup => "base",
+                BackupMethod::Logical => "logical",
+            };
+            let note = format!("scheduled {what} backup {name} created");
+            publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
+        }
+    }
+    Ok(backup::cluster::until_next_firing(
+        defaulted,
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+}
+
+/// Step 10: releases the Lease of a primary whose container the kubelet reports stopped,
+/// so that the failover need not wait for its duration. A failure is logged: the Lease
+/// then expires on its own.
+pub(super) async fn release_dead_primary_lease(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    observed: &dereference::Observed,
+    roles: &roles::Roles,
+) {
+    let name = cluster.name_any();
+    let old = observed.pods.iter().find(|p| p.name_any() == roles.current);
+    match lease::release_if_dead(&ctx.client, namespace, &name, &roles.current, old).await {
+        Ok(true) => {
+            let note = format!(
+                "the primary Lease held by {} was released: its container is not running",
+                roles.current
+            );
+            let about = Some(roles.current.as_str());
+            publish_about(
+                ctx,
+                cluster,
+                EventType::Normal,
+                "LeaseReleased",
+                &note,
+                about,
+            )
+            .await;
+        }
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!(cluster = %key(cluster), error = %e, "releasing the Lease of a stopped primary");
+        }
+    }
+}
+
+/// Step 11: first, volumes lost with their node (the instance is recreated elsewhere on
+/// the next pass); else apply the children, delete what the plan removed and the Pod the
+/// rollout replaces, and say so in Events. Until the writes are known (an error may cut
+/// them short), the next pass reads from the API server rather than the caches.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn apply_children(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    planned: &Planned,
+    observed: &dereference::Observed,
+    placed: &[nodes::Instance<'_>],
+    roles: &roles::Roles,
+    children: &build::Children,
+    replace: Option<String>,
+) -> Result<Vec<(String, String)>, Error> {
+    let name = cluster.name_any();
+    let lost = lost_volumes(ctx, observed, placed, roles).await?;
+    ctx.expectations.writing(namespace, &name);
+    if !lost.is_empty() {
+        let mut outcome = apply::Outcome::default();
+        apply::delete_instances(&ctx.client, namespace, &lost, observed, &mut outcome).await?;
+        ctx.expectations
+            .wrote(namespace, &name, std::mem::take(&mut outcome.written));
+        for (instance, node) in lost.iter().zip(&lost_nodes(observed, &lost)) {
+            let note = format!(
+                "the volume of {instance} was on node {node}, which no longer exists: \
+                 {instance} is removed and a new instance is cloned from the primary"
+            );
+            let about = Some(instance.as_str());
+            publish_about(ctx, cluster, EventType::Warning, "VolumeLost", &note, about).await;
+        }
+        return Ok(Vec::new());
+    }
+    let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
+    let refused_volumes = std::mem::take(&mut outcome.refused_volumes);
+    let plan = &planned.plan;
+    let removed: Vec<String> = plan
+        .remove
+        .iter()
+        .map(|s| instances::instance_name(&name, *s))
+        .collect();
+    apply::delete_instances(&ctx.client, namespace, &removed, observed, &mut outcome).await?;
+    if let Some(instance) = replace {
+        apply::delete_pod(&ctx.client, namespace, &instance, observed, &mut outcome).await?;
+        let note = format!("rolling update: replacing pod {instance}, built from an older spec");
+        let about = Some(instance.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Normal,
+            "RollingUpdate",
+            &note,
+            about,
+        )
+        .await;
+    }
+    ctx.expectations
+        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
+
+    let new_instances: Vec<String> = plan
+        .created(&planned.existing)
+        .iter()
+        .map(|s| instances::instance_name(&name, *s))
+        .collect();
+    if planned.existing.is_empty() && !new_instances.is_empty() {
+        let note = format!("created instances {}", new_instances.join(", "));
+        publish(ctx, cluster, EventType::Normal, "Created", &note).await;
+    } else if !new_instances.is_empty() || !removed.is_empty() {
+        let mut parts = Vec::new();
+        if !new_instances.is_empty() {
+            parts.push(format!("added {}", new_instances.join(", ")));
+        }
+        if !removed.is_empty() {
+            parts.push(format!("removed {}", removed.join(", ")));
+        }
+        let note = format!(
+            "scaled to {} instances: {}",
+            plan.serials.len(),
+            parts.join("; ")
+        );
+        publish(ctx, cluster, EventType::Normal, "Scaled", &note).await;
+    }
+    if !outcome.repaired.is_empty() {
+        let note = format!("restored {}", outcome.repaired.join(", "));
+        publish(ctx, cluster, EventType::Normal, "Repaired", &note).await;
+    }
+    Ok(refused_volumes)
+}
+
+/// A change of the claims' size the API server refused in this pass (a StorageClass
+/// without `allowVolumeExpansion`, a claim not bound yet): the rest of the cluster was
+/// applied; the condition `VolumesResized` says so (ResizeRefused), with a Warning Event
+/// when it is new. The change is tried again at every pass.
+pub(super) async fn volumes_refused(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    mut status: PostgresClusterStatus,
+    refused: &[(String, String)],
+    (storage, pvcs, usage): (
+        &storage::Storage,
+        &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
+        &[(&str, VolumeUsage)],
+    ),
+) -> Result<(), Error> {
+    if refused.is_empty() {
+        return Ok(());
+    }
+    let message = refused
+        .iter()
+        .map(|(claim, why)| {
+            format!(
+                "PersistentVolumeClaim {claim} keeps its size: the API server refused the \
+                 change to {} ({why})",
+                match storage.wal_size.as_deref() {
+                    Some(size)
+                        if pvcs
+                            .iter()
+                            .any(|p| p.name_any() == *claim && build::pvc::is_wal(p)) =>
+                    {
+                        format!("{size} (spec.walStorage.size)")
+                    }
+                    _ => format!(
+                        "{} (spec.storage.size, or what auto-grow reached)",
+                        storage.size
+                    ),
+                }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    if set_volumes_resized(cluster, &mut status, storage, pvcs, usage, Some(&message)) {
+        patch_status(ctx, cluster, namespace, status).await?;
+        let note = format!(
+            "{message}; the rest of the cluster is reconciled, and the change is tried again \
+             at every pass"
+        );
+        let about = refused.first().map(|(claim, _)| claim.as_str());
+        publish_about(
+            ctx,
+            cluster,
+            EventType::Warning,
+            "VolumeResizeRefused",
+            &note,
+            about,
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// The PostgresBackup an upgrade takes before it starts or after it completes (an
+/// existing one of that name is kept: the name is fixed by the upgrade's record).
+pub(super) async fn create_upgrade_backup(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    name: &str,
+    upgrade: &upgrade::Decision,
+) -> Result<(), Error> {
+    let Some(record) = &upgrade.record else {
+        return Ok(());
+    };
+    let value = format!("{}-to-{}", record.from, record.to);
+    let created = backup::cluster::create_owned(
+        &ctx.client,
+        namespace,
+        cluster,
+        name,
+        BackupMethod::BaseBackup,
+        (pgop_api::constants::ANNOTATION_MAJOR_UPGRADE, value),
+    )
+    .await
+    .map_err(Error::ScheduleBackup)?;
+    if created {
+        let note = format!(
+            "base backup {name} created for the upgrade from PostgreSQL {} to {}",
+            record.from, record.to
+        );
+        publish(ctx, cluster, EventType::Normal, "MajorUpgradeBackup", &note).await;
+    }
+    Ok(())
+}
+
+/// Removes the switchover annotation once it has been acted on or refused, so that an old
+/// request cannot move the primary again later.
+pub(super) async fn clear_switchover_request(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+) -> Result<(), Error> {
+    clear_annotation(ctx, cluster, namespace, ANNOTATION_SWITCHOVER_TO).await
+}
+
+/// Removes a request annotation once it was read (a merge patch of the cluster).
+pub(super) async fn clear_annotation(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    annotation: &'static str,
+) -> Result<(), Error> {
+    let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {annotation: null}}
+    });
+    api.patch(
+        &cluster.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await
+    .map_err(|e| Error::ClearAnnotation(annotation, e))?;
+    Ok(())
+}
+
+/// Server-side applies `status` unless the cluster already shows it; true if written.
+pub(super) async fn patch_status(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    status: PostgresClusterStatus,
+) -> Result<bool, Error> {
+    if cluster.status.as_ref() == Some(&status) {
+        return Ok(false);
+    }
+    let api: Api<crate::ApiCluster> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": <crate::ApiCluster as kube::Resource>::api_version(&()),
+        "kind": "PostgresCluster",
+        "status": status,
+    });
+    api.patch_status(
+        &cluster.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(Error::PatchStatus)?;
+    Ok(true)
+}
+
+/// Publishes an Event on the cluster. A failure to publish is logged, not fatal: events
+/// are for people, and the status carries the same facts.
+pub(super) async fn publish(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
+    publish_about(ctx, cluster, type_, reason, note, None).await;
+}
+
+/// [`publish`], naming an instance's Pod as the Event's related object. The recorder folds
+/// Events of the same reason and objects into one series (keeping the first note), so
+/// naming the instance keeps, say, the restarts of two instances apart.
+pub(super) async fn publish_about(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+    instance: Option<&str>,
+) {
+    publish_as(ctx, cluster, type_, (reason, "Reconcile"), note, instance).await;
+}
+
+/// [`publish_about`] with the Event's action: the recorder keeps Events of one reason but
+/// different actions apart (an instance down for one reason, then for another).
+pub(super) async fn publish_as(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    type_: EventType,
+    (reason, action): (&str, &str),
+    note: &str,
+    instance: Option<&str>,
+) {
+    let secondary = instance.map(|name| k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".to_string()),
+        kind: Some("Pod".to_string()),
+        name: Some(name.to_string()),
+        namespace: cluster.namespace(),
+        ..Default::default()
+    });
+    // Every Event is a log line too (in the reconcile span: its cluster and namespace).
+    match type_ {
+        EventType::Normal => tracing::info!(reason, instance, "{note}"),
+        EventType::Warning => tracing::warn!(reason, instance, "{note}"),
+    }
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note.chars().take(1000).collect()),
+        action: action.to_string(),
+        secondary,
+    };
+    if let Err(e) = ctx
+        .recorder
+        .publish(&event, &crate::reference(cluster))
+        .await
+    {
+        tracing::warn!(cluster = %key(cluster), reason, error = %e, "failed to publish event");
+    }
+}
