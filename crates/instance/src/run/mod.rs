@@ -14,13 +14,19 @@
 //! primary need not wait for it to expire.
 
 mod plan;
+mod secrets;
 mod upgrade;
 pub mod watch;
 use watch::Inputs;
 
 pub use plan::{Action, Observed, Plan, plan};
+pub use secrets::recovery_target;
+use secrets::{
+    archiving, read_credentials, read_manager_tls, read_postgres_tls, read_secret, recovery_of,
+    role_passwords, secret_text, wait_for_credentials,
+};
 
-use crate::bootstrap::{Credentials, DataState};
+use crate::bootstrap::DataState;
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
 use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
@@ -33,7 +39,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use pgop_api::PostgresClusterStatus;
-use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
+use pgop_api::cluster::RecoverySource;
 use pgop_api::v1beta1::PostgresCluster;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -1078,81 +1084,6 @@ pub fn restart_requested(
             .any(|r| r.instance == me && before(&r.requested_at))
 }
 
-/// WAL archiving as `spec.backup.store` asks: the store with its credentials read from the
-/// Secret the spec names (S3) or the volume's mount path.
-async fn archiving(
-    inputs: &Inputs,
-    settings: &Settings,
-    cluster: &PostgresCluster,
-) -> Result<Option<instance::Archiving>, Error> {
-    let Some(store) = cluster.spec.backup.as_ref().and_then(|b| b.store.as_ref()) else {
-        return Ok(None);
-    };
-    let config = store_config(inputs, settings, store, &settings.cluster).await?;
-    Ok(Some(instance::Archiving {
-        store: config,
-        pgop_binary: settings.pgop_binary.clone(),
-    }))
-}
-
-/// What `spec.bootstrap.recovery` and `status.recoverySource` ask to restore: the source
-/// cluster's store (credentials from the Secret its `s3.credentialsSecret` names, in this
-/// namespace), the backup, the target.
-async fn recovery_of(
-    inputs: &Inputs,
-    settings: &Settings,
-    spec: &RecoverySpec,
-    source: &RecoverySource,
-) -> Result<instance::Recovery, Error> {
-    let config = store_config(inputs, settings, &source.store, &source.cluster).await?;
-    Ok(instance::Recovery {
-        source: config,
-        backup_id: source.backup_id.clone(),
-        target: recovery_target(spec),
-        pgop_binary: settings.pgop_binary.clone(),
-        timeout: RESTORE_TIMEOUT,
-    })
-}
-
-/// The recovery target of `spec.bootstrap.recovery`: a time, an LSN, else the end of WAL.
-pub fn recovery_target(spec: &RecoverySpec) -> pgop_backup::Target {
-    match (&spec.target_time, &spec.target_lsn) {
-        (Some(time), _) => pgop_backup::Target::Time(time.clone()),
-        (None, Some(lsn)) => pgop_backup::Target::Lsn(lsn.clone()),
-        (None, None) => pgop_backup::Target::EndOfWal,
-    }
-}
-
-/// A store of the API resolved for `cluster`'s objects: S3 keys read from the Secret the
-/// store names (in this namespace), a volume at its mount path.
-async fn store_config(
-    inputs: &Inputs,
-    settings: &Settings,
-    store: &BackupStore,
-    cluster: &str,
-) -> Result<pgop_backup::StoreConfig, Error> {
-    let keys = match &store.s3 {
-        Some(s3) => {
-            let name = &s3.credentials_secret.name;
-            let (_, secret) = read_secret(inputs, name.clone()).await?;
-            let (access_key_id, secret_access_key) = s3
-                .credentials_secret
-                .keys_in(&secret)
-                .map_err(|key| Error::ReadStoreSecretKey {
-                    name: name.clone(),
-                    key,
-                })?;
-            Some(pgop_backup::S3Keys {
-                access_key_id,
-                secret_access_key,
-            })
-        }
-        None => None,
-    };
-    pgop_backup::StoreConfig::from_api(store, cluster, keys.as_ref(), &settings.backup_volume_path)
-        .map_err(Error::StoreConfig)
-}
-
 /// How long a crashed primary stays down: `spec.failoverDelay` + 10 s.
 fn crash_hold_off(cluster: &PostgresCluster) -> Duration {
     Duration::from_secs(u64::try_from(cluster.spec.ha.failover_delay).unwrap_or(0))
@@ -1200,121 +1131,6 @@ async fn upstream(inputs: &Inputs, instance: &Instance, primary: &str) -> Result
             source: None,
         })?;
     Ok(instance.as_upstream(&ip))
-}
-
-/// The cluster's Secrets, retried until the operator has created them.
-async fn wait_for_credentials(inputs: &Inputs, settings: &Settings) -> Credentials {
-    loop {
-        match read_credentials(inputs, settings).await {
-            Ok(credentials) => return credentials,
-            Err(err) => {
-                tracing::info!(error = %error_chain(&err), "waiting for the cluster's Secrets")
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
-
-/// Secret `name` of the cluster's namespace, as its watch last saw it.
-async fn read_secret(inputs: &Inputs, name: String) -> Result<(String, Arc<Secret>), Error> {
-    match inputs.secrets.get(&name).await {
-        Ok(Some(secret)) => Ok((name, secret)),
-        Ok(None) => Err(Error::NoSecret { name }),
-        Err(source) => Err(Error::ReadSecret { name, source }),
-    }
-}
-
-/// The password of each role of `spec.roles` with a `passwordSecret`, or why it could
-/// not be read (reported for that role).
-async fn role_passwords(
-    inputs: &Inputs,
-    roles: &[pgop_api::roles::RoleSpec],
-) -> std::collections::BTreeMap<String, crate::instance::RolePassword> {
-    let mut out = std::collections::BTreeMap::new();
-    for role in roles {
-        let Some(secret) = &role.password_secret else {
-            continue;
-        };
-        let password = read_secret(inputs, secret.name.clone())
-            .await
-            .and_then(|s| secret_text(&s, "password"))
-            .map_err(|e| error_chain(&e));
-        out.insert(role.name.clone(), password);
-    }
-    out
-}
-
-/// The text of `key` in a Secret read by [`read_secret`].
-fn secret_text((name, secret): &(String, Arc<Secret>), key: &'static str) -> Result<String, Error> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .and_then(|v| String::from_utf8(v.0.clone()).ok())
-        .ok_or_else(|| Error::ReadSecretKey {
-            name: name.clone(),
-            key,
-        })
-}
-
-/// The manager certificate, its key and the authority's certificate (PEM), from the
-/// Secret `<cluster>-manager-tls` the operator keeps.
-async fn read_manager_tls(
-    inputs: &Inputs,
-    settings: &Settings,
-) -> Result<(String, String, String), Error> {
-    let name = format!(
-        "{}{}",
-        settings.cluster,
-        pgop_api::constants::MANAGER_TLS_SECRET_SUFFIX
-    );
-    let secret = read_secret(inputs, name).await?;
-    Ok((
-        secret_text(&secret, "tls.crt")?,
-        secret_text(&secret, "tls.key")?,
-        secret_text(&secret, "ca.crt")?,
-    ))
-}
-
-/// PostgreSQL's certificates from the Secrets `<cluster>-server-tls` and
-/// `<cluster>-replication-tls` the operator keeps.
-async fn read_postgres_tls(
-    inputs: &Inputs,
-    settings: &Settings,
-    allow_plaintext: bool,
-) -> Result<crate::config::Tls, Error> {
-    use pgop_api::constants::{REPLICATION_TLS_SECRET_SUFFIX, SERVER_TLS_SECRET_SUFFIX};
-    let cluster = &settings.cluster;
-    let server = read_secret(inputs, format!("{cluster}{SERVER_TLS_SECRET_SUFFIX}")).await?;
-    let replication =
-        read_secret(inputs, format!("{cluster}{REPLICATION_TLS_SECRET_SUFFIX}")).await?;
-    Ok(crate::config::Tls {
-        server_cert: secret_text(&server, "tls.crt")?,
-        server_key: secret_text(&server, "tls.key")?,
-        server_ca: secret_text(&server, "ca.crt")?,
-        // The authorities of client certificates (an older operator's Secret has only
-        // the replication certificate's).
-        client_ca: secret_text(&replication, "client-ca.crt")
-            .or_else(|_| secret_text(&replication, "ca.crt"))?,
-        replication_cert: secret_text(&replication, "tls.crt")?,
-        replication_key: secret_text(&replication, "tls.key")?,
-        server_name: format!("{cluster}-rw"),
-        allow_plaintext,
-    })
-}
-
-async fn read_credentials(inputs: &Inputs, settings: &Settings) -> Result<Credentials, Error> {
-    let read = |name: String| read_secret(inputs, name);
-    let key = secret_text;
-    let app = read(format!("{}-app", settings.cluster)).await?;
-    let replication = read(format!("{}-replication", settings.cluster)).await?;
-    Ok(Credentials {
-        app_user: key(&app, "username")?,
-        app_password: key(&app, "password")?,
-        app_database: key(&app, "dbname")?,
-        replication_user: key(&replication, "username")?,
-        replication_password: key(&replication, "password")?,
-    })
 }
 
 /// Feeds every version of the primary Lease to the contender ([`pgop_lease::Contender::observe`])
