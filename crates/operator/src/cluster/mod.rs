@@ -17,8 +17,9 @@
 //!    children as plain values (pure);
 //! 7. [`rollout`] — the next step of a rolling update, if any (pure), or a switchover
 //!    first (a drain, or a rollout that reached the primary);
-//! 8. [`status`] — compute status, conditions and the backup facts (pure) and patch them
-//!    when they changed; a new `targetPrimary` is thus written before any label moves;
+//! 8. [`status`], [`decide`] — compute status, conditions, the backup facts and the Events
+//!    of what changed (pure), then patch the status when it changed and publish the Events;
+//!    a new `targetPrimary` is thus written before any label moves;
 //! 9. schedule — create the scheduled backups due now ([`backup::cluster::due_backup`]);
 //! 10. [`lease`] — during a failover, release the Lease of a primary whose container is
 //!     stopped;
@@ -45,12 +46,14 @@ pub mod apply;
 pub mod build;
 pub mod cache;
 pub mod credentials;
+mod decide;
 pub mod dereference;
 pub mod hibernation;
 pub mod immutable;
 pub mod instances;
 pub mod lease;
 pub mod nodes;
+mod notes;
 mod observe;
 pub mod pki;
 pub mod pods;
@@ -66,17 +69,16 @@ pub mod world;
 mod write;
 
 use crate::Context;
+use decide::hibernation_event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use observe::{backup_facts, backups_of, probes, volume_usage};
-use pgop_api::PostgresClusterStatus;
+use observe::{backups_of, probes, volume_usage};
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::{
     ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE, ANNOTATION_SWITCHOVER_TO,
 };
-use pgop_api::instance_status::VolumeUsage;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -84,7 +86,7 @@ use std::time::Duration;
 use tracing::Instrument;
 use write::{
     apply_children, clear_annotation, clear_switchover_request, create_upgrade_backup,
-    patch_status, publish, publish_about, publish_as, release_dead_primary_lease, schedule_backups,
+    patch_status, publish, publish_about, release_dead_primary_lease, schedule_backups,
     volumes_refused,
 };
 
@@ -386,23 +388,33 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 8. status first: a new targetPrimary is on record before any label moves
     let backups = backups_of(ctx, cluster, &namespace).await?;
-    let (status, positions_due) = write_status(
-        ctx,
-        cluster,
-        &defaulted,
-        &namespace,
-        &planned.plan,
-        &observed,
-        &probes,
-        &roles,
-        &rollout,
-        backups.as_deref(),
-        major,
-        &upgrade,
-        (&storage, &usage),
-    )
+    let recovery = observe::recovery_source(ctx, &defaulted, &namespace).await;
+    let decided = decide::status(
+        decide::StatusInput {
+            cluster,
+            defaulted: &defaulted,
+            plan: &planned.plan,
+            observed: &observed,
+            probes: &probes,
+            roles: &roles,
+            rollout: &rollout,
+            backups: backups.as_deref(),
+            recovery,
+            major,
+            upgrade: &upgrade,
+            storage: &storage,
+            usage: &usage,
+        },
+        &now(),
+    );
+    async {
+        patch_status(ctx, cluster, &namespace, decided.status.clone()).await?;
+        write::publish_notes(ctx, cluster, &decided.notes).await;
+        Ok::<_, Error>(())
+    }
     .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "status"))
     .await?;
+    let (status, positions_due) = (decided.status, decided.positions_due);
     if roles.clear_switchover_request {
         clear_switchover_request(ctx, cluster, &namespace).await?;
     }
@@ -731,38 +743,6 @@ fn instance_specs(
         .collect()
 }
 
-/// The Event for a change of the Hibernated condition's reason (Hibernating, Hibernated,
-/// Resuming, Resumed): Normal, the reason and message of the condition.
-fn hibernation_event(
-    old: Option<&PostgresClusterStatus>,
-    new: &PostgresClusterStatus,
-) -> Option<(String, String)> {
-    use pgop_api::conditions::{HIBERNATED, find_condition};
-    let before = old.and_then(|s| find_condition(&s.conditions, HIBERNATED));
-    let after = find_condition(&new.conditions, HIBERNATED)?;
-    if before.is_some_and(|b| b.reason == after.reason) {
-        return None;
-    }
-    Some((after.reason.clone(), after.message.clone()))
-}
-
-/// The Warning Event when PostgreSQL refuses a declared role or database (the condition of
-/// `what` turns to, or stays with another message at, its failed reason).
-fn declared_event(
-    what: &status::Declared,
-    old: Option<&PostgresClusterStatus>,
-    new: &PostgresClusterStatus,
-) -> Option<(&'static str, String)> {
-    use pgop_api::conditions::find_condition;
-    let after = find_condition(&new.conditions, what.condition)?;
-    if after.reason != what.failed {
-        return None;
-    }
-    let before = old.and_then(|s| find_condition(&s.conditions, what.condition));
-    let same = before.is_some_and(|b| b.reason == after.reason && b.message == after.message);
-    (!same).then(|| (what.failed, format!("{}: {}", what.field, after.message)))
-}
-
 /// When to look at the cluster again if nothing wakes it first (a change of the cluster
 /// or a child, from the watches; a significant change of an instance, from the prober):
 /// - during a failover or switchover, every [`POLL_TRANSITION`];
@@ -1079,188 +1059,6 @@ fn rollout_step(
     decided
 }
 
-/// Step 8: computes the status (with the backup facts) and writes it when it changed,
-/// then publishes the Events of its changed conditions and of the roles' decisions.
-#[allow(clippy::too_many_arguments)]
-async fn write_status(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    defaulted: &PostgresCluster,
-    namespace: &str,
-    plan: &instances::Plan,
-    observed: &dereference::Observed,
-    probes: &BTreeMap<String, probe::Probe>,
-    roles: &roles::Roles,
-    rollout: &Rollout,
-    backups: Option<&[pgop_api::backup::PostgresBackup]>,
-    major: i32,
-    upgrade: &upgrade::Decision,
-    (storage, usage): (&storage::Storage, &[(&str, VolumeUsage)]),
-) -> Result<(PostgresClusterStatus, Option<Duration>), Error> {
-    let seen = status::Observations {
-        pods: &observed.pods,
-        probes,
-        roles,
-    };
-    let (mut status, positions_due) = status::compute(cluster, plan, &seen, now());
-    status.postgres_version = Some(major);
-    upgrade::set_status(&mut status, upgrade, cluster.metadata.generation, &now());
-    let upgrade_event = upgrade::event(cluster.status.as_ref(), &status);
-    status.restart_instance = rollout.restart_instance.clone();
-    status.restart_requested = rollout.restart_requested.clone();
-    status.instance_restarts = rollout.instance_restarts.clone();
-    status::set_rollout_blocked(
-        &mut status,
-        rollout.blocked.clone(),
-        cluster.metadata.generation,
-        now(),
-    );
-    backup_facts(
-        ctx,
-        defaulted,
-        namespace,
-        probes,
-        roles,
-        backups,
-        &mut status,
-    )
-    .await;
-    let events = [
-        condition_event(
-            cluster.status.as_ref(),
-            &status,
-            pgop_api::conditions::CONFIGURATION_APPLIED,
-            false,
-            ("ConfigurationRefused", "ConfigurationApplied"),
-        ),
-        condition_event(
-            cluster.status.as_ref(),
-            &status,
-            pgop_api::conditions::ROLLOUT_BLOCKED,
-            true,
-            ("RolloutBlocked", "RolloutResumed"),
-        ),
-        condition_event(
-            cluster.status.as_ref(),
-            &status,
-            pgop_api::conditions::INSTANCES_SCHEDULED,
-            false,
-            ("InstancesUnschedulable", "InstancesScheduled"),
-        ),
-    ];
-    status.auto_grow = storage.record.clone();
-    status.poolers = build::pooler::status(
-        &cluster.name_any(),
-        &defaulted.spec.poolers,
-        &observed.deployments,
-    );
-    set_volumes_resized(cluster, &mut status, storage, &observed.pvcs, usage, None);
-    let resumed = hibernation_event(cluster.status.as_ref(), &status);
-    let instance_events = status::instance_events(cluster.status.as_ref(), &status);
-    let refused: Vec<(&str, String)> = [&status::ROLES, &status::DATABASES]
-        .into_iter()
-        .filter_map(|what| declared_event(what, cluster.status.as_ref(), &status))
-        .collect();
-    patch_status(ctx, cluster, namespace, status.clone()).await?;
-    if let Some((kind, reason, message)) = upgrade_event {
-        publish(ctx, cluster, kind, &reason, &message).await;
-    }
-    for (kind, reason, message) in events.into_iter().flatten() {
-        publish(ctx, cluster, kind, reason, &message).await;
-    }
-    if let Some((reason, message)) = resumed {
-        publish(ctx, cluster, EventType::Normal, &reason, &message).await;
-    }
-    for (reason, message) in refused {
-        publish(ctx, cluster, EventType::Warning, reason, &message).await;
-    }
-    if let Some(message) = &storage.grown {
-        publish(ctx, cluster, EventType::Normal, "VolumeAutoGrown", message).await;
-    }
-    if let Some(message) = &storage.at_limit {
-        publish(
-            ctx,
-            cluster,
-            EventType::Warning,
-            "VolumeAutoGrowLimit",
-            message,
-        )
-        .await;
-    }
-    for e in &instance_events {
-        let kind = if e.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        let names = (e.reason, e.action.as_str());
-        publish_as(ctx, cluster, kind, names, &e.note, Some(&e.instance)).await;
-    }
-    for note in &roles.notes {
-        let kind = if note.warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        let about = note.instance.as_deref();
-        publish_about(ctx, cluster, kind, note.reason, &note.message, about).await;
-    }
-    Ok((status, positions_due))
-}
-
-/// The `VolumesResized` condition (see [`storage::resized`]), once the cluster has claims.
-/// `refused` is the API server's refusal in this pass; without it, a refusal on record
-/// stands while the claims still ask for less.
-fn set_volumes_resized(
-    cluster: &PostgresCluster,
-    status: &mut PostgresClusterStatus,
-    storage: &storage::Storage,
-    pvcs: &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
-    usage: &[(&str, VolumeUsage)],
-    refused: Option<&str>,
-) -> bool {
-    use pgop_api::conditions::{VOLUMES_RESIZED, find_condition, new_condition, set_condition};
-    if pvcs.is_empty() {
-        return false;
-    }
-    let on_record = cluster
-        .status
-        .as_ref()
-        .and_then(|s| find_condition(&s.conditions, VOLUMES_RESIZED))
-        .filter(|c| c.reason == "ResizeRefused")
-        .map(|c| c.message.as_str());
-    let (ok, reason, message) = storage::resized(storage, pvcs, usage, refused.or(on_record));
-    let generation = cluster.metadata.generation;
-    set_condition(
-        &mut status.conditions,
-        new_condition(VOLUMES_RESIZED, ok, reason, message, generation, now()),
-        now(),
-    )
-}
-
-/// The Event for a change of a condition: a Warning (`reasons.0`) when it turns bad (its
-/// status is `bad_when`) or stays bad with another message, a Normal one (`reasons.1`)
-/// when it turns good again.
-fn condition_event(
-    old: Option<&PostgresClusterStatus>,
-    new: &PostgresClusterStatus,
-    type_: &str,
-    bad_when: bool,
-    reasons: (&'static str, &'static str),
-) -> Option<(EventType, &'static str, String)> {
-    use pgop_api::conditions::{FALSE, TRUE, find_condition};
-    let bad = if bad_when { TRUE } else { FALSE };
-    let before = old.and_then(|s| find_condition(&s.conditions, type_));
-    let after = find_condition(&new.conditions, type_)?;
-    let was_bad = before.is_some_and(|c| c.status == bad);
-    if after.status == bad {
-        let same = before.is_some_and(|c| c.status == bad && c.message == after.message);
-        (!same).then(|| (EventType::Warning, reasons.0, after.message.clone()))
-    } else {
-        was_bad.then(|| (EventType::Normal, reasons.1, after.message.clone()))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -1353,7 +1151,7 @@ mod tests {
         };
         let reasons = ("InstancesUnschedulable", "InstancesScheduled");
         let event = |old: &PostgresClusterStatus, new: &PostgresClusterStatus| {
-            super::condition_event(Some(old), new, INSTANCES_SCHEDULED, false, reasons)
+            super::decide::condition_event(Some(old), new, INSTANCES_SCHEDULED, false, reasons)
                 .map(|(kind, reason, message)| (kind == super::EventType::Warning, reason, message))
         };
         let fine = with(true, "all placed");

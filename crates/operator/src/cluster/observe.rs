@@ -2,13 +2,13 @@
 //! the [`super::prober`] or probed now), the cluster's PostgresBackups, the recovery
 //! source and backup facts of the status, and the volumes lost with their node.
 
-use super::{Error, dereference, nodes, now, probe, prober, roles};
+use super::{Error, dereference, nodes, probe, prober, roles};
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
 use kube::api::Api;
-use pgop_api::PostgresClusterStatus;
 use pgop_api::cluster::ClusterPhase;
+use pgop_api::cluster::RecoverySource;
 use pgop_api::instance_status::{PgRole, VolumeUsage};
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
@@ -110,71 +110,27 @@ pub(super) async fn backups_of(
     Ok(Some(mine))
 }
 
-/// The backup facts of the status: the recovery source of a restored cluster (resolved
-/// once), a failed bootstrap, and with a backup section lastBackupTime,
-/// firstRecoverabilityPoint, BackupSucceeded and ContinuousArchiving.
-pub(super) async fn backup_facts(
+/// The recovery source of a restored cluster (`spec.bootstrap.recovery`), resolved once:
+/// `None` when there is nothing to resolve (no recovery, or the status names its source),
+/// else the source or why it cannot be resolved yet.
+pub(super) async fn recovery_source(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
-    probes: &BTreeMap<String, probe::Probe>,
-    roles: &roles::Roles,
-    backups: Option<&[pgop_api::backup::PostgresBackup]>,
-    status: &mut PostgresClusterStatus,
-) {
-    let generation = cluster.metadata.generation;
-    let spec = &cluster.spec;
-    let recovering = spec
+) -> Option<Result<Option<RecoverySource>, String>> {
+    let recovering = cluster
+        .spec
         .bootstrap
         .as_ref()
         .is_some_and(|b| b.recovery.is_some());
-    if recovering && status.recovery_source.is_none() {
-        match backup::cluster::resolve_recovery_source(&ctx.client, namespace, cluster).await {
-            Ok(source) => status.recovery_source = source,
-            Err(why) => {
-                pgop_api::conditions::set_condition(
-                    &mut status.conditions,
-                    pgop_api::conditions::new_condition(
-                        pgop_api::conditions::PROGRESSING,
-                        true,
-                        "WaitingForRecoverySource",
-                        why,
-                        generation,
-                        now(),
-                    ),
-                    now(),
-                );
-            }
-        }
+    let known = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| s.recovery_source.is_some());
+    if !recovering || known {
+        return None;
     }
-    // A restore (or another bootstrap) that fails shows here, not only in the pod's log.
-    let bootstrap_error = probes
-        .get(&roles.target)
-        .and_then(probe::Probe::status)
-        .and_then(|s| s.bootstrap_error.clone());
-    if let Some(error) = bootstrap_error {
-        pgop_api::conditions::set_condition(
-            &mut status.conditions,
-            pgop_api::conditions::new_condition(
-                pgop_api::conditions::PROGRESSING,
-                true,
-                "BootstrapFailed",
-                format!("{}: {error}", roles.target),
-                generation,
-                now(),
-            ),
-            now(),
-        );
-    }
-    let Some(backups) = backups else {
-        return;
-    };
-    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
-    backup::cluster::backup_status(&mine, status, generation, now());
-    if spec.backup.as_ref().is_some_and(|b| b.store.is_some()) && !roles.in_transition() {
-        let primary = probes.get(&roles.current).and_then(probe::Probe::status);
-        backup::cluster::archiving_status(primary, status, generation, now());
-    }
+    Some(backup::cluster::resolve_recovery_source(&ctx.client, namespace, cluster).await)
 }
 
 /// The instances whose volume is pinned to a node that no longer exists, and that may be

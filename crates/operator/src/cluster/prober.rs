@@ -105,7 +105,7 @@ pub struct Stats {
 
 /// The fields of a [`PgStatus`] whose change wakes the cluster's reconcile: everything the
 /// reconcile branches on ([`super::roles::decide`], [`super::rollout`],
-/// [`super::status::compute`], `backup_facts` in [`super`]), and nothing that moves on its
+/// [`super::status::compute`], the backup facts of `super::decide`), and nothing that moves on its
 /// own under load.
 ///
 /// Whether the instance answers at all (a [`Probe::Status`] or a [`Probe::Unreachable`]) is

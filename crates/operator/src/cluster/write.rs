@@ -6,10 +6,12 @@
 //! children. (Issue 38 plans one write step that takes a decided pass as a value; these
 //! are its parts, still called one by one.)
 
+use super::decide::set_volumes_resized;
+use super::notes::Note;
 use super::observe::{lost_nodes, lost_volumes};
 use super::{
-    Error, Planned, apply, build, dereference, instances, key, lease, nodes, roles,
-    set_volumes_resized, storage, upgrade,
+    Error, Planned, apply, build, dereference, instances, key, lease, nodes, now, roles, storage,
+    upgrade,
 };
 use crate::{Context, backup};
 use kube::ResourceExt;
@@ -240,7 +242,15 @@ pub(super) async fn volumes_refused(
         })
         .collect::<Vec<_>>()
         .join("; ");
-    if set_volumes_resized(cluster, &mut status, storage, pvcs, usage, Some(&message)) {
+    if set_volumes_resized(
+        cluster,
+        &mut status,
+        storage,
+        pvcs,
+        usage,
+        Some(&message),
+        &now(),
+    ) {
         patch_status(ctx, cluster, namespace, status).await?;
         let note = format!(
             "{message}; the rest of the cluster is reconciled, and the change is tried again \
@@ -411,5 +421,14 @@ pub(super) async fn publish_as(
         .await
     {
         tracing::warn!(cluster = %key(cluster), reason, error = %e, "failed to publish event");
+    }
+}
+
+/// Publishes the Events a decision made, in their order.
+pub(super) async fn publish_notes(ctx: &Context, cluster: &PostgresCluster, notes: &[Note]) {
+    for note in notes {
+        let names = (note.reason.as_str(), note.action.as_str());
+        let about = note.instance.as_deref();
+        publish_as(ctx, cluster, note.kind, names, &note.message, about).await;
     }
 }
