@@ -331,9 +331,20 @@ def main():
                     if not pending:
                         return
                     # The longest that may run now: none of its group is running, and it
-                    # fits in the slots left.
-                    index, how = next(((i, h) for i, e in enumerate(pending)
-                                       if (h := may_start(e))), (None, 0))
+                    # fits in the slots left. A real-node module whose group is free but
+                    # which does not fit yet waits for slots, and nothing after it starts
+                    # meanwhile: else the shorter modules, started one after the other in
+                    # the slot it needs, would hold it back until they were all done (a run
+                    # left the last real-node modules alone at the end, the machine 15-20%
+                    # busy).
+                    index, how = None, 0
+                    for i, e in enumerate(pending):
+                        how = may_start(e)
+                        if how:
+                            index = i
+                            break
+                        if group(e[2]) is not None and group(e[2]) not in busy_groups:
+                            break
                     if index is not None:
                         break
                     free.wait(1.0)
