@@ -219,7 +219,20 @@ fn down_status(
     if ready {
         return (None, None, None);
     }
+    // Why the instance went down, if that was not a state passed through on the way.
+    let held = previous.filter(|p| {
+        p.reason
+            .as_deref()
+            .is_some_and(|r| r != DownReason::NotStreaming.as_str())
+    });
     match pg.and_then(|s| s.down.as_ref()) {
+        // A standby that is back up but not streaming yet (catching up after its volume
+        // was freed, say) is still down for its reason: that stays until it is ready, so
+        // that its InstanceBack Event names it then.
+        Some(down) if down.reason.passing() && held.is_some() => match held {
+            Some(p) => (p.reason.clone(), p.message.clone(), p.down_since.clone()),
+            None => (None, None, None),
+        },
         Some(down) => (
             Some(down.reason.as_str().to_string()),
             Some(down_message(down)),
@@ -1211,6 +1224,28 @@ mod tests {
         assert_eq!(
             restarting.instances[1].reason.as_deref(),
             Some("StartFailed")
+        );
+        assert!(instance_events(Some(&again), &restarting).is_empty());
+        // Up again but not streaming yet (catching up): still down for its reason, no Event.
+        let catching_up = Down {
+            reason: DownReason::NotStreaming,
+            message: "does not stream".into(),
+            parameters: Vec::new(),
+            since: None,
+        };
+        let restarting = compute_at(
+            Some(restarting.clone()),
+            &probes_with(Some(catching_up)),
+            false,
+            45,
+        );
+        assert_eq!(
+            restarting.instances[1].reason.as_deref(),
+            Some("StartFailed")
+        );
+        assert_eq!(
+            restarting.instances[1].down_since.as_deref(),
+            Some("2026-12-06T02:00:00Z")
         );
         assert!(instance_events(Some(&again), &restarting).is_empty());
 
