@@ -88,29 +88,25 @@ pub(super) fn status(input: StatusInput<'_>, now: &Time) -> StatusDecision {
         &mut status,
         now,
     );
+    // Each condition with an Event: its type, the status that is bad, the Events' reasons
+    // when it turns bad and when it turns good again.
+    use pgop_api::conditions::{CONFIGURATION_APPLIED, INSTANCES_SCHEDULED, ROLLOUT_BLOCKED};
     let conditions = [
-        condition_event(
-            cluster.status.as_ref(),
-            &status,
-            pgop_api::conditions::CONFIGURATION_APPLIED,
+        (
+            CONFIGURATION_APPLIED,
             false,
             ("ConfigurationRefused", "ConfigurationApplied"),
         ),
-        condition_event(
-            cluster.status.as_ref(),
-            &status,
-            pgop_api::conditions::ROLLOUT_BLOCKED,
-            true,
-            ("RolloutBlocked", "RolloutResumed"),
-        ),
-        condition_event(
-            cluster.status.as_ref(),
-            &status,
-            pgop_api::conditions::INSTANCES_SCHEDULED,
+        (ROLLOUT_BLOCKED, true, ("RolloutBlocked", "RolloutResumed")),
+        (
+            INSTANCES_SCHEDULED,
             false,
             ("InstancesUnschedulable", "InstancesScheduled"),
         ),
-    ];
+    ]
+    .map(|(type_, bad_when, reasons)| {
+        condition_event(cluster.status.as_ref(), &status, type_, bad_when, reasons)
+    });
     status.auto_grow = storage.record.clone();
     status.poolers = build::pooler::status(
         &cluster.name_any(),
