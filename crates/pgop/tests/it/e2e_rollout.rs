@@ -301,28 +301,6 @@ fn refused_at_start() -> Result<(&'static str, String)> {
     Ok(("shared_buffers", format!("{too_much}MB")))
 }
 
-/// `kubectl pgop status NAME` through the pgop binary; its output.
-async fn kubectl_pgop_status(env: &Env, name: &str) -> Result<String> {
-    let kubeconfig = env.plane.kubeconfig().to_path_buf();
-    let args = ["kubectl", "status", name, "-n", env.n()].map(String::from);
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_pgop"))
-            .args(args)
-            .env("KUBECONFIG", kubeconfig)
-            .env_remove("RUST_LOG")
-            .output()
-    })
-    .await??;
-    if !out.status.success() {
-        return Err(format!(
-            "kubectl pgop status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// What the cluster says of `instance` being down: its reason and message in status.
 fn down_in_status(s: &PostgresClusterStatus, instance: &str) -> (Option<String>, String) {
     s.instances

@@ -8,8 +8,9 @@
 //! `VolumeAutoGrowLimit` Warning and no growth. A larger `storage.size` grows them past
 //! it; a smaller one than the volumes hold turns the cluster Invalid and shrinks nothing.
 //! Every row is still there, on both instances. A standby whose volume is filled from the
-//! host is named `VolumeFull` (status, Ready, an Event) while the primary keeps taking
-//! writes, and comes back once the space is freed.
+//! host is named `VolumeFull` (status, Ready, an Event, `kubectl pgop status`) while the
+//! primary keeps taking writes, and comes back once the space is freed, with an
+//! `InstanceBack` Event.
 
 use crate::common;
 
@@ -289,16 +290,12 @@ async fn e2e_a_standby_whose_volume_is_full_is_named_and_comes_back_once_space_i
     println!("{standby}: {message}");
     // From the volume's use, or (should PostgreSQL have freed a segment meanwhile) from
     // its own words.
-    assert!(
-        [
-            "the data volume is full",
-            "No space left on device",
-            "free disk space"
-        ]
-        .iter()
-        .any(|w| message.contains(w)),
-        "{message}"
-    );
+    const WORDS: [&str; 3] = [
+        "the data volume is full",
+        "No space left on device",
+        "free disk space",
+    ];
+    assert!(WORDS.iter().any(|w| message.contains(w)), "{message}");
     assert!(instance.down_since.is_some());
     let event = env.wait_event("InstanceDown").await?;
     assert!(
@@ -311,6 +308,17 @@ async fn e2e_a_standby_whose_volume_is_full_is_named_and_comes_back_once_space_i
         ready.message.contains(&format!("{standby} (VolumeFull)")),
         "{}",
         ready.message
+    );
+    // `kubectl pgop status` names it too, with the words (read again: they may have moved
+    // between the volume's use and PostgreSQL's own).
+    let shown = kubectl_pgop_status(&env, name).await?;
+    assert!(
+        shown.contains(&format!("{standby} is down since ")) && shown.contains("VolumeFull"),
+        "{shown}"
+    );
+    assert!(
+        WORDS.iter().any(|w| shown.contains(w)),
+        "none of {WORDS:?} in\n{shown}"
     );
 
     // Space freed: the standby comes back, catches up, and the reason is gone.

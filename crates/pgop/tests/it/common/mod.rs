@@ -447,6 +447,28 @@ impl Env {
     }
 }
 
+/// `kubectl pgop status NAME` through the pgop binary; its output.
+pub async fn kubectl_pgop_status(env: &Env, name: &str) -> Result<String> {
+    let kubeconfig = env.plane.kubeconfig().to_path_buf();
+    let args = ["kubectl", "status", name, "-n", env.n()].map(String::from);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_pgop"))
+            .args(args)
+            .env("KUBECONFIG", kubeconfig)
+            .env_remove("RUST_LOG")
+            .output()
+    })
+    .await??;
+    if !out.status.success() {
+        return Err(format!(
+            "kubectl pgop status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Waits for a confirmed primary other than `old`; returns it.
 pub async fn wait_new_primary(env: &Env, name: &str, old: &str) -> Result<String> {
     let c = env
