@@ -388,31 +388,39 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 8. status first: a new targetPrimary is on record before any label moves
     let backups = backups_of(ctx, cluster, &namespace).await?;
-    let recovery = observe::recovery_source(ctx, &defaulted, &namespace).await;
-    let decided = decide::status(
-        decide::StatusInput {
-            cluster,
-            defaulted: &defaulted,
-            plan: &planned.plan,
-            observed: &observed,
-            probes: &probes,
-            roles: &roles,
-            rollout: &rollout,
-            backups: backups.as_deref(),
-            recovery,
-            major,
-            upgrade: &upgrade,
-            storage: &storage,
-            usage: &usage,
-        },
-        &now(),
-    );
+    // One span for the step (its read, decision and writes): the trace of the pass that
+    // names a new target is recorded in the status from within it (status.rs), and the
+    // target's promotion is a span under it.
+    let step = tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "status");
+    let recovery = observe::recovery_source(ctx, &defaulted, &namespace)
+        .instrument(step.clone())
+        .await;
+    let decided = step.in_scope(|| {
+        decide::status(
+            decide::StatusInput {
+                cluster,
+                defaulted: &defaulted,
+                plan: &planned.plan,
+                observed: &observed,
+                probes: &probes,
+                roles: &roles,
+                rollout: &rollout,
+                backups: backups.as_deref(),
+                recovery,
+                major,
+                upgrade: &upgrade,
+                storage: &storage,
+                usage: &usage,
+            },
+            &now(),
+        )
+    });
     async {
         patch_status(ctx, cluster, &namespace, decided.status.clone()).await?;
         write::publish_notes(ctx, cluster, &decided.notes).await;
         Ok::<_, Error>(())
     }
-    .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "status"))
+    .instrument(step)
     .await?;
     let (status, positions_due) = (decided.status, decided.positions_due);
     if roles.clear_switchover_request {
