@@ -245,9 +245,9 @@ def main():
             entries += modules(b, binary_args)
         else:
             entries.append(b + (None,))
+    more = " (one more while the machine idles)" if extra else ""
     print(f"[run-tests] built {len(binaries)} test binaries in {built:.0f} s; running "
-          f"{len(entries)} test processes, {jobs} at a time (one more while the machine "
-          f"idles)" if extra else f"{len(entries)} test processes, {jobs} at a time", flush=True)
+          f"{len(entries)} test processes, {jobs} at a time{more}", flush=True)
 
     durations = read_durations(COMMITTED)
     durations.update(read_durations(SEEN))

@@ -219,29 +219,24 @@ fn down_status(
     if ready {
         return (None, None, None);
     }
+    let kept = |p: &InstanceStatus| (p.reason.clone(), p.message.clone(), p.down_since.clone());
     // Why the instance went down, if that was not a state passed through on the way.
     let held = previous.filter(|p| {
         p.reason
             .as_deref()
             .is_some_and(|r| r != DownReason::NotStreaming.as_str())
     });
-    match pg.and_then(|s| s.down.as_ref()) {
+    match (pg.and_then(|s| s.down.as_ref()), held) {
         // A standby that is back up but not streaming yet (catching up after its volume
         // was freed, say) is still down for its reason: that stays until it is ready, so
         // that its InstanceBack Event names it then.
-        Some(down) if down.reason.passing() && held.is_some() => match held {
-            Some(p) => (p.reason.clone(), p.message.clone(), p.down_since.clone()),
-            None => (None, None, None),
-        },
-        Some(down) => (
+        (Some(down), Some(p)) if down.reason.passing() => kept(p),
+        (Some(down), _) => (
             Some(down.reason.as_str().to_string()),
             Some(down_message(down)),
             down.since.clone(),
         ),
-        None => match previous {
-            Some(p) => (p.reason.clone(), p.message.clone(), p.down_since.clone()),
-            None => (None, None, None),
-        },
+        (None, _) => previous.map(kept).unwrap_or_default(),
     }
 }
 
