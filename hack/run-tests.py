@@ -34,6 +34,13 @@ While the machine idles, one process more may run: when it was less than IDLE_BU
 over the last IDLE_WINDOW seconds and nothing started in that time (the real-node modules
 spend most of their time waiting for failovers and timers: a cold run measured the
 machine 35-70% busy during them). PGOP_TEST_EXTRA=0 turns that off.
+A few tools only a few modules use (LATE_TOOLS: promtool, bundle-validate, otlp-check,
+krew) are not installed before the tests start (hack/test.sh installs the rest first): a
+module whose sources name one's installer (`hack/install-NAME.sh`, as a test that needs a
+missing binary names its install command) waits for it, and this installs the ones the
+selected modules need, one after the other, in the background at the lowest CPU priority
+(nice 19), so that on a machine without them they are built in the time the tests leave
+the cores idle instead of before the first test. Installed, each installer is a no-op.
 Doc tests run last, through cargo.
 """
 
@@ -107,6 +114,90 @@ class Load:
                 return 1.0, 0.0
             (t0, b0, s0), (t1, b1, s1) = self.samples[0], self.samples[-1]
         return (b1 - b0) / max(1, s1 - s0), t1 - t0
+
+
+# The tools hack/test.sh leaves to this script (see the docstring), cheapest build first:
+# otlp-check and krew build in under half a minute from nothing, bundle-validate in about a
+# minute, promtool in four (docs/testenv.md).
+LATE_TOOLS = ("otlp-check", "krew", "bundle-validate", "promtool")
+
+
+def late_tools_of(directory, source):
+    """The late tools a module needs: those whose installer its sources name. `source` is
+    the module's path without `.rs`, relative to its package's directory; its sources are
+    that file, or every file under that directory (`MODULE/mod.rs` and its children)."""
+    path = os.path.join(directory, source)
+    files = [path + ".rs"] if os.path.isfile(path + ".rs") else []
+    if os.path.isdir(path):
+        for parent, _, names in os.walk(path):
+            files += [os.path.join(parent, n) for n in sorted(names) if n.endswith(".rs")]
+    needed = set()
+    for name in files:
+        with open(name, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        needed.update(t for t in LATE_TOOLS if f"hack/install-{t}.sh" in text)
+    return needed
+
+
+class LateTools:
+    """Installs the late tools the selected modules need, one after the other, in a thread
+    of its own, each installer at nice 19, and tells which are there."""
+
+    def __init__(self, tools, log_dir):
+        self.tools = [t for t in LATE_TOOLS if t in tools]
+        self.state = {t: "pending" for t in self.tools}
+        self.logs = {t: os.path.join(log_dir, f"install-{t}.log") for t in self.tools}
+        self.lock = threading.Lock()
+        self.process = None
+
+    def status(self, tools):
+        """"ready", "pending" or "failed" for a module needing `tools`."""
+        with self.lock:
+            states = [self.state.get(t, "ready") for t in tools]
+        if "failed" in states:
+            return "failed"
+        return "pending" if "pending" in states else "ready"
+
+    def failure(self, tools):
+        """What to print for a module whose tool failed to install: each log's end."""
+        text = ""
+        for t in tools:
+            if self.state.get(t) != "failed":
+                continue
+            try:
+                with open(self.logs[t], encoding="utf-8", errors="replace") as f:
+                    tail = f.read()[-4000:]
+            except OSError as error:
+                tail = f"(no log: {error})\n"
+            text += (f"hack/install-{t}.sh failed (log {self.logs[t]}), so this module did "
+                     f"not run; its log ends:\n{tail}\n")
+        return text
+
+    def install(self, stop):
+        for tool in self.tools:
+            if stop.is_set():
+                return
+            t0 = time.monotonic()
+            with open(self.logs[tool], "w", encoding="utf-8") as log:
+                with self.lock:
+                    self.process = subprocess.Popen(
+                        ["nice", "-n", "19", os.path.join(ROOT, "hack", f"install-{tool}.sh")],
+                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                status = self.process.wait()
+            with self.lock:
+                self.process = None
+                self.state[tool] = "ready" if status == 0 else "failed"
+            word = "installed" if status == 0 else f"failed to install (exit {status})"
+            print(f"[run-tests] {tool} {word} in {time.monotonic() - t0:.0f} s (hack/install-{tool}.sh, "
+                  f"log {self.logs[tool]})", flush=True)
+
+    def kill(self):
+        with self.lock:
+            if self.process is not None:
+                try:
+                    os.killpg(self.process.pid, signal.SIGTERM)
+                except OSError:
+                    pass
 
 
 def split_args(argv):
@@ -245,13 +336,23 @@ def main():
             entries += modules(b, binary_args)
         else:
             entries.append(b + (None,))
+    key = lambda b: f"{b[0]}/{b[2]}"
     more = " (one more while the machine idles)" if extra else ""
     print(f"[run-tests] built {len(binaries)} test binaries in {built:.0f} s; running "
           f"{len(entries)} test processes, {jobs} at a time{more}", flush=True)
 
+    # The late tools each module needs (a unit-test binary none), and their installer.
+    needs = {}
+    for e in entries:
+        needs[key(e)] = late_tools_of(e[5], e[3]) if e[6] is not None else set()
+    late_dir = tempfile.mkdtemp(prefix="pgop-late-tools.")
+    late = LateTools(set().union(*needs.values()) if needs else set(), late_dir)
+    if late.tools:
+        print(f"[run-tests] installing {', '.join(late.tools)} in the background (nice 19) for "
+              f"the modules that need them; they start once theirs is there", flush=True)
+
     durations = read_durations(COMMITTED)
     durations.update(read_durations(SEEN))
-    key = lambda b: f"{b[0]}/{b[2]}"
     # The real-node modules first (they run one after the other, and their chain is the
     # longest path of the run: started last, the short ones ran alone at the end with the
     # machine a third busy), then the others longest first, so that the long ones start
@@ -265,6 +366,15 @@ def main():
 
     def run(entry):
         package, kind, name, source, executable, directory, tests = entry
+        if late.status(needs[key(entry)]) == "failed":
+            with lock:
+                sys.stdout.write(f"     Running {source} ({executable})\n")
+                sys.stdout.write(late.failure(needs[key(entry)]))
+                hint = rerun_hint(package, kind, name, tests is not None)
+                sys.stdout.write(f"error: test failed, to rerun pass `{hint}`\n\n")
+                failed.append(hint)
+                sys.stdout.flush()
+            return
         if tests is None:
             argv = [executable] + binary_args
         else:
@@ -312,6 +422,11 @@ def main():
 
     def may_start(entry):
         """0: not now; 1: in the N slots; 2: as the one more an idle machine takes."""
+        tools = late.status(needs[key(entry)])
+        if tools == "failed":
+            return 1  # reported at once, without running
+        if tools == "pending":
+            return 0
         kind = group(entry[2])
         if kind is not None and kind in busy_groups:
             return 0
@@ -369,6 +484,7 @@ def main():
 
     def interrupted(signum, _frame):
         stop.set()
+        late.kill()
         with lock:
             for process in running.values():
                 try:
@@ -380,6 +496,7 @@ def main():
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
     threading.Thread(target=machine.sample_forever, args=(stop,), daemon=True).start()
+    threading.Thread(target=late.install, args=(stop,), daemon=True).start()
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(jobs + extra)]
     for thread in threads:
         thread.start()
@@ -391,7 +508,10 @@ def main():
     # Only for a whole-package selection: cargo refuses --doc beside --test, --lib, ...
     selectors = ("--test", "--tests", "--lib", "--bin", "--bins", "--example", "--examples",
                  "--bench", "--benches", "--all-targets")
-    if not any(a.split("=", 1)[0] in selectors for a in cargo_args):
+    # And only where there is a library: `cargo test --doc -p pgop` fails ("no library
+    # targets found") for a package of binaries alone.
+    libraries = any(b[1] == "lib" for b in binaries)
+    if libraries and not any(a.split("=", 1)[0] in selectors for a in cargo_args):
         scope = [] if any(a in ("-p", "--package") for a in cargo_args) else ["--workspace"]
         print("     Running doc tests (cargo test --doc)", flush=True)
         doc = subprocess.run(["cargo", "test", "--doc"] + scope + cargo_args + ["--"] + binary_args,

@@ -33,20 +33,15 @@ hack/install-testenv.sh >/dev/null
 # The backup tests start a real S3 server (s3s-fs), installed once into
 # ~/.cache/pgop/s3s-fs (a few minutes the first time).
 hack/install-s3-server.sh >/dev/null
-# The alert rules' tests run promtool (crates/pgop/tests/it/monitoring_rules.rs), built once
-# from the Go module proxy into ~/.cache/pgop/promtool (about 2 minutes the first time).
-hack/install-promtool.sh >/dev/null
-# The OLM bundle's tests run operator-sdk's validation library (crates/operator/tests/it/
-# olm_bundle.rs), built once from the Go module proxy into ~/.cache/pgop/bundle-validate.
-hack/install-bundle-validate.sh >/dev/null
-# The traces' end-to-end test (crates/pgop/tests/it/e2e_tracing.rs) passes what pgop exported
-# through the OpenTelemetry collector's OTLP/JSON decoder, built once from the Go module
-# proxy into ~/.cache/pgop/otlp-check (about 30 s the first time).
-hack/install-otlp-check.sh >/dev/null
-# The kubectl plugin's krew packaging test (crates/pgop/tests/it/kubectl_krew.rs) runs krew
-# and validate-krew-manifest, built once from the Go module proxy into ~/.cache/pgop/krew
-# (about a minute the first time).
-hack/install-krew.sh >/dev/null
+# Four tools only one module each uses are not installed here: hack/run-tests.py installs
+# the ones the selected modules need in the background at the lowest CPU priority, and
+# starts each such module once its tool is there (on a machine without them, they build
+# while the other tests run): promtool for the alert rules' tests (crates/pgop/tests/it/
+# monitoring_rules.rs, hack/install-promtool.sh), operator-sdk's validation library for the
+# OLM bundle's (crates/operator/tests/it/olm_bundle.rs, hack/install-bundle-validate.sh), the
+# OpenTelemetry collector's OTLP/JSON decoder for the traces' (crates/pgop/tests/it/
+# e2e_tracing.rs, hack/install-otlp-check.sh), and krew for the kubectl plugin's packaging
+# (crates/pgop/tests/it/kubectl_krew.rs, hack/install-krew.sh).
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${PGOP_CACHE_DIR:-$HOME/.cache/pgop}/target}
 # The images the real-node tests import into their nodes (docs/images.md), with the
 # debug build of pgop, which the tests build anyway (a release build from nothing takes
