@@ -1,12 +1,15 @@
 //! The reads of a pass beside [`super::dereference`]: the instances' `/pg/status` (from
 //! the [`super::prober`] or probed now), the cluster's PostgresBackups, the recovery
-//! source and backup facts of the status, and the volumes lost with their node.
+//! source and backup facts of the status, the volumes lost with their node, and the
+//! credentials (the user's Secrets, the certificates).
 
-use super::{Error, dereference, nodes, probe, prober, roles};
+use super::notes::Note;
+use super::{Error, build, credentials, dereference, nodes, pki, probe, prober, roles};
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::runtime::events::EventType;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::cluster::RecoverySource;
 use pgop_api::instance_status::{PgRole, VolumeUsage};
@@ -197,4 +200,133 @@ pub(super) fn volume_usage(probes: &BTreeMap<String, probe::Probe>) -> Vec<(&str
         .iter()
         .filter_map(|(name, p)| Some((name.as_str(), p.status()?.volume?)))
         .collect()
+}
+
+/// Step 6's reads: the passwords (generated, or the user's) and the certificates, read and
+/// checked; a refused Secret of the user's changes nothing and comes back as a Warning
+/// Event to publish (in the order they were found).
+pub(super) async fn credentials(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    named: &[(String, i32)],
+    observed: &dereference::Observed,
+) -> Result<(build::Credentials, Vec<Note>), Error> {
+    let name = cluster.name_any();
+    let chosen = credentials::plan(
+        &ctx.client,
+        namespace,
+        &name,
+        &defaulted.spec,
+        &observed.secrets,
+    )
+    .await?;
+    let mut notes: Vec<Note> = chosen
+        .warnings
+        .iter()
+        .map(|w| Note::new(EventType::Warning, "CredentialsSecretRefused", w))
+        .collect();
+    let instance_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
+    let tls = &defaulted.spec.tls;
+    let brought = match &tls.server_secret {
+        Some(secret) => Some(pki::read_brought(&ctx.client, namespace, secret, &name).await),
+        None => None,
+    };
+    let client_ca = match &tls.client_ca_secret {
+        Some(secret) => Some(
+            pki::read_client_ca(&ctx.client, namespace, secret)
+                .await
+                .map_err(|why| format!("Secret {secret} {why}")),
+        ),
+        None => None,
+    };
+    let pooler_services: Vec<String> = defaulted
+        .spec
+        .poolers
+        .iter()
+        .map(|p| pgop_api::pooler::pooler_name(&name, &p.name))
+        .collect();
+    let pki = pki::plan(
+        &observed.secrets,
+        &name,
+        namespace,
+        &instance_names,
+        &pooler_services,
+        (brought, client_ca),
+        k8s_openapi::jiff::Timestamp::now(),
+    )?;
+    notes.extend(
+        pki.warnings
+            .iter()
+            .map(|w| Note::new(EventType::Warning, "TLSSecretRefused", w)),
+    );
+    let found = build::Credentials {
+        passwords: chosen,
+        certificates: build::Certificates {
+            ca_cert: pki.authority.cert_pem().to_string(),
+            ca_key: pki.authority.key_pem().to_string(),
+            manager_cert: pki.manager.cert_pem,
+            manager_key: pki.manager.key_pem,
+            manager_not_after: pki.manager.not_after.to_string(),
+            postgres_ca_cert: pki.postgres_authority.cert_pem().to_string(),
+            postgres_ca_key: pki.postgres_authority.key_pem().to_string(),
+            server: pki.server,
+            server_ca_cert: pki.server_ca,
+            server_annotations: pki.server_annotations,
+            replication: pki.replication,
+            client_ca_cert: pki.client_ca,
+        },
+    };
+    Ok((found, notes))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_failover_is_chosen_on_fresh_probes_once_the_primary_is_lost() {
+        use crate::cluster::probe::Probe;
+        use pgop_api::v1beta1::PostgresCluster;
+        use std::collections::BTreeMap;
+        let cluster = |phase: &str, current: &str| -> PostgresCluster {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "database.example.com/v1beta1",
+                "kind": "PostgresCluster",
+                "metadata": {"name": "db", "namespace": "ns"},
+                "spec": {"instances": 2, "storage": {"size": "1Gi"}},
+                "status": {"phase": phase, "currentPrimary": current, "targetPrimary": current}
+            }))
+            .expect("cluster fixture")
+        };
+        let answer = |role: &str| {
+            Probe::Status(Box::new(
+                serde_json::from_value(serde_json::json!({
+                    "instance": "x", "role": role, "running": role != "stopped"
+                }))
+                .expect("status fixture"),
+            ))
+        };
+        let probes = |primary: Probe| {
+            BTreeMap::from([
+                ("db-1".to_string(), primary),
+                ("db-2".to_string(), answer("replica")),
+            ])
+        };
+        let ready = cluster("Ready", "db-1");
+        assert!(!super::primary_lost(&ready, &probes(answer("primary"))));
+        assert!(super::primary_lost(&ready, &probes(answer("stopped"))));
+        assert!(super::primary_lost(
+            &ready,
+            &probes(Probe::Unreachable("refused".into()))
+        ));
+        assert!(super::primary_lost(
+            &cluster("Degraded", "db-1"),
+            &BTreeMap::from([("db-2".to_string(), answer("replica"))])
+        ));
+        // A cluster still bootstrapping has no primary to lose yet.
+        assert!(!super::primary_lost(
+            &cluster("Creating", "db-1"),
+            &probes(answer("stopped"))
+        ));
+    }
 }

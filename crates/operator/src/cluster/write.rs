@@ -6,11 +6,12 @@
 //! children. (Issue 38 plans one write step that takes a decided pass as a value; these
 //! are its parts, still called one by one.)
 
+use super::decide::instances::Planned;
 use super::decide::set_volumes_resized;
 use super::notes::Note;
 use super::observe::{lost_nodes, lost_volumes};
 use super::{
-    Error, Planned, apply, build, dereference, instances, key, lease, nodes, now, roles, storage,
+    Error, apply, build, decide, dereference, instances, key, lease, nodes, now, roles, storage,
     upgrade,
 };
 use crate::{Context, backup};
@@ -20,7 +21,7 @@ use kube::runtime::events::{Event, EventType};
 use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::BackupMethod;
 use pgop_api::cluster::ClusterPhase;
-use pgop_api::constants::{ANNOTATION_SWITCHOVER_TO, FIELD_MANAGER};
+use pgop_api::constants::FIELD_MANAGER;
 use pgop_api::instance_status::VolumeUsage;
 use pgop_api::v1beta1::PostgresCluster;
 use std::time::Duration;
@@ -303,14 +304,33 @@ pub(super) async fn create_upgrade_backup(
     Ok(())
 }
 
-/// Removes the switchover annotation once it has been acted on or refused, so that an old
-/// request cannot move the primary again later.
-pub(super) async fn clear_switchover_request(
+/// After the status: removes the request annotations acted on, then publishes the Events
+/// of what they asked ([`super::decide::requests`]).
+pub(super) async fn requests(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
+    requests: &decide::Requests,
 ) -> Result<(), Error> {
-    clear_annotation(ctx, cluster, namespace, ANNOTATION_SWITCHOVER_TO).await
+    for annotation in &requests.clear {
+        clear_annotation(ctx, cluster, namespace, annotation).await?;
+    }
+    publish_notes(ctx, cluster, &requests.notes).await;
+    Ok(())
+}
+
+/// Writes the status of a pass that ends early (a refused spec, a cluster being deleted)
+/// and publishes its Event only when the status changed, so that nothing is said twice.
+pub(super) async fn status_then_note(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    (status, note): (PostgresClusterStatus, Note),
+) -> Result<(), Error> {
+    if patch_status(ctx, cluster, namespace, status).await? {
+        publish_notes(ctx, cluster, &[note]).await;
+    }
+    Ok(())
 }
 
 /// Removes a request annotation once it was read (a merge patch of the cluster).

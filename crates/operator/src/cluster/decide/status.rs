@@ -1,11 +1,11 @@
-//! The status of an ordinary pass and the Events of its changes, decided from what the
-//! pass observed and the decisions before it (pure: no client, no context, no clock but
-//! the `now` it is given; `a_decision_reads_and_writes_nothing` below checks the source).
-//! [`super::write`] writes the status and publishes the Events, in this order.
+//! Step 8: the status of an ordinary pass and the Events of its changes, decided from what
+//! the pass observed and the decisions before it. [`super::super::write`] writes the status
+//! and publishes the Events, in this order.
 
-use super::notes::Note;
-use super::{Rollout, build, dereference, instances, probe, roles, status, storage, upgrade};
+use super::Rollout;
 use crate::backup;
+use crate::cluster::notes::Note;
+use crate::cluster::{build, dereference, instances, probe, roles, status, storage, upgrade};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// What step 8 decides from.
-pub(super) struct StatusInput<'a> {
+pub(in crate::cluster) struct StatusInput<'a> {
     pub cluster: &'a PostgresCluster,
     pub defaulted: &'a PostgresCluster,
     pub plan: &'a instances::Plan,
@@ -36,7 +36,7 @@ pub(super) struct StatusInput<'a> {
 
 /// Step 8's decision: the status, the Events of what changed (in the order they are
 /// published), and when WAL positions held back from the status are due.
-pub(super) struct StatusDecision {
+pub(in crate::cluster) struct StatusDecision {
     pub status: PostgresClusterStatus,
     pub notes: Vec<Note>,
     pub positions_due: Option<Duration>,
@@ -45,7 +45,7 @@ pub(super) struct StatusDecision {
 /// Step 8: the status (with the backup facts), and the Events of its changed conditions,
 /// of an upgrade, of a hibernation's end, of refused roles and databases, of auto-grow, of
 /// the instances and of the roles' decisions.
-pub(super) fn status(input: StatusInput<'_>, now: &Time) -> StatusDecision {
+pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDecision {
     let StatusInput {
         cluster,
         defaulted,
@@ -245,7 +245,7 @@ fn backup_facts(
 /// The `VolumesResized` condition (see [`storage::resized`]), once the cluster has claims.
 /// `refused` is the API server's refusal in this pass; without it, a refusal on record
 /// stands while the claims still ask for less.
-pub(super) fn set_volumes_resized(
+pub(in crate::cluster) fn set_volumes_resized(
     cluster: &PostgresCluster,
     status: &mut PostgresClusterStatus,
     storage: &storage::Storage,
@@ -283,7 +283,7 @@ pub(super) fn set_volumes_resized(
 /// The Event for a change of a condition: a Warning (`reasons.0`) when it turns bad (its
 /// status is `bad_when`) or stays bad with another message, a Normal one (`reasons.1`)
 /// when it turns good again.
-pub(super) fn condition_event(
+pub(in crate::cluster) fn condition_event(
     old: Option<&PostgresClusterStatus>,
     new: &PostgresClusterStatus,
     type_: &str,
@@ -305,7 +305,7 @@ pub(super) fn condition_event(
 
 /// The Event for a change of the Hibernated condition's reason (Hibernating, Hibernated,
 /// Resuming, Resumed): Normal, the reason and message of the condition.
-pub(super) fn hibernation_event(
+pub(in crate::cluster) fn hibernation_event(
     old: Option<&PostgresClusterStatus>,
     new: &PostgresClusterStatus,
 ) -> Option<(String, String)> {
@@ -320,7 +320,7 @@ pub(super) fn hibernation_event(
 
 /// The Warning Event when PostgreSQL refuses a declared role or database (the condition of
 /// `what` turns to, or stays with another message at, its failed reason).
-pub(super) fn declared_event(
+pub(in crate::cluster) fn declared_event(
     what: &status::Declared,
     old: Option<&PostgresClusterStatus>,
     new: &PostgresClusterStatus,
@@ -337,17 +337,51 @@ pub(super) fn declared_event(
 
 #[cfg(test)]
 mod tests {
-    /// This module decides only: it names no client, no context and awaits nothing.
     #[test]
-    fn a_decision_reads_and_writes_nothing() {
-        let source = include_str!("decide.rs");
-        let code = source.split("#[cfg(test)]").next().unwrap_or(source);
-        for word in ["Context", "kube::Client", "Api<", "Api::", ".await", "ctx."] {
-            let found = code
-                .lines()
-                .filter(|l| !l.trim_start().starts_with("//"))
-                .any(|l| l.contains(word));
-            assert!(!found, "decide.rs uses {word}");
-        }
+    fn an_unschedulable_instance_raises_a_warning_once_and_a_normal_event_when_placed() {
+        use pgop_api::conditions::{INSTANCES_SCHEDULED, new_condition, set_condition};
+        use pgop_api::{PostgresClusterStatus, conditions::whole_seconds};
+        let now = whole_seconds(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        let with = |ok: bool, message: &str| {
+            let mut s = PostgresClusterStatus::default();
+            let reason = if ok { "Scheduled" } else { "Unschedulable" };
+            let c = new_condition(INSTANCES_SCHEDULED, ok, reason, message, None, now.clone());
+            set_condition(&mut s.conditions, c, now.clone());
+            s
+        };
+        let reasons = ("InstancesUnschedulable", "InstancesScheduled");
+        let event = |old: &PostgresClusterStatus, new: &PostgresClusterStatus| {
+            super::condition_event(Some(old), new, INSTANCES_SCHEDULED, false, reasons).map(
+                |(kind, reason, message)| {
+                    (
+                        kind == kube::runtime::events::EventType::Warning,
+                        reason,
+                        message,
+                    )
+                },
+            )
+        };
+        let fine = with(true, "all placed");
+        let stuck = with(false, "pod db-3 cannot be scheduled: \"0/3 nodes\"");
+        assert_eq!(
+            event(&fine, &stuck),
+            Some((
+                true,
+                "InstancesUnschedulable",
+                "pod db-3 cannot be scheduled: \"0/3 nodes\"".into()
+            ))
+        );
+        assert_eq!(
+            event(&stuck, &stuck),
+            None,
+            "no second Event while nothing changed"
+        );
+        assert_eq!(
+            event(&stuck, &fine),
+            Some((false, "InstancesScheduled", "all placed".into()))
+        );
+        assert_eq!(event(&fine, &fine), None);
     }
 }

@@ -1,0 +1,143 @@
+//! The decisions of a pass, from what it observed (pure: no client, no context, no clock but
+//! the `now` it is given; `a_decision_reads_and_writes_nothing` below checks the sources).
+//! [`super::write`] carries them out.
+//!
+//! - [`refused`]: the status and Event of a spec refused in steps 2 and 3 (or of a cluster
+//!   being deleted, [`deleting`]);
+//! - [`instances`]: step 4's serials and the children step 6 builds for them;
+//! - [`rollout()`]: step 7, the next step of a rolling update or a switchover first;
+//! - [`status()`]: step 8, the status and the Events of its changes;
+//! - [`requests()`]: the request annotations to remove after it, and their Events;
+//! - [`next_pass`]: when to look at the cluster again.
+
+pub(super) mod instances;
+mod requests;
+mod rollout;
+mod status;
+
+pub(super) use requests::{Requests, requests};
+pub(super) use rollout::{Rollout, RolloutInput, rollout};
+pub(super) use status::{StatusInput, hibernation_event, set_volumes_resized, status};
+
+use super::notes::Note;
+use super::{POLL, POLL_TRANSITION, RESYNC, status as cluster_status};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::EventType;
+use pgop_api::PostgresClusterStatus;
+use pgop_api::cluster::ClusterPhase;
+use pgop_api::v1beta1::PostgresCluster;
+use std::time::Duration;
+
+/// A spec refused in steps 2 and 3 (`message` names the fields): phase Invalid with the
+/// reason in the status, and an InvalidSpec Warning, published only when the status
+/// changed, so that a pass over an unchanged refused spec says nothing twice.
+pub(super) fn refused(
+    cluster: &PostgresCluster,
+    message: &str,
+    now: Time,
+) -> (PostgresClusterStatus, Note) {
+    let status = cluster_status::invalid(cluster, message, now);
+    (
+        status,
+        Note::new(EventType::Warning, "InvalidSpec", message),
+    )
+}
+
+/// A cluster being deleted: phase Deleting, and an Event once.
+pub(super) fn deleting(cluster: &PostgresCluster) -> (PostgresClusterStatus, Note) {
+    let mut status = cluster.status.clone().unwrap_or_default();
+    status.phase = Some(ClusterPhase::Deleting);
+    let note = Note::new(
+        EventType::Normal,
+        "Deleting",
+        "the cluster is being deleted; the garbage collector removes its children",
+    );
+    (status, note)
+}
+
+/// When to look at the cluster again if nothing wakes it first (a change of the cluster
+/// or a child, from the watches; a significant change of an instance, from the prober):
+/// - during a failover or switchover, every [`POLL_TRANSITION`];
+/// - every [`POLL`] while a decision waits on the clock (`timed`): the primary is
+///   unavailable and a standby answers (the failover delay runs), a rollout step is under
+///   way (its health gate), an instance Pod is unschedulable (its grace);
+/// - else after [`RESYNC`], or sooner at the first of `deadlines`: the next scheduled
+///   backup, and when WAL positions held back from the status are due (at most
+///   [`cluster_status::POSITIONS_INTERVAL`] after the last ones published).
+///
+/// A primary that is unavailable with no standby answering waits on no clock: nothing can
+/// take over until an instance answers, and the prober wakes the cluster then.
+pub(super) fn next_pass(
+    in_transition: bool,
+    timed: bool,
+    deadlines: [Option<Duration>; 2],
+) -> Duration {
+    if in_transition {
+        return POLL_TRANSITION;
+    }
+    if timed {
+        return POLL;
+    }
+    deadlines.into_iter().flatten().fold(RESYNC, Duration::min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_pass;
+    use crate::cluster::{POLL, POLL_TRANSITION, RESYNC};
+    use std::time::Duration;
+
+    /// These modules decide only: they name no client, no context and await nothing.
+    #[test]
+    fn a_decision_reads_and_writes_nothing() {
+        let sources = [
+            ("decide/mod.rs", include_str!("mod.rs")),
+            ("decide/instances.rs", include_str!("instances.rs")),
+            ("decide/requests.rs", include_str!("requests.rs")),
+            ("decide/rollout.rs", include_str!("rollout.rs")),
+            ("decide/status.rs", include_str!("status.rs")),
+        ];
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cluster/decide");
+        let files = std::fs::read_dir(&here)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .count()
+            })
+            .unwrap_or(0);
+        assert_eq!(
+            files,
+            sources.len(),
+            "every file of {} is checked here",
+            here.display()
+        );
+        for (file, source) in sources {
+            let code = source.split("#[cfg(test)]").next().unwrap_or(source);
+            for word in ["Context", "kube::Client", "Api<", "Api::", ".await", "ctx."] {
+                let found = code
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("//"))
+                    .any(|l| l.contains(word));
+                assert!(!found, "{file} uses {word}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cluster_is_looked_at_again_by_what_waits_on_the_clock() {
+        assert_eq!(next_pass(true, true, [None, None]), POLL_TRANSITION);
+        assert_eq!(
+            next_pass(true, false, [Some(Duration::from_secs(5)), None]),
+            POLL_TRANSITION
+        );
+        assert_eq!(
+            next_pass(false, true, [None, Some(Duration::from_millis(10))]),
+            POLL
+        );
+        assert_eq!(next_pass(false, false, [None, None]), RESYNC);
+        let (soon, sooner) = (Duration::from_secs(7), Duration::from_secs(3));
+        assert_eq!(next_pass(false, false, [Some(soon), None]), soon);
+        assert_eq!(next_pass(false, false, [None, Some(soon)]), soon);
+        assert_eq!(next_pass(false, false, [Some(soon), Some(sooner)]), sooner);
+        assert_eq!(next_pass(false, false, [Some(RESYNC * 10), None]), RESYNC);
+    }
+}
