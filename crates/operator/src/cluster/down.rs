@@ -170,6 +170,8 @@ pub(super) async fn upgrade(
 
     let mut status = upgrade::status_while_down(cluster, &observed.pods, decision, &now());
     status.postgres_version = Some(record.from);
+    // New serials on record before any claim of theirs is applied (decide/instances.rs).
+    status.next_serial = status.next_serial.max(planned.plan.next_serial);
     let event = upgrade::event(cluster.status.as_ref(), &status);
     patch_status(ctx, cluster, namespace, status).await?;
     if let Some((kind, reason, message)) = event {

@@ -202,18 +202,12 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         return Ok(Action::await_change());
     }
 
-    // 4. plan, reserving new serials in the status before any instance is created
-    let planned = decide::instances::plan(cluster, &defaulted, &observed);
-    async {
-        match &planned.reserve {
-            Some(reserved) => patch_status(ctx, cluster, &namespace, reserved.clone())
-                .await
-                .map(drop),
-            None => Ok(()),
-        }
-    }
-    .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "plan"))
-    .await?;
+    // 4. plan: the serials to keep, create and remove. New serials are on record in the
+    // status each pass writes before it applies anything (step 8 here; the status of the
+    // hibernation and upgrade passes likewise), so that a crash in between cannot hand the
+    // same serial to a different instance later.
+    let planned = tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "plan")
+        .in_scope(|| decide::instances::plan(cluster, &defaulted, &observed));
     let named = &planned.named;
 
     // A major raised: the in-place upgrade (upgrade.rs) takes the cluster down, upgrades

@@ -1,9 +1,10 @@
 //! Step 4: the instance serials to keep, create and remove (see [`crate::cluster::instances`]),
-//! and the children step 6 builds for them.
+//! and the children built for them. The plan's `next_serial` is in the status each pass
+//! writes before it applies anything, which reserves new serials before any instance is
+//! created.
 
 use crate::cluster::{build, dereference, instances};
 use kube::ResourceExt;
-use pgop_api::PostgresClusterStatus;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeSet;
 
@@ -14,10 +15,6 @@ pub(in crate::cluster) struct Planned {
     pub named: Vec<(String, i32)>,
     /// The serials with a Pod or a claim now.
     pub existing: BTreeSet<i32>,
-    /// The status reserving new serials, to write before any instance is created (so that
-    /// a crash in between cannot hand the same serial to a different instance later), if
-    /// the plan creates instances beyond the serials reserved so far.
-    pub reserve: Option<PostgresClusterStatus>,
 }
 
 /// Step 4: plans the instance serials of `defaulted`'s spec against the Pods and claims
@@ -46,11 +43,6 @@ pub(in crate::cluster) fn plan(
         old_status.next_serial,
         current_primary,
     );
-    let grows = !plan.created(&existing).is_empty() && plan.next_serial > old_status.next_serial;
-    let reserve = grows.then_some(PostgresClusterStatus {
-        next_serial: plan.next_serial,
-        ..old_status
-    });
     let named = plan
         .serials
         .iter()
@@ -60,7 +52,6 @@ pub(in crate::cluster) fn plan(
         plan,
         named,
         existing,
-        reserve,
     }
 }
 
