@@ -7,12 +7,21 @@
 //! synchronous standbys on the primary, configuration everywhere. It must never choose a
 //! primary: with no `targetPrimary`/`currentPrimary` in the status it waits.
 //!
+//! A pass (`reconcile`) reads as its steps: fencing first; then refresh what it takes
+//! from the Secrets (`secrets::refresh`), observe (`observe`: the status, the primary it
+//! names and its address, PostgreSQL), plan ([`plan()`], pure: one action), act on the plan
+//! (`act`), and converge the running PostgreSQL on the spec (`converge`: synchronous
+//! standbys, slots, passwords, roles, databases, configuration, a requested restart).
+//!
 //! PostgreSQL runs as a primary only while this instance holds the primary Lease
 //! ([`crate::lease`]): it is acquired before bootstrapping, starting or promoting a primary,
 //! renewed in the background (losing it stops PostgreSQL at once), and released whenever
 //! PostgreSQL stops running as a primary (step-down, crash, shutdown), so that the next
 //! primary need not wait for it to expire.
 
+mod act;
+mod converge;
+mod observe;
 mod plan;
 mod secrets;
 mod upgrade;
@@ -21,17 +30,13 @@ use watch::Inputs;
 
 pub use plan::{Action, Observed, Plan, plan};
 pub use secrets::recovery_target;
-use secrets::{
-    archiving, read_credentials, read_manager_tls, read_postgres_tls, read_secret, recovery_of,
-    role_passwords, secret_text, wait_for_credentials,
-};
+use secrets::{archiving, recovery_of, refresh, wait_for_credentials};
 
 use crate::bootstrap::DataState;
 use crate::config::{Layout, Mode};
 use crate::instance::{self, Instance, Options};
 use crate::lease::{self, Keeper, PRIMARY_TIMINGS, PrimaryLease};
 use crate::pg::{Binaries, RunAs, Upstream};
-use crate::status::PgRole;
 use crate::sync::SyncSpec;
 use crate::upgrade::UpgradeRequest;
 use crate::{error_chain, http};
@@ -689,128 +694,15 @@ async fn reconcile(
         tracing::info!("unfenced (no longer in spec.fencedInstances): PostgreSQL may start again");
         instance.unfence();
     }
-    // The Secrets may have been generated anew (deleted by hand): their passwords win.
-    match read_credentials(inputs, settings).await {
-        Ok(c) => instance.set_passwords(&c.app_password, &c.replication_password),
-        Err(err) => {
-            tracing::warn!(error = %error_chain(&err), "failed to read the cluster's Secrets; keeping the passwords known")
-        }
+    if !refresh(inputs, settings, instance, material, cluster).await {
+        return Ok(Next::After(WAIT_FOR_CERTIFICATES));
     }
-    // The superuser's password, with spec.credentials.superuserAccess only.
-    if cluster.spec.credentials.superuser_access {
-        let name = format!(
-            "{}{}",
-            settings.cluster,
-            pgop_api::constants::SUPERUSER_SECRET_SUFFIX
-        );
-        match read_secret(inputs, name)
-            .await
-            .and_then(|secret| secret_text(&secret, "password"))
-        {
-            Ok(password) => instance.set_superuser(Some(&password)),
-            Err(err) => {
-                tracing::info!(error = %error_chain(&err), "failed to read the superuser Secret; keeping the superuser password known")
-            }
-        }
-    } else {
-        instance.set_superuser(None);
-    }
-    // The TLS endpoint's certificate: renewed by the operator ahead of its expiry.
-    match read_manager_tls(inputs, settings).await {
-        Ok((cert, key, ca)) => match material.load(&cert, &key, &ca) {
-            Ok(true) => {
-                tracing::info!("the TLS endpoint uses the certificate of the Secret from now on")
-            }
-            Ok(false) => {}
-            Err(err) => {
-                tracing::warn!(error = %error_chain(&err), "the manager certificate's Secret holds no usable certificate; keeping the one in use")
-            }
-        },
-        Err(err) if material.is_loaded() => {
-            tracing::warn!(error = %error_chain(&err), "failed to read the manager certificate; keeping the one in use")
-        }
-        Err(err) => {
-            tracing::info!(error = %error_chain(&err), "no manager certificate yet: backups wait for it")
-        }
-    }
-    // PostgreSQL's certificates: renewed by the operator ahead of their expiry, reloaded
-    // without a restart. PostgreSQL never starts without them.
-    let allow_plaintext = cluster.spec.tls.allow_plaintext;
-    match read_postgres_tls(inputs, settings, allow_plaintext).await {
-        Ok(tls) => match instance.set_tls(tls) {
-            Ok(true) => tracing::info!(
-                allow_plaintext,
-                "PostgreSQL's TLS files are written; PostgreSQL reads them at its next start or reload"
-            ),
-            Ok(false) => {}
-            Err(err) => {
-                tracing::warn!(error = %error_chain(&err), "failed to write PostgreSQL's TLS files")
-            }
-        },
-        Err(err) if instance.has_tls() => {
-            tracing::warn!(error = %error_chain(&err), "failed to read PostgreSQL's certificates; keeping the ones in use")
-        }
-        Err(err) => {
-            tracing::info!(error = %error_chain(&err), "waiting for PostgreSQL's certificates");
-            return Ok(Next::After(WAIT_FOR_CERTIFICATES));
-        }
-    }
-    let status = cluster.status.clone().unwrap_or_default();
     let me = settings.pod_name.as_str();
-    let named = status
-        .target_primary
-        .clone()
-        .or_else(|| status.current_primary.clone());
-    // The primary's address, when another instance is the primary.
-    let upstream_of_primary = match named.as_deref() {
-        Some(primary) if primary != me => Some(upstream(inputs, instance, primary).await?),
-        _ => None,
-    };
-    let pg = instance.status().await;
-    let follows_primary = upstream_of_primary.as_ref().is_some_and(|u| {
-        instance.mode()
-            == Mode::Standby {
-                upstream: u.clone(),
-            }
-    });
-    // A standby that should stream from the confirmed primary and does not: it may have
-    // replayed WAL the primary never had, and then it can only rejoin by pg_rewind.
-    let stalled = pg.role == PgRole::Replica
-        && follows_primary
-        && !pg.streaming
-        && named.is_some()
-        && status.current_primary == named;
-    let diverged = match upstream_of_primary.as_ref() {
-        Some(upstream) if stalled => diverged_from(upstream, &pg).await,
-        _ => false,
-    };
-    let diverged = confirmed(diverged, &mut memory.diverged_since, Instant::now());
-    // A standby that does not stream because the primary removed WAL it still needs (its
-    // slot was made after that WAL, or the standby was down long): it can only be cloned.
-    let upstream_wal_gone = confirmed(
-        stalled && instance.upstream_wal_gone(),
-        &mut memory.wal_gone_since,
-        Instant::now(),
-    );
-    if instance.pid().is_some() {
-        memory.crashed_before_start = None;
-    }
-    let observed = Observed {
-        data: instance.data_state(),
-        running: instance.pid().is_some(),
-        standby_signal: instance.has_standby_signal(),
-        role: pg.role,
-        follows_primary,
-        diverged,
-        upstream_wal_gone,
-        held_off: instance
-            .crashed_at()
-            .or(memory.crashed_before_start)
-            .is_some_and(|at| at.elapsed() < crash_hold_off(cluster)),
-    };
+    let seen = observe::observe(inputs, instance, cluster, me, memory).await?;
+    let (status, observed) = (&seen.status, &seen.observed);
     // WAL archiving follows spec.backup.store; written with the next start or reload.
     instance.set_archiving(archiving(inputs, settings, cluster).await?);
-    let plan = plan::plan(me, &status, &observed);
+    let plan = plan::plan(me, status, observed);
     // The primary's data of an older major, and no upgrade asked: never started, reported.
     let stale = match (observed.data, settings.binaries.major()) {
         (DataState::OlderMajor(found), Ok(major)) if plan.primary.as_deref() == Some(me) => {
@@ -857,20 +749,9 @@ async fn reconcile(
     if plan.action.needs_lease() && !hold.acquire(instance).await? {
         return Ok(Next::Soon);
     }
-    let manage = Error::ManageInstance;
-    let upstream_for = |primary: &str| {
-        let known = upstream_of_primary.clone();
-        let primary = primary.to_string();
-        async move {
-            match known {
-                Some(u) if named.as_deref() == Some(primary.as_str()) => Ok(u),
-                _ => upstream(inputs, instance, &primary).await,
-            }
-        }
-    };
-    let next = if observed.held_off {
+    let next = if seen.observed.held_off {
         Next::Soon
-    } else if stalled {
+    } else if seen.stalled {
         Next::After(STREAM_RECHECK)
     } else {
         Next::Idle
@@ -878,183 +759,17 @@ async fn reconcile(
     // A first start (bootstrap, clone, a manager started on existing data) already runs
     // with the spec's parameters, those that take effect only at start included.
     instance.seed_parameters(&cluster.spec.postgresql.parameters);
-    match &plan.action {
-        Action::Wait => return Ok(next),
-        Action::Keep => {}
-        Action::StepDown => {
-            // Fenced by a failover (the operator lost this primary): bounded, so that a
-            // partition from the standbys does not hold the Lease for the stop timeout.
-            let failover = status.phase == Some(pgop_api::cluster::ClusterPhase::FailingOver);
-            let bound = failover.then_some(FAILOVER_STEP_DOWN_BOUND);
-            tracing::info!(target = ?status.target_primary, failover, "stepping down: another instance is to be the primary; checkpoint and clean shutdown");
-            instance.step_down_within(bound).await.map_err(manage)?;
-            hold.give_up().await;
-            tracing::info!("stepped down; waiting for the new primary to be confirmed");
-            return Ok(Next::Soon);
-        }
-        Action::BootstrapPrimary => match &recovery {
-            Some(recovery) => {
-                tracing::info!(source = %recovery.source.cluster, store = ?recovery.source, backup = ?recovery.backup_id, target = ?recovery.target, "bootstrapping a new primary by restoring a backup");
-                match instance.bootstrap_recovery(recovery).await {
-                    Ok(restored) => {
-                        tracing::info!(backup = %restored.backup.backup_id, timeline = restored.timeline, lsn = %restored.lsn, "restored; running as the primary on a new timeline");
-                        instance.set_bootstrap_error(None);
-                        memory.bootstrap_failed = None;
-                    }
-                    Err(err) => {
-                        let chain = error_chain(&err);
-                        tracing::error!(error = %chain, retry_in = ?RESTORE_BACKOFF, "the restore failed; the data directory is empty again");
-                        instance.set_bootstrap_error(Some(chain));
-                        memory.bootstrap_failed = Some(Instant::now());
-                        return Ok(Next::After(RESTORE_BACKOFF));
-                    }
-                }
-            }
-            None => {
-                tracing::info!("bootstrapping a new primary with initdb");
-                let result = instance.bootstrap_primary().await.map_err(manage);
-                made(instance, memory, result)?;
-            }
-        },
-        Action::StartPrimary => instance.start_as(Mode::Primary).await.map_err(manage)?,
-        Action::StartStandby { primary } => {
-            let upstream = upstream_for(primary).await?;
-            instance
-                .start_as(Mode::Standby { upstream })
-                .await
-                .map_err(manage)?;
-        }
-        Action::Promote => {
-            use tracing::Instrument;
-            // A span of the trace of the operator's pass that chose this instance
-            // (status.targetPrimaryTrace, read strictly by pgop_telemetry).
-            let parent = cluster
-                .status
-                .as_ref()
-                .and_then(|s| s.target_primary_trace.as_deref())
-                .and_then(pgop_telemetry::SpanContext::from_traceparent)
-                .map(|c| c.traceparent());
-            let span = tracing::info_span!(
-                target: pgop_telemetry::TRACE_ONLY,
-                "promote",
-                traceparent = parent.as_deref(),
-            );
-            async {
-                // First the synchronous standbys, so that the first commit as primary waits.
-                let sync = sync_spec(cluster);
-                instance
-                    .set_synchronous(sync, &plan.sync_standbys)
-                    .await
-                    .map_err(manage)?;
-                tracing::info!("promoting: the cluster status names this instance the primary");
-                instance.promote().await.map_err(manage)
-            }
-            .instrument(span)
-            .await?;
-        }
-        Action::Clone { primary } => {
-            let upstream = upstream_for(primary).await?;
-            if let DataState::OlderMajor(found) = observed.data {
-                // Its data is thrown away only for a primary that runs (upgraded).
-                tracing::info!(found, %primary, "the data directory holds an older PostgreSQL major (the primary was upgraded): re-cloning once the primary answers");
-                upstream
-                    .probe_primary()
-                    .await
-                    .map_err(|e| manage(instance::Error::ProbePrimary(e)))?;
-            }
-            tracing::info!(%primary, "cloning the primary");
-            let result = instance.bootstrap_standby(&upstream).await.map_err(manage);
-            made(instance, memory, result)?;
-        }
-        Action::Rejoin { primary } if observed.diverged => {
-            tracing::warn!(%primary, timeline = ?pg.timeline, replayed = ?pg.replayed_lsn, "this standby replayed WAL past the point where the primary's timeline forked off its own, so it cannot follow: rewinding onto the primary's timeline");
-            memory.diverged_since = None;
-            let upstream = upstream_for(primary).await?;
-            let how = instance.demote(&upstream).await.map_err(manage)?;
-            tracing::info!(?how, "rejoined");
-        }
-        Action::Rejoin { primary } => {
-            tracing::info!(%primary, "rejoining as a standby of the primary");
-            let upstream = upstream_for(primary).await?;
-            let how = instance.demote(&upstream).await.map_err(manage)?;
-            tracing::info!(?how, "rejoined");
-        }
-        Action::Reclone { primary } => {
-            tracing::warn!(%primary, "the primary removed WAL this standby still needs (standbys only stream): cloning it afresh");
-            memory.wal_gone_since = None;
-            let upstream = upstream_for(primary).await?;
-            instance.reclone(&upstream).await.map_err(manage)?;
-            tracing::info!("re-cloned");
-        }
-        Action::Follow { primary } => {
-            tracing::info!(%primary, "following the primary");
-            let upstream = upstream_for(primary).await?;
-            instance.follow(&upstream).await.map_err(manage)?;
-        }
+    let recovery = recovery.as_ref();
+    let acted = act::act(
+        inputs, instance, cluster, &seen, &plan, recovery, hold, memory, next,
+    );
+    if let Some(next) = acted.await? {
+        return Ok(next);
     }
     if instance.pid().is_none() {
         return Ok(next);
     }
-    instance
-        .set_synchronous(sync_spec(cluster), &plan.sync_standbys)
-        .await
-        .map_err(manage)?;
-    if plan.primary.as_deref() == Some(me) {
-        instance.ensure_slots(&plan.slots).await.map_err(manage)?;
-        if instance.mode() == Mode::Primary {
-            instance.apply_passwords().await.map_err(manage)?;
-            let passwords = role_passwords(inputs, &cluster.spec.roles).await;
-            instance
-                .apply_roles(&cluster.spec.roles, &passwords)
-                .await
-                .map_err(manage)?;
-            instance
-                .apply_databases(&cluster.spec.databases)
-                .await
-                .map_err(manage)?;
-            // The poolers look passwords up as pgop_pooler: with poolers, its password from
-            // `<cluster>.pooler` (a Secret not made yet: the next pass); without, it is shut.
-            // A failure is logged and tried again next pass; it holds nothing else back.
-            let password = if cluster.spec.poolers.is_empty() {
-                Ok(None)
-            } else {
-                read_secret(inputs, pgop_api::pooler::identity_name(&settings.cluster))
-                    .await
-                    .and_then(|s| secret_text(&s, "password"))
-                    .map(Some)
-            };
-            match password {
-                Ok(password) => {
-                    if let Err(err) = instance.apply_pooler_auth(password.as_deref()).await {
-                        tracing::warn!(error = %error_chain(&err), "the poolers' password look-up was not set up");
-                    }
-                }
-                Err(err) => {
-                    tracing::debug!(error = %error_chain(&err), "the poolers' Secret is not readable yet")
-                }
-            }
-        }
-    }
-    let spec = &cluster.spec;
-    let report = instance
-        .apply_config(&spec.postgresql.parameters, &spec.postgresql.pg_hba)
-        .await
-        .map_err(manage)?;
-    for bad in &report.invalid {
-        tracing::warn!(parameter = %bad.name, reason = %bad.reason, "refused a parameter");
-    }
-    instance.applied_generation(cluster.metadata.generation);
-    // Restarts happen only when the operator's rolling restart names this instance: one
-    // instance at a time, standbys first, each back before the next (the restart
-    // annotation too goes through the operator).
-    if status.restart_instance.as_deref() == Some(me) {
-        let started = instance.status().await.postmaster_start_time;
-        let requested = restart_requested(&status, me, started.as_deref());
-        if !report.pending_restart.is_empty() || requested {
-            tracing::info!(pending = ?report.pending_restart, requested, "restarting PostgreSQL: the rolling restart names this instance");
-            instance.restart().await.map_err(manage)?;
-        }
-    }
+    converge::converge(inputs, settings, instance, cluster, &seen, &plan).await?;
     Ok(next)
 }
 

@@ -7,7 +7,7 @@ use super::watch::Inputs;
 use super::{Error, RESTORE_TIMEOUT, Settings};
 use crate::bootstrap::Credentials;
 use crate::error_chain;
-use crate::instance;
+use crate::instance::{self, Instance};
 use k8s_openapi::api::core::v1::Secret;
 use pgop_api::cluster::{BackupStore, RecoverySource, RecoverySpec};
 use pgop_api::v1beta1::PostgresCluster;
@@ -211,4 +211,85 @@ pub(super) async fn read_credentials(
         replication_user: key(&replication, "username")?,
         replication_password: key(&replication, "password")?,
     })
+}
+
+/// Refreshes what the pass takes from the cluster's Secrets: the passwords (the Secrets may
+/// have been generated anew), the superuser's (with `spec.credentials.superuserAccess`),
+/// the TLS endpoint's certificate and PostgreSQL's certificates (renewed by the operator
+/// ahead of their expiry). What cannot be read keeps what is known; false while
+/// PostgreSQL's certificates were never read (PostgreSQL never starts without them).
+pub(super) async fn refresh(
+    inputs: &Inputs,
+    settings: &Settings,
+    instance: &Instance,
+    material: &crate::tls::Material,
+    cluster: &PostgresCluster,
+) -> bool {
+    // The Secrets may have been generated anew (deleted by hand): their passwords win.
+    match read_credentials(inputs, settings).await {
+        Ok(c) => instance.set_passwords(&c.app_password, &c.replication_password),
+        Err(err) => {
+            tracing::warn!(error = %error_chain(&err), "failed to read the cluster's Secrets; keeping the passwords known")
+        }
+    }
+    // The superuser's password, with spec.credentials.superuserAccess only.
+    if cluster.spec.credentials.superuser_access {
+        let name = format!(
+            "{}{}",
+            settings.cluster,
+            pgop_api::constants::SUPERUSER_SECRET_SUFFIX
+        );
+        match read_secret(inputs, name)
+            .await
+            .and_then(|secret| secret_text(&secret, "password"))
+        {
+            Ok(password) => instance.set_superuser(Some(&password)),
+            Err(err) => {
+                tracing::info!(error = %error_chain(&err), "failed to read the superuser Secret; keeping the superuser password known")
+            }
+        }
+    } else {
+        instance.set_superuser(None);
+    }
+    // The TLS endpoint's certificate: renewed by the operator ahead of its expiry.
+    match read_manager_tls(inputs, settings).await {
+        Ok((cert, key, ca)) => match material.load(&cert, &key, &ca) {
+            Ok(true) => {
+                tracing::info!("the TLS endpoint uses the certificate of the Secret from now on")
+            }
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(error = %error_chain(&err), "the manager certificate's Secret holds no usable certificate; keeping the one in use")
+            }
+        },
+        Err(err) if material.is_loaded() => {
+            tracing::warn!(error = %error_chain(&err), "failed to read the manager certificate; keeping the one in use")
+        }
+        Err(err) => {
+            tracing::info!(error = %error_chain(&err), "no manager certificate yet: backups wait for it")
+        }
+    }
+    // PostgreSQL's certificates: renewed by the operator ahead of their expiry, reloaded
+    // without a restart. PostgreSQL never starts without them.
+    let allow_plaintext = cluster.spec.tls.allow_plaintext;
+    match read_postgres_tls(inputs, settings, allow_plaintext).await {
+        Ok(tls) => match instance.set_tls(tls) {
+            Ok(true) => tracing::info!(
+                allow_plaintext,
+                "PostgreSQL's TLS files are written; PostgreSQL reads them at its next start or reload"
+            ),
+            Ok(false) => {}
+            Err(err) => {
+                tracing::warn!(error = %error_chain(&err), "failed to write PostgreSQL's TLS files")
+            }
+        },
+        Err(err) if instance.has_tls() => {
+            tracing::warn!(error = %error_chain(&err), "failed to read PostgreSQL's certificates; keeping the ones in use")
+        }
+        Err(err) => {
+            tracing::info!(error = %error_chain(&err), "waiting for PostgreSQL's certificates");
+            return false;
+        }
+    }
+    true
 }
