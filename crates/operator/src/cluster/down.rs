@@ -17,18 +17,30 @@ use kube::runtime::events::EventType;
 use observe::{backups_of, probes};
 use pgop_api::v1beta1::PostgresCluster;
 
+/// What the passes here start from: the pass so far (the cluster as read and with its
+/// defaults, its namespace, step 4's plan and step 3's children).
+#[derive(Clone, Copy)]
+pub(super) struct At<'a> {
+    pub ctx: &'a Context,
+    pub cluster: &'a PostgresCluster,
+    pub defaulted: &'a PostgresCluster,
+    pub namespace: &'a str,
+    pub planned: &'a Planned,
+    pub observed: &'a dereference::Observed,
+}
+
 /// `spec.hibernate` in place of steps 5 to 11 (see [`hibernation`]): the children but the
 /// Pods are applied as usual, the status says how far the hibernation is, and the next
 /// Pods are deleted, the primary's first.
-pub(super) async fn hibernate(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    defaulted: &PostgresCluster,
-    namespace: &str,
-    planned: &Planned,
-    observed: &dereference::Observed,
-    major: i32,
-) -> Result<Action, Error> {
+pub(super) async fn hibernate(at: At<'_>, major: i32) -> Result<Action, Error> {
+    let At {
+        ctx,
+        cluster,
+        defaulted,
+        namespace,
+        planned,
+        observed,
+    } = at;
     let name = cluster.name_any();
     let primary = cluster
         .status
@@ -86,17 +98,19 @@ pub(super) async fn hibernate(
 /// The upgrade's decision for this pass (see [`upgrade`]): the cluster's backups are read
 /// only while an upgrade is asked for or runs, the upgrading primary probed only while it
 /// runs pg_upgrade.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn upgrade_decision(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    defaulted: &PostgresCluster,
-    namespace: &str,
-    planned: &Planned,
-    observed: &dereference::Observed,
+    at: At<'_>,
     held: i32,
     wanted: i32,
 ) -> Result<upgrade::Decision, Error> {
+    let At {
+        ctx,
+        cluster,
+        defaulted,
+        namespace,
+        planned,
+        observed,
+    } = at;
     use pgop_api::cluster::MajorUpgradePhase as P;
     let record = cluster
         .status
@@ -131,15 +145,15 @@ pub(super) async fn upgrade_decision(
 /// the primary's first (`Stopping`); then only the primary's Pod, built for the new major
 /// with the upgrade request (`Upgrading`); or that Pod deleted after a failure. The other
 /// children are applied as usual; the status says phase Upgrading.
-pub(super) async fn upgrade(
-    ctx: &Context,
-    cluster: &PostgresCluster,
-    defaulted: &PostgresCluster,
-    namespace: &str,
-    planned: &Planned,
-    observed: &dereference::Observed,
-    decision: &upgrade::Decision,
-) -> Result<Action, Error> {
+pub(super) async fn upgrade(at: At<'_>, decision: &upgrade::Decision) -> Result<Action, Error> {
+    let At {
+        ctx,
+        cluster,
+        defaulted,
+        namespace,
+        planned,
+        observed,
+    } = at;
     let Some(record) = &decision.record else {
         return Ok(Action::requeue(POLL));
     };

@@ -213,25 +213,18 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     // A major raised: the in-place upgrade (upgrade.rs) takes the cluster down, upgrades
     // the primary's volume and clones the standbys; while it runs pg_upgrade it replaces
     // steps 5 to 11, otherwise it says which major the ordinary pass builds for.
-    let upgrade = down::upgrade_decision(
+    let at = down::At {
         ctx,
         cluster,
-        &defaulted,
-        &namespace,
-        &planned,
-        &observed,
-        major,
-        wanted_major,
-    )
-    .await?;
+        defaulted: &defaulted,
+        namespace: &namespace,
+        planned: &planned,
+        observed: &observed,
+    };
+    let upgrade = down::upgrade_decision(at, major, wanted_major).await?;
     let major = match upgrade.pass {
         upgrade::Pass::Ordinary { major } => major,
-        _ => {
-            return down::upgrade(
-                ctx, cluster, &defaulted, &namespace, &planned, &observed, &upgrade,
-            )
-            .await;
-        }
+        _ => return down::upgrade(at, &upgrade).await,
     };
     if let Some(backup) = &upgrade.create_backup {
         write::create_upgrade_backup(ctx, cluster, &namespace, backup, &upgrade).await?;
@@ -244,10 +237,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         .as_ref()
         .is_some_and(|s| s.target_primary != s.current_primary);
     if defaulted.spec.hibernate && !changing_primary {
-        return down::hibernate(
-            ctx, cluster, &defaulted, &namespace, &planned, &observed, major,
-        )
-        .await;
+        return down::hibernate(at, major).await;
     }
 
     // 5. probe the instances and decide the roles
