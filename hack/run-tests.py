@@ -187,9 +187,9 @@ class LateTools:
             with self.lock:
                 self.process = None
                 self.state[tool] = "ready" if status == 0 else "failed"
-            word = "installed" if status == 0 else f"failed to install (exit {status})"
-            print(f"[run-tests] {tool} {word} in {time.monotonic() - t0:.0f} s (hack/install-{tool}.sh, "
-                  f"log {self.logs[tool]})", flush=True)
+            word = "done" if status == 0 else f"failed (exit {status})"
+            print(f"[run-tests] hack/install-{tool}.sh {word} in {time.monotonic() - t0:.0f} s "
+                  f"(log {self.logs[tool]})", flush=True)
 
     def kill(self):
         with self.lock:
