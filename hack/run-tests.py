@@ -345,8 +345,8 @@ def main():
     needs = {}
     for e in entries:
         needs[key(e)] = late_tools_of(e[5], e[3]) if e[6] is not None else set()
-    late_dir = tempfile.mkdtemp(prefix="pgop-late-tools.")
-    late = LateTools(set().union(*needs.values()) if needs else set(), late_dir)
+    wanted = set().union(*needs.values()) if needs else set()
+    late = LateTools(wanted, tempfile.mkdtemp(prefix="pgop-late-tools.") if wanted else "")
     if late.tools:
         print(f"[run-tests] installing {', '.join(late.tools)} in the background (nice 19) for "
               f"the modules that need them; they start once theirs is there", flush=True)

@@ -62,7 +62,8 @@ pub(super) async fn hibernate(at: At<'_>, major: i32) -> Result<Action, Error> {
         &planned.named,
         &credentials,
         &ctx.settings,
-        (Some(&primary), major),
+        Some(&primary),
+        major,
         &budgets,
     )?;
     children.pods.clear();

@@ -313,7 +313,8 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         named,
         &credentials,
         &ctx.settings,
-        (labelled, major),
+        labelled,
+        major,
         &budgets,
     )?;
 

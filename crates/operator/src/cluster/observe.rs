@@ -254,7 +254,7 @@ pub(super) async fn credentials(
         &instance_names,
         &pooler_services,
         (brought, client_ca),
-        k8s_openapi::jiff::Timestamp::now(),
+        super::now().0,
     )?;
     notes.extend(
         pki.warnings

@@ -334,7 +334,7 @@ pub(super) async fn status_then_note(
 }
 
 /// Removes a request annotation once it was read (a merge patch of the cluster).
-pub(super) async fn clear_annotation(
+async fn clear_annotation(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
@@ -395,7 +395,7 @@ pub(super) async fn publish(
 /// [`publish`], naming an instance's Pod as the Event's related object. The recorder folds
 /// Events of the same reason and objects into one series (keeping the first note), so
 /// naming the instance keeps, say, the restarts of two instances apart.
-pub(super) async fn publish_about(
+async fn publish_about(
     ctx: &Context,
     cluster: &PostgresCluster,
     type_: EventType,

@@ -62,7 +62,8 @@ pub(in crate::cluster) fn children(
     named: &[(String, i32)],
     credentials: &build::Credentials,
     settings: &crate::Settings,
-    (labelled, major): (Option<&str>, i32),
+    labelled: Option<&str>,
+    major: i32,
     budgets: &build::Budgets,
 ) -> Result<build::Children, build::Error> {
     let wanted = specs(named, labelled, major);
