@@ -29,6 +29,8 @@ rm -f "$root/version"
 export GOMODCACHE="$root/mod" GOCACHE="$root/go-build"
 # -mod=readonly: go.mod and go.sum are the pins, and the build never rewrites them.
 export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
+# Less garbage collection in the compiler and linker, as in hack/install-testenv.sh.
+export GOGC=${GOGC:-400}
 (cd "$src" && go build -trimpath -ldflags="-s -w" -o "$root/bin/$name.tmp" .)
 mv "$root/bin/$name.tmp" "$root/bin/$name"
 go clean -modcache

@@ -31,6 +31,8 @@ rm -f "$root/version"
 # checkout nor the user's Go caches are touched; both go afterwards, leaving the binaries.
 export GOBIN="$root/bin" GOMODCACHE="$root/mod" GOCACHE="$root/go-build"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# Less garbage collection in the compiler and linker, as in hack/install-testenv.sh.
+export GOGC=${GOGC:-400}
 # Without the release build's version stamp (-X .../internal/version.gitTag), on purpose:
 # krew then counts as a development build and never runs its upgrade check, which asks
 # GitHub for the latest release (KREW_NO_UPGRADE_CHECK turns it off too, but

@@ -32,6 +32,8 @@ rm -f "$root/version"
 # the binary.
 export GOBIN="$root/bin" GOMODCACHE="$root/mod" GOCACHE="$root/go-build"
 export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# Less garbage collection in the compiler and linker, as in hack/install-testenv.sh.
+export GOGC=${GOGC:-400}
 go install -trimpath -ldflags="-s -w" -tags "$tags" "github.com/prometheus/prometheus/cmd/promtool@$version"
 go clean -modcache
 rm -rf "$GOCACHE"

@@ -22,6 +22,10 @@ work=$cache/testenv/build
 mkdir -p "$bin" "$work"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# The compiler and linker collect garbage less often (the heap may grow to five times what
+# is live instead of twice; a few GB at most here): 8% less CPU for these builds, 10% for
+# the Kubernetes binaries (docs/testenv.md).
+export GOGC=${GOGC:-400}
 export GOPATH=${GOPATH:-$(go env GOPATH)}
 
 log() { printf '[install-testenv %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
