@@ -18,6 +18,11 @@
 //! renewed in the background (losing it stops PostgreSQL at once), and released whenever
 //! PostgreSQL stops running as a primary (step-down, crash, shutdown), so that the next
 //! primary need not wait for it to expire.
+//!
+//! Why this file stays whole: it is one idea, the manager's loop: `run` (start, the loop
+//! of passes, shutdown), the pass it repeats (`reconcile`), and what only those two share
+//! (the Lease held across passes, the memory of the last pass, the retry policy, which
+//! watch changes wake a pass); each step of a pass is a submodule of its own.
 
 mod act;
 mod converge;

@@ -7,7 +7,7 @@
 //! refused with a warning naming the field; the password in force stays (or, for a new
 //! cluster, a generated one is used until the Secret is fixed).
 
-use super::Error;
+use super::error::Error;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, ResourceExt};

@@ -228,6 +228,9 @@ pub fn pinned_to(pv: &PersistentVolume) -> Option<Vec<String>> {
     Some(hosts)
 }
 
+/// The annotation the scheduler sets on a claim bound late (WaitForFirstConsumer).
+pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
 /// Whether an instance's volume is lost with its node: the instance is neither the
 /// primary nor the target, its Pod is gone or not scheduled, and its volume is pinned to
 /// nodes none of which exists any more.

@@ -1,10 +1,13 @@
 //! The reads of a pass beside [`super::dereference`]: the instances' `/pg/status` (from
 //! the [`super::prober`] or probed now), the cluster's PostgresBackups, the recovery
-//! source and backup facts of the status, the volumes lost with their node, and the
-//! credentials (the user's Secrets, the certificates).
+//! source, the volumes of unplaced instances, and the credentials (the user's Secrets,
+//! the certificates); [`ordinary`] makes those of an ordinary pass, once each. Never
+//! decides and never writes (but tells the prober which Pods to poll).
 
+use super::error::Error;
 use super::notes::Note;
-use super::{Error, build, credentials, dereference, nodes, pki, probe, prober, roles};
+use super::world::Reads;
+use super::{build, credentials, dereference, nodes, pki, probe, prober};
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
@@ -12,9 +15,59 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::cluster::RecoverySource;
-use pgop_api::instance_status::{PgRole, VolumeUsage};
+use pgop_api::instance_status::PgRole;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
+use tracing::Instrument;
+
+/// Step 3: the cluster's children ([`dereference::read`]).
+pub(super) async fn children(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<dereference::Observed, Error> {
+    let (observed, _) = dereference::read(
+        &ctx.client,
+        ctx.caches.as_ref(),
+        &ctx.expectations,
+        namespace,
+        name,
+    )
+    .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "read"))
+    .await?;
+    Ok(observed)
+}
+
+/// Every read of steps 5 to 11 of an ordinary pass, in this order: the instances'
+/// `/pg/status` (step 5), the passwords and certificates (step 6: a refused Secret of the
+/// user's changes nothing and comes back as a Warning to publish), the cluster's
+/// PostgresBackups, the recovery source, and the volumes of unplaced instances.
+pub(super) async fn ordinary(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    defaulted: &PostgresCluster,
+    namespace: &str,
+    named: &[(String, i32)],
+    observed: &dereference::Observed,
+) -> Result<(Reads, Vec<Note>), Error> {
+    let probes = probes(ctx, cluster, observed)
+        .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "probe"))
+        .await;
+    let (credentials, notes) = credentials(ctx, cluster, defaulted, namespace, named, observed)
+        .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "credentials"))
+        .await?;
+    let backups = backups_of(ctx, cluster, namespace).await?;
+    let recovery = recovery_source(ctx, defaulted, namespace).await;
+    let unplaced_volumes = unplaced_volumes(ctx, observed, named).await?;
+    let reads = Reads {
+        probes,
+        credentials,
+        backups,
+        recovery,
+        unplaced_volumes,
+    };
+    Ok((reads, notes))
+}
 
 /// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
 /// change of primary) after telling it the cluster's Pods; without a prober, probed now.
@@ -136,70 +189,44 @@ pub(super) async fn recovery_source(
     Some(backup::cluster::resolve_recovery_source(&ctx.client, namespace, cluster).await)
 }
 
-/// The instances whose volume is pinned to a node that no longer exists, and that may be
-/// recreated elsewhere ([`nodes::lost_volume`]). Reads a PersistentVolume only for a claim
-/// whose selected node is missing (or not recorded), and only while its Pod is not placed.
-pub(super) async fn lost_volumes(
+/// The volumes of the planned instances whose Pod is not placed on a node and whose
+/// claim's node is missing (or not recorded): the instance and its PersistentVolume, for
+/// the decision whether the volume was lost with its node ([`nodes::lost_volume`]). Reads
+/// a PersistentVolume only for such a claim, so a pass over placed Pods reads none.
+pub(super) async fn unplaced_volumes(
     ctx: &Context,
     observed: &dereference::Observed,
-    placed: &[nodes::Instance<'_>],
-    roles: &roles::Roles,
-) -> Result<Vec<String>, Error> {
-    let mut lost = Vec::new();
+    named: &[(String, i32)],
+) -> Result<Vec<(String, PersistentVolume)>, Error> {
+    let mut found = Vec::new();
     if !ctx.nodes.known() {
-        return Ok(lost);
+        return Ok(found);
     }
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    for instance in placed {
-        let placed_somewhere = instance
-            .pod
+    for (instance, _) in named {
+        let placed = observed
+            .pods
+            .iter()
+            .find(|p| p.name_any() == *instance)
             .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
-        if placed_somewhere || instance.name == roles.current || instance.name == roles.target {
+        if placed {
             continue;
         }
-        let Some(claim) = observed.pvcs.iter().find(|c| c.name_any() == instance.name) else {
+        let Some(claim) = observed.pvcs.iter().find(|c| c.name_any() == *instance) else {
             continue;
         };
-        let selected = claim.annotations().get(SELECTED_NODE);
+        let selected = claim.annotations().get(nodes::SELECTED_NODE);
         if selected.is_some_and(|n| ctx.nodes.state(n) != nodes::NodeState::Missing) {
             continue;
         }
         let Some(volume) = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) else {
             continue;
         };
-        let pv = volumes.get_opt(volume).await.map_err(Error::ReadVolume)?;
-        if let Some(pv) = pv
-            && nodes::lost_volume(instance, roles, &pv, &ctx.nodes)
-        {
-            lost.push(instance.name.to_string());
+        if let Some(pv) = volumes.get_opt(volume).await.map_err(Error::ReadVolume)? {
+            found.push((instance.clone(), pv));
         }
     }
-    Ok(lost)
-}
-
-/// The node each lost instance's claim was bound to, for the Event.
-pub(super) fn lost_nodes(observed: &dereference::Observed, lost: &[String]) -> Vec<String> {
-    lost.iter()
-        .map(|name| {
-            observed
-                .pvcs
-                .iter()
-                .find(|c| c.name_any() == *name)
-                .and_then(|c| c.annotations().get(SELECTED_NODE).cloned())
-                .unwrap_or_else(|| "(unknown)".to_string())
-        })
-        .collect()
-}
-
-/// The annotation the scheduler sets on a claim bound late (WaitForFirstConsumer).
-pub(super) const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-
-/// What each instance's manager reports of its data volume.
-pub(super) fn volume_usage(probes: &BTreeMap<String, probe::Probe>) -> Vec<(&str, VolumeUsage)> {
-    probes
-        .iter()
-        .filter_map(|(name, p)| Some((name.as_str(), p.status()?.volume?)))
-        .collect()
+    Ok(found)
 }
 
 /// Step 6's reads: the passwords (generated, or the user's) and the certificates, read and
@@ -254,7 +281,7 @@ pub(super) async fn credentials(
         &instance_names,
         &pooler_services,
         (brought, client_ca),
-        super::now().0,
+        super::pass::now().0,
     )?;
     notes.extend(
         pki.warnings

@@ -2,6 +2,13 @@
 //! and the prober: the objects a pass reads that are not its children. With these, a
 //! cluster needs no frequent resync ([`super::RESYNC`]).
 //!
+//! In all, a cluster runs when it or a child changes (the watches), when something else it
+//! reads changes (below), when one of its instances changes significantly (the
+//! [`super::prober`], which polls them apart from the reconciles: how a failed primary is
+//! noticed), and otherwise as [`super::decide::next_pass`] says: every
+//! [`super::RESYNC`] (5 minutes), sooner while a decision waits on the clock, a scheduled
+//! backup is due or WAL positions wait to be published.
+//!
 //! - **The user's Secrets** a cluster names (`spec.credentials.appSecret`,
 //!   `spec.credentials.superuserSecret`, `spec.tls.serverSecret`,
 //!   `spec.tls.clientCASecret`): a metadata-only watch of the Secrets pgop does not manage

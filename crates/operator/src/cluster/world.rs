@@ -22,3 +22,41 @@ pub struct Observed {
     /// The poolers' Deployments (`spec.poolers`).
     pub deployments: Vec<Deployment>,
 }
+
+/// What an ordinary pass has read by the time it decides steps 5 to 11
+/// ([`super::observe::world`]), with what steps 1 to 4 settled: data only.
+pub(in crate::cluster) struct World<'a> {
+    /// The cluster as read, and with its defaults (the volumes at least as large as
+    /// auto-grow made them).
+    pub cluster: &'a pgop_api::v1beta1::PostgresCluster,
+    pub defaulted: &'a pgop_api::v1beta1::PostgresCluster,
+    pub observed: &'a Observed,
+    /// Step 4: the planned instances (name and serial), the plan, and the serials that
+    /// have a Pod or a claim now.
+    pub named: &'a [(String, i32)],
+    pub plan: &'a super::instances::Plan,
+    pub existing: &'a std::collections::BTreeSet<i32>,
+    /// The major the instances are built for, and the upgrade's decision.
+    pub major: i32,
+    pub upgrade: &'a super::upgrade::Decision,
+    /// What steps 5 to 11 read.
+    pub reads: Reads,
+    pub nodes: &'a super::nodes::NodeFacts,
+    pub settings: &'a crate::Settings,
+    pub now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+}
+
+/// The reads of steps 5 to 11 of an ordinary pass ([`super::observe::ordinary`]).
+pub(in crate::cluster) struct Reads {
+    /// Step 5: every instance's `/pg/status`.
+    pub probes: std::collections::BTreeMap<String, super::probe::Probe>,
+    /// Step 6: the passwords and certificates.
+    pub credentials: super::build::Credentials,
+    /// The cluster's PostgresBackups, when it has a backup section.
+    pub backups: Option<Vec<pgop_api::backup::PostgresBackup>>,
+    /// The recovery source, when it is still to be resolved.
+    pub recovery: Option<Result<Option<pgop_api::cluster::RecoverySource>, String>>,
+    /// The volumes of instances not placed on a node whose claim's node is missing (or not
+    /// recorded): the instance and its PersistentVolume.
+    pub unplaced_volumes: Vec<(String, k8s_openapi::api::core::v1::PersistentVolume)>,
+}

@@ -1,63 +1,79 @@
 //! The writes of a pass: the status, the request annotations, Events, scheduled and
 //! upgrade backups, the Lease of a stopped primary, the children (apply and delete) and a
-//! refused resize. [`super::reconcile`] calls them in its fixed order: the status with
-//! `targetPrimary` and reserved serials before any label moves or Pod is created, the
-//! Events of a status change right after it, then annotations, backups, the Lease and the
-//! children. (Issue 38 plans one write step that takes a decided pass as a value; these
-//! are its parts, still called one by one.)
+//! refused resize. An ordinary pass is written by [`ordinary`], from the value
+//! [`decide::ordinary`] returns, in a fixed order: the status with `targetPrimary` and
+//! reserved serials before any label moves or Pod is created, the Events of a status
+//! change right after it, then annotations, backups, the Lease, the children and the
+//! resize amend. The passes that end early or take the Pods down write through
+//! [`status_then_note`], [`patch_status`] and [`publish`].
 
-use super::decide::instances::Planned;
-use super::decide::set_volumes_resized;
+use super::decide::{Down, Ordinary, set_volumes_resized};
+use super::error::Error;
 use super::notes::Note;
-use super::observe::{lost_nodes, lost_volumes};
-use super::{
-    Error, apply, build, decide, dereference, instances, key, lease, nodes, now, roles, storage,
-    upgrade,
-};
+use super::pass::{key, now};
+use super::world::World;
+use super::{apply, build, decide, dereference, lease, storage, upgrade};
 use crate::{Context, backup};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use pgop_api::PostgresClusterStatus;
 use pgop_api::backup::BackupMethod;
-use pgop_api::cluster::ClusterPhase;
 use pgop_api::constants::FIELD_MANAGER;
 use pgop_api::instance_status::VolumeUsage;
 use pgop_api::v1beta1::PostgresCluster;
-use std::time::Duration;
+use tracing::Instrument;
 
-/// Step 9: creates the scheduled backups due now (their names are derived from the
-/// firing, so a second pass creates nothing twice); only a serving cluster takes them.
-/// Returns how long until the next firing of either schedule.
-pub(super) async fn schedule_backups(
+/// Carries out steps 5 to 11 of an ordinary pass as [`decide::ordinary`] decided them, in
+/// this order: the Warnings of the reads (a refused Secret of the user's), the status and
+/// the Events of its changes (a new `targetPrimary` and the reserved serials on record
+/// before any label moves or Pod is created), the request annotations and their Events,
+/// the scheduled backups, the Lease of a stopped primary, the children (apply and delete),
+/// and the resize amend.
+pub(super) async fn ordinary(
     ctx: &Context,
-    cluster: &PostgresCluster,
-    defaulted: &PostgresCluster,
+    world: &World<'_>,
     namespace: &str,
-    backups: &[pgop_api::backup::PostgresBackup],
-    status: &PostgresClusterStatus,
-) -> Result<Option<Duration>, Error> {
-    let serving = matches!(
-        status.phase,
-        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
-    );
-    if !serving {
-        return Ok(None);
+    read_notes: &[Note],
+    pass: Ordinary,
+) -> Result<(), Error> {
+    let cluster = world.cluster;
+    publish_notes(ctx, cluster, read_notes).await;
+    patch_status(ctx, cluster, namespace, pass.status.clone()).await?;
+    publish_notes(ctx, cluster, &pass.status_notes).await;
+    requests(ctx, cluster, namespace, &pass.requests).await?;
+    if world.reads.backups.is_some() {
+        schedule_backups(ctx, world, namespace, &pass.scheduled)
+            .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "schedule"))
+            .await?;
     }
-    let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
-    for method in [BackupMethod::BaseBackup, BackupMethod::Logical] {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let name = match backup::cluster::due_backup(defaulted, &mine, method, now) {
-            Ok(Some((name, _))) => name,
-            Ok(None) => continue,
-            Err(e) => {
-                // Validation rejects bad schedules; a time zone unknown here is reported.
-                tracing::warn!(cluster = %key(cluster), ?method, error = %e, "no scheduled backups");
-                continue;
-            }
-        };
+    if let Some(primary) = &pass.release_lease {
+        release_dead_primary_lease(ctx, cluster, namespace, world.observed, primary).await;
+    }
+    let refused = apply_children(ctx, world, namespace, &pass)
+        .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "apply"))
+        .await?;
+    let usage = decide::volume_usage(&world.reads.probes);
+    let seen = (
+        &pass.storage,
+        world.observed.pvcs.as_slice(),
+        usage.as_slice(),
+    );
+    volumes_refused(ctx, cluster, namespace, pass.status, &refused, seen).await
+}
+
+/// Step 9: creates the scheduled backups due now (an existing one of the name is kept, so
+/// a second pass creates nothing twice), with an Event for each created.
+async fn schedule_backups(
+    ctx: &Context,
+    world: &World<'_>,
+    namespace: &str,
+    due: &[(String, BackupMethod)],
+) -> Result<(), Error> {
+    for (name, method) in due {
+        let defaulted = world.defaulted;
         let created =
-            backup::cluster::create_scheduled(&ctx.client, namespace, defaulted, &name, method)
+            backup::cluster::create_scheduled(&ctx.client, namespace, defaulted, name, *method)
                 .await
                 .map_err(Error::ScheduleBackup)?;
         if created {
@@ -66,34 +82,37 @@ pub(super) async fn schedule_backups(
                 BackupMethod::Logical => "logical",
             };
             let note = format!("scheduled {what} backup {name} created");
-            publish(ctx, cluster, EventType::Normal, "BackupScheduled", &note).await;
+            publish(
+                ctx,
+                world.cluster,
+                EventType::Normal,
+                "BackupScheduled",
+                &note,
+            )
+            .await;
         }
     }
-    Ok(backup::cluster::until_next_firing(
-        defaulted,
-        k8s_openapi::jiff::Timestamp::now(),
-    ))
+    Ok(())
 }
 
-/// Step 10: releases the Lease of a primary whose container the kubelet reports stopped,
+/// Step 10: releases the Lease of `primary` if the kubelet reports its container stopped,
 /// so that the failover need not wait for its duration. A failure is logged: the Lease
 /// then expires on its own.
-pub(super) async fn release_dead_primary_lease(
+async fn release_dead_primary_lease(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
     observed: &dereference::Observed,
-    roles: &roles::Roles,
+    primary: &str,
 ) {
     let name = cluster.name_any();
-    let old = observed.pods.iter().find(|p| p.name_any() == roles.current);
-    match lease::release_if_dead(&ctx.client, namespace, &name, &roles.current, old).await {
+    let old = observed.pods.iter().find(|p| p.name_any() == primary);
+    match lease::release_if_dead(&ctx.client, namespace, &name, primary, old).await {
         Ok(true) => {
             let note = format!(
-                "the primary Lease held by {} was released: its container is not running",
-                roles.current
+                "the primary Lease held by {primary} was released: its container is not running"
             );
-            let about = Some(roles.current.as_str());
+            let about = Some(primary);
             publish_about(
                 ctx,
                 cluster,
@@ -114,28 +133,24 @@ pub(super) async fn release_dead_primary_lease(
 /// Step 11: first, volumes lost with their node (the instance is recreated elsewhere on
 /// the next pass); else apply the children, delete what the plan removed and the Pod the
 /// rollout replaces, and say so in Events. Until the writes are known (an error may cut
-/// them short), the next pass reads from the API server rather than the caches.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn apply_children(
+/// them short), the next pass reads from the API server rather than the caches. Returns
+/// the claims whose resize the API server refused, and why.
+async fn apply_children(
     ctx: &Context,
-    cluster: &PostgresCluster,
+    world: &World<'_>,
     namespace: &str,
-    planned: &Planned,
-    observed: &dereference::Observed,
-    placed: &[nodes::Instance<'_>],
-    roles: &roles::Roles,
-    children: &build::Children,
-    replace: Option<String>,
+    pass: &Ordinary,
 ) -> Result<Vec<(String, String)>, Error> {
+    let (cluster, observed) = (world.cluster, world.observed);
     let name = cluster.name_any();
-    let lost = lost_volumes(ctx, observed, placed, roles).await?;
     ctx.expectations.writing(namespace, &name);
-    if !lost.is_empty() {
+    if !pass.lost.is_empty() {
         let mut outcome = apply::Outcome::default();
+        let lost: Vec<String> = pass.lost.iter().map(|(i, _)| i.clone()).collect();
         apply::delete_instances(&ctx.client, namespace, &lost, observed, &mut outcome).await?;
         ctx.expectations
             .wrote(namespace, &name, std::mem::take(&mut outcome.written));
-        for (instance, node) in lost.iter().zip(&lost_nodes(observed, &lost)) {
+        for (instance, node) in &pass.lost {
             let note = format!(
                 "the volume of {instance} was on node {node}, which no longer exists: \
                  {instance} is removed and a new instance is cloned from the primary"
@@ -145,17 +160,11 @@ pub(super) async fn apply_children(
         }
         return Ok(Vec::new());
     }
-    let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
-    let refused_volumes = std::mem::take(&mut outcome.refused_volumes);
-    let plan = &planned.plan;
-    let removed: Vec<String> = plan
-        .remove
-        .iter()
-        .map(|s| instances::instance_name(&name, *s))
-        .collect();
-    apply::delete_instances(&ctx.client, namespace, &removed, observed, &mut outcome).await?;
-    if let Some(instance) = replace {
-        apply::delete_pod(&ctx.client, namespace, &instance, observed, &mut outcome).await?;
+    let replaced = pass.replace.as_slice();
+    let at = (namespace, name.as_str());
+    let mut outcome =
+        apply_and_delete(ctx, at, &pass.children, observed, &pass.removed, replaced).await?;
+    if let Some(instance) = &pass.replace {
         let note = format!("rolling update: replacing pod {instance}, built from an older spec");
         let about = Some(instance.as_str());
         publish_about(
@@ -168,44 +177,66 @@ pub(super) async fn apply_children(
         )
         .await;
     }
-    ctx.expectations
-        .wrote(namespace, &name, std::mem::take(&mut outcome.written));
-
-    let new_instances: Vec<String> = plan
-        .created(&planned.existing)
-        .iter()
-        .map(|s| instances::instance_name(&name, *s))
-        .collect();
-    if planned.existing.is_empty() && !new_instances.is_empty() {
-        let note = format!("created instances {}", new_instances.join(", "));
-        publish(ctx, cluster, EventType::Normal, "Created", &note).await;
-    } else if !new_instances.is_empty() || !removed.is_empty() {
-        let mut parts = Vec::new();
-        if !new_instances.is_empty() {
-            parts.push(format!("added {}", new_instances.join(", ")));
-        }
-        if !removed.is_empty() {
-            parts.push(format!("removed {}", removed.join(", ")));
-        }
-        let note = format!(
-            "scaled to {} instances: {}",
-            plan.serials.len(),
-            parts.join("; ")
-        );
-        publish(ctx, cluster, EventType::Normal, "Scaled", &note).await;
+    if let Some(scaled) = &pass.scaled {
+        publish_notes(ctx, cluster, std::slice::from_ref(scaled)).await;
     }
     if !outcome.repaired.is_empty() {
         let note = format!("restored {}", outcome.repaired.join(", "));
         publish(ctx, cluster, EventType::Normal, "Repaired", &note).await;
     }
-    Ok(refused_volumes)
+    Ok(std::mem::take(&mut outcome.refused_volumes))
+}
+
+/// Carries out a pass that takes the Pods down ([`decide::Down`]): the Warnings of the
+/// reads, the status and its Event, then the children applied (with whatever Pods they
+/// hold), the instances removed deleted with their volumes and the Pods to go deleted;
+/// the writes recorded for the next pass's reads.
+pub(super) async fn down(
+    ctx: &Context,
+    cluster: &PostgresCluster,
+    namespace: &str,
+    observed: &dereference::Observed,
+    read_notes: &[Note],
+    pass: Down,
+) -> Result<(), Error> {
+    publish_notes(ctx, cluster, read_notes).await;
+    patch_status(ctx, cluster, namespace, pass.status).await?;
+    publish_notes(ctx, cluster, &pass.notes).await;
+    let name = cluster.name_any();
+    ctx.expectations.writing(namespace, &name);
+    let children = &pass.children;
+    let at = (namespace, name.as_str());
+    apply_and_delete(ctx, at, children, observed, &pass.removed, &pass.delete).await?;
+    Ok(())
+}
+
+/// Applies `children`, deletes the instances `removed` with their volumes and the Pods
+/// `pods`, and records the writes for the next pass's reads (the caller said
+/// `expectations.writing` first: until the writes are known, an error cutting them short
+/// included, the next pass reads from the API server rather than the caches).
+async fn apply_and_delete(
+    ctx: &Context,
+    (namespace, name): (&str, &str),
+    children: &build::Children,
+    observed: &dereference::Observed,
+    removed: &[String],
+    pods: &[String],
+) -> Result<apply::Outcome, Error> {
+    let mut outcome = apply::apply(&ctx.client, namespace, children, observed).await?;
+    apply::delete_instances(&ctx.client, namespace, removed, observed, &mut outcome).await?;
+    for pod in pods {
+        apply::delete_pod(&ctx.client, namespace, pod, observed, &mut outcome).await?;
+    }
+    ctx.expectations
+        .wrote(namespace, name, std::mem::take(&mut outcome.written));
+    Ok(outcome)
 }
 
 /// A change of the claims' size the API server refused in this pass (a StorageClass
 /// without `allowVolumeExpansion`, a claim not bound yet): the rest of the cluster was
 /// applied; the condition `VolumesResized` says so (ResizeRefused), with a Warning Event
 /// when it is new. The change is tried again at every pass.
-pub(super) async fn volumes_refused(
+async fn volumes_refused(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
@@ -306,7 +337,7 @@ pub(super) async fn create_upgrade_backup(
 
 /// After the status: removes the request annotations acted on, then publishes the Events
 /// of what they asked ([`super::decide::requests`]).
-pub(super) async fn requests(
+async fn requests(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,

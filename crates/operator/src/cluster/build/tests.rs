@@ -35,7 +35,8 @@ fn instances() -> Vec<InstanceSpec> {
     ]
 }
 
-fn passwords() -> Credentials {
+/// Passwords and certificates as a pass reads them (also the whole-pass tests', decide/passes.rs).
+pub(crate) fn passwords() -> Credentials {
     Credentials {
         passwords: crate::cluster::credentials::Passwords {
             app: "app-password".into(),

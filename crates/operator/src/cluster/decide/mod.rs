@@ -2,31 +2,95 @@
 //! the `now` it is given; `a_decision_reads_and_writes_nothing` below checks the sources).
 //! [`super::write`] carries them out.
 //!
-//! - [`refused`]: the status and Event of a spec refused in steps 2 and 3 (or of a cluster
-//!   being deleted, [`deleting`]);
+//! - [`valid`], [`held`]: steps 2 and 3's checks of the spec, and [`refused`]: the status
+//!   and Event of a spec they refuse (or of a cluster being deleted, [`deleting`]);
 //! - [`instances`]: step 4's serials and the children step 6 builds for them;
+//! - [`hibernate()`], [`upgrade()`]: the passes that take the Pods down instead of steps
+//!   5 to 11, as [`Down`] values;
+//! - [`ordinary()`]: steps 5 to 11 of an ordinary pass, from the [`super::world::World`]
+//!   it read, as one [`Ordinary`] value, using:
 //! - [`rollout()`]: step 7, the next step of a rolling update or a switchover first;
 //! - [`status()`]: step 8, the status and the Events of its changes;
 //! - [`requests()`]: the request annotations to remove after it, and their Events;
 //! - [`next_pass`]: when to look at the cluster again.
 
+mod down;
 pub(super) mod instances;
+mod ordinary;
+#[cfg(test)]
+mod passes;
 mod requests;
 mod rollout;
 mod status;
 
+pub(super) use down::{Down, DownInput, hibernate, upgrade};
+pub(super) use ordinary::{Ordinary, ordinary, volume_usage};
 pub(super) use requests::{Requests, requests};
 pub(super) use rollout::{Rollout, RolloutInput, rollout};
-pub(super) use status::{StatusInput, hibernation_event, set_volumes_resized, status};
+pub(super) use status::{StatusInput, set_volumes_resized, status};
 
 use super::notes::Note;
-use super::{POLL, POLL_TRANSITION, RESYNC, status as cluster_status};
+use super::pass::{POLL, POLL_TRANSITION, RESYNC};
+use super::{dereference, immutable, status as cluster_status, storage};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 use pgop_api::PostgresClusterStatus;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::v1beta1::PostgresCluster;
 use std::time::Duration;
+
+/// Step 2: the spec with its defaults, or why it is refused (the message names the fields
+/// as v1beta1, the stored version, has them; the rules are v1alpha1's).
+pub(super) fn valid(cluster: &PostgresCluster) -> Result<PostgresCluster, String> {
+    let mut defaulted = cluster.clone();
+    defaulted.spec = pgop_api::v1beta1::with_defaults(cluster.spec.clone());
+    match pgop_api::validation::validate_cluster(&pgop_api::PostgresCluster::from(
+        defaulted.clone(),
+    )) {
+        Ok(()) => Ok(defaulted),
+        Err(errors) => Err(pgop_api::v1beta1::with_field_paths(
+            &pgop_api::validation::summary(&errors),
+        )),
+    }
+}
+
+/// Step 3's check, once the children are read: the major the data holds and the one the
+/// spec wants, with `defaulted`'s volumes at least as large as auto-grow made them
+/// ([`storage::larger`]); or why the spec is refused: a size below what the volumes hold,
+/// or a major other than the data's (the validating webhook refuses both changes; without
+/// it, they are caught here, before any Pod is rebuilt). A cluster whose instances never
+/// ran holds the spec's major.
+pub(super) fn held(
+    cluster: &PostgresCluster,
+    defaulted: &mut PostgresCluster,
+    observed: &dereference::Observed,
+) -> Result<(i32, i32), String> {
+    if let Some(grown) = cluster.status.as_ref().and_then(|s| s.auto_grow.as_ref()) {
+        defaulted.spec.storage.size = storage::larger(&defaulted.spec.storage.size, &grown.size);
+    }
+    let wanted = defaulted
+        .spec
+        .postgresql
+        .version
+        .unwrap_or(pgop_api::cluster::DEFAULT_POSTGRES_VERSION);
+    let held = immutable::held_major(cluster.status.as_ref(), &observed.pods).unwrap_or(wanted);
+    match immutable::storage_shrink(&defaulted.spec, &observed.pvcs)
+        .or_else(|| immutable::major_change(&defaulted.spec, held))
+    {
+        Some(error) => Err(pgop_api::validation::summary(&[error])),
+        None => Ok((held, wanted)),
+    }
+}
+
+/// Whether `spec.hibernate` takes this pass instead of steps 5 to 11 (a change of primary
+/// under way finishes first).
+pub(super) fn hibernates(cluster: &PostgresCluster, defaulted: &PostgresCluster) -> bool {
+    let changing_primary = cluster
+        .status
+        .as_ref()
+        .is_some_and(|s| s.target_primary != s.current_primary);
+    defaulted.spec.hibernate && !changing_primary
+}
 
 /// A spec refused in steps 2 and 3 (`message` names the fields): phase Invalid with the
 /// reason in the status, and an InvalidSpec Warning, published only when the status
@@ -84,7 +148,7 @@ pub(super) fn next_pass(
 #[cfg(test)]
 mod tests {
     use super::next_pass;
-    use crate::cluster::{POLL, POLL_TRANSITION, RESYNC};
+    use crate::cluster::pass::{POLL, POLL_TRANSITION, RESYNC};
     use std::time::Duration;
 
     /// These modules decide only: they name no client, no context and await nothing.
@@ -92,7 +156,10 @@ mod tests {
     fn a_decision_reads_and_writes_nothing() {
         let sources = [
             ("decide/mod.rs", include_str!("mod.rs")),
+            ("decide/down.rs", include_str!("down.rs")),
             ("decide/instances.rs", include_str!("instances.rs")),
+            ("decide/ordinary.rs", include_str!("ordinary.rs")),
+            ("decide/passes.rs", include_str!("passes.rs")),
             ("decide/requests.rs", include_str!("requests.rs")),
             ("decide/rollout.rs", include_str!("rollout.rs")),
             ("decide/status.rs", include_str!("status.rs")),
@@ -101,13 +168,14 @@ mod tests {
         let files = std::fs::read_dir(&here)
             .map(|d| {
                 d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter(|f| f.ends_with(".rs"))
                     .count()
             })
             .unwrap_or(0);
         assert_eq!(
             files,
             sources.len(),
-            "every file of {} is checked here",
+            "every source file of {} is checked here",
             here.display()
         );
         for (file, source) in sources {
