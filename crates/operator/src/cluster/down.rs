@@ -1,13 +1,15 @@
 //! The passes that take the Pods down in place of steps 5 to 11 of an ordinary pass:
-//! `spec.hibernate` ([`super::hibernation`]) and a major upgrade while the cluster is down
-//! for pg_upgrade ([`super::upgrade`]), with the upgrade's decision, which says which pass
-//! runs. Each reads, decides ([`decide::hibernate`], [`decide::upgrade`]) and writes
+//! `spec.hibernate` ([`decide::hibernation`]) and a major upgrade while the cluster is down
+//! for pg_upgrade ([`upgrade`]), with the upgrade's decision, which says which pass
+//! runs. Each reads, decides ([`decide::hibernate`], [`decide::upgrading`]) and writes
 //! ([`write::down`]).
 
 use super::decide::instances::Planned;
+use super::decide::upgrade;
 use super::error::Error;
+use super::observe::prober;
 use super::pass::{POLL, now};
-use super::{decide, dereference, observe, prober, upgrade, write};
+use super::{decide, observe, world, write};
 use crate::Context;
 use kube::runtime::controller::Action;
 use observe::{backups_of, probes};
@@ -22,7 +24,7 @@ pub(super) struct At<'a> {
     pub defaulted: &'a PostgresCluster,
     pub namespace: &'a str,
     pub planned: &'a Planned,
-    pub observed: &'a dereference::Observed,
+    pub observed: &'a world::Observed,
 }
 
 /// `spec.hibernate` in place of steps 5 to 11 ([`decide::hibernate`]): the cluster's
@@ -95,7 +97,7 @@ pub(super) async fn upgrade_decision(
     }))
 }
 
-/// The upgrade's passes that replace steps 5 to 11 ([`decide::upgrade`]): the credentials
+/// The upgrade's passes that replace steps 5 to 11 ([`decide::upgrading`]): the credentials
 /// read, then written; nothing but a look again while the decision has no record yet.
 pub(super) async fn upgrade(at: At<'_>, decision: &upgrade::Decision) -> Result<Action, Error> {
     let At {
@@ -113,7 +115,7 @@ pub(super) async fn upgrade(at: At<'_>, decision: &upgrade::Decision) -> Result<
     let (credentials, notes) =
         observe::credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
     let now = now();
-    let pass = decide::upgrade(input(at, &credentials, &now), decision, record)?;
+    let pass = decide::upgrading(input(at, &credentials, &now), decision, record)?;
     let requeue = pass.requeue;
     write::down(ctx, cluster, namespace, observed, &notes, pass).await?;
     Ok(Action::requeue(requeue))
@@ -138,7 +140,7 @@ fn input<'a>(
 
 /// Tells the prober the cluster's Pods (a pass that does not probe them: hibernation, a
 /// major upgrade while the cluster is down).
-pub(super) fn track(ctx: &Context, cluster: &PostgresCluster, observed: &dereference::Observed) {
+pub(super) fn track(ctx: &Context, cluster: &PostgresCluster, observed: &world::Observed) {
     if let Some(prober) = &ctx.prober {
         let r = kube::runtime::reflector::ObjectRef::from_obj(cluster);
         prober.track(&r, prober::instances_of(&observed.pods));

@@ -1,16 +1,18 @@
-//! The errors of a pass: each step's, and the writes'. A failed pass is retried after the
-//! cluster's own backoff ([`super::error_policy`]).
+//! The errors of a pass: each step's, and the writes' (with those of reading the children,
+//! [`ListError`], and of applying them, [`ApplyError`], which `observe::dereference` and
+//! `write::apply` return). A failed pass is retried after the cluster's own backoff
+//! ([`super::error_policy`]).
 
-use super::{apply, build, dereference, pki};
+use super::{build, pki};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to read the cluster's children")]
-    Dereference(#[from] dereference::Error),
+    Dereference(#[from] ListError),
     #[error("failed to build the cluster's children")]
     Build(#[from] build::Error),
     #[error("failed to apply the cluster's children")]
-    Apply(#[from] apply::Error),
+    Apply(#[from] ApplyError),
     #[error("failed to patch the cluster's status")]
     PatchStatus(#[source] kube::Error),
     #[error("failed to remove the request annotation {0}")]
@@ -46,4 +48,39 @@ impl Error {
             Error::NoNamespace => "NoNamespace",
         }
     }
+}
+
+/// Reading the children (`observe::dereference`): one kind's LIST failed.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to list {kind}s of the cluster")]
+pub struct ListError {
+    pub kind: &'static str,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// Writing the children (`write::apply`).
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("failed to apply {kind} {name}")]
+    Apply {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to delete {kind} {name}")]
+    Delete {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("failed to serialize {kind} {name}")]
+    Serialize {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }

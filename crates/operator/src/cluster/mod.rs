@@ -11,15 +11,16 @@
 //!    spec sets phase Invalid and waits for a change, never retries ([`decide::valid`]);
 //! 3. [`dereference`] — the children, from the watch caches ([`cache`]) or, while they may
 //!    not show this cluster's last writes, one labelled LIST per kind; a shrunk volume or a
-//!    changed major is refused as in step 2 ([`decide::held`], [`immutable`]);
-//! 4. plan the instance serials ([`decide::instances`], [`instances`]); a raised major is
-//!    upgraded in place ([`upgrade`]) and `spec.hibernate` goes on in [`hibernation`], both
+//!    changed major is refused as in step 2 ([`decide::held`], [`decide::immutable`]);
+//! 4. plan the instance serials ([`decide::instances`], [`decide::serials`]); a raised
+//!    major is upgraded in place ([`upgrade`]) and `spec.hibernate` goes on in
+//!    [`decide::hibernation`], both
 //!    instead of the steps below while the Pods are down ([`down`]);
-//! 5. [`probe`] every instance's `/pg/status`, then decide the primary ([`roles`]);
+//! 5. [`probe`] every instance's `/pg/status`, then decide the primary ([`decide::roles`]);
 //! 6. [`credentials`], [`pki`] — passwords and certificates, read and checked;
-//! 7. the next step of a rolling update ([`rollout`]) or a switchover first; then [`build`]
+//! 7. the next step of a rolling update ([`decide::rolling`]) or a switchover first; then [`build`]
 //!    the children once the roles are final;
-//! 8. [`status`] and the Events of what changed, written first, so that a new
+//! 8. the status ([`decide::computed`]) and the Events of what changed, written first, so that a new
 //!    `targetPrimary` is on record before any label moves; then the request annotations;
 //! 9. schedule — create the scheduled backups due now;
 //! 10. [`lease`] — during a failover, release the Lease of a primary whose container stopped;
@@ -30,36 +31,24 @@
 //! finalizer: every child carries a controller ownerReference, so the garbage collector
 //! deletes them with the cluster, and nothing outside the API server needs cleaning up.
 
-pub mod apply;
 pub mod build;
-pub mod cache;
 pub mod credentials;
 mod decide;
-pub mod dereference;
 mod down;
 mod error;
-pub mod hibernation;
-pub mod immutable;
-pub mod instances;
-pub mod lease;
 pub mod nodes;
 mod notes;
 mod observe;
 mod pass;
 pub mod pki;
 pub mod pods;
-pub mod probe;
-pub mod prober;
-pub mod roles;
-pub mod rollout;
-pub mod status;
-pub mod storage;
 pub mod triggers;
-pub mod upgrade;
 pub mod world;
 mod write;
 
+pub use decide::upgrade;
 pub use error::Error;
+pub use observe::{cache, probe, prober};
 pub use pass::{POLL, POLL_TRANSITION, RESYNC};
 
 use crate::Context;
@@ -162,17 +151,19 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
         cluster,
         defaulted,
         observed,
-        named,
-        plan: &planned.plan,
-        existing: &planned.existing,
-        major,
-        upgrade: &upgrade,
         reads,
         nodes: &ctx.nodes,
         settings: &ctx.settings,
         now: now(),
     };
-    let pass = decide::ordinary(&world)?;
+    let settled = decide::Settled {
+        named,
+        plan: &planned.plan,
+        existing: &planned.existing,
+        major,
+        upgrade: &upgrade,
+    };
+    let pass = decide::ordinary(&world, settled)?;
     let requeue = pass.requeue;
     write::ordinary(ctx, &world, ns, &read_notes, pass).await?;
     Ok(Action::requeue(requeue))

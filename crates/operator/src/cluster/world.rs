@@ -23,23 +23,15 @@ pub struct Observed {
     pub deployments: Vec<Deployment>,
 }
 
-/// What an ordinary pass has read by the time it decides steps 5 to 11
-/// ([`super::observe::world`]), with what steps 1 to 4 settled: data only.
+/// What an ordinary pass has read by the time it decides steps 5 to 11: data only (what
+/// steps 1 to 4 decided comes beside it, `decide::Settled`).
 pub(in crate::cluster) struct World<'a> {
     /// The cluster as read, and with its defaults (the volumes at least as large as
     /// auto-grow made them).
     pub cluster: &'a pgop_api::v1beta1::PostgresCluster,
     pub defaulted: &'a pgop_api::v1beta1::PostgresCluster,
     pub observed: &'a Observed,
-    /// Step 4: the planned instances (name and serial), the plan, and the serials that
-    /// have a Pod or a claim now.
-    pub named: &'a [(String, i32)],
-    pub plan: &'a super::instances::Plan,
-    pub existing: &'a std::collections::BTreeSet<i32>,
-    /// The major the instances are built for, and the upgrade's decision.
-    pub major: i32,
-    pub upgrade: &'a super::upgrade::Decision,
-    /// What steps 5 to 11 read.
+    /// What steps 5 to 11 read ([`super::observe::ordinary`]).
     pub reads: Reads,
     pub nodes: &'a super::nodes::NodeFacts,
     pub settings: &'a crate::Settings,
@@ -49,7 +41,7 @@ pub(in crate::cluster) struct World<'a> {
 /// The reads of steps 5 to 11 of an ordinary pass ([`super::observe::ordinary`]).
 pub(in crate::cluster) struct Reads {
     /// Step 5: every instance's `/pg/status`.
-    pub probes: std::collections::BTreeMap<String, super::probe::Probe>,
+    pub probes: std::collections::BTreeMap<String, Probe>,
     /// Step 6: the passwords and certificates.
     pub credentials: super::build::Credentials,
     /// The cluster's PostgresBackups, when it has a backup section.
@@ -59,4 +51,22 @@ pub(in crate::cluster) struct Reads {
     /// The volumes of instances not placed on a node whose claim's node is missing (or not
     /// recorded): the instance and its PersistentVolume.
     pub unplaced_volumes: Vec<(String, k8s_openapi::api::core::v1::PersistentVolume)>,
+}
+
+/// What one probe found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Probe {
+    /// The manager answered with its status.
+    Status(Box<pgop_api::instance_status::PgStatus>),
+    /// No Pod IP yet, a refused or timed-out connection, or an unreadable answer.
+    Unreachable(String),
+}
+
+impl Probe {
+    pub fn status(&self) -> Option<&pgop_api::instance_status::PgStatus> {
+        match self {
+            Probe::Status(s) => Some(s),
+            Probe::Unreachable(_) => None,
+        }
+    }
 }

@@ -53,7 +53,7 @@ pub fn ready_pod(pods: &[Pod]) -> Option<String> {
     let mut ready: Vec<String> = pods
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| pgop_operator::cluster::status::pod_ready(p))
+        .filter(|p| pgop_operator::cluster::pods::pod_ready(p))
         .map(ResourceExt::name_any)
         .collect();
     ready.sort();

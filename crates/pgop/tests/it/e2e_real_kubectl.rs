@@ -133,7 +133,7 @@ async fn kubectl_pgop_logs_and_psql_on_real_nodes() -> Result {
             let ips: Vec<String> = list
                 .items
                 .iter()
-                .filter(|p: &&Pod| pgop_operator::cluster::status::pod_ready(p))
+                .filter(|p: &&Pod| pgop_operator::cluster::pods::pod_ready(p))
                 .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
                 .collect();
             if ips.is_empty() {

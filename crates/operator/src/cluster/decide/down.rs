@@ -3,10 +3,12 @@
 //! pg_upgrade ([`upgrade`]). [`crate::cluster::write::down`] carries them out.
 
 use super::instances::{Planned, children};
+use super::serials as instances;
 use super::status::hibernation_event;
+use super::{hibernation, upgrade};
 use crate::cluster::notes::Note;
 use crate::cluster::pass::{POLL, RESYNC};
-use crate::cluster::{build, dereference, hibernation, instances, upgrade};
+use crate::cluster::{build, world};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -20,7 +22,7 @@ use std::time::Duration;
 pub(in crate::cluster) struct DownInput<'a> {
     pub cluster: &'a PostgresCluster,
     pub defaulted: &'a PostgresCluster,
-    pub observed: &'a dereference::Observed,
+    pub observed: &'a world::Observed,
     pub planned: &'a Planned,
     pub credentials: &'a build::Credentials,
     pub settings: &'a crate::Settings,
@@ -104,7 +106,7 @@ pub(in crate::cluster) fn hibernate(
 /// (`Stopping`); then only the primary's Pod, built for the new major with the upgrade
 /// request (`Upgrading`); or that Pod deleted after a failure. The other children are
 /// applied as usual; the status says phase Upgrading. `record`: the decision's.
-pub(in crate::cluster) fn upgrade(
+pub(in crate::cluster) fn upgrading(
     input: DownInput<'_>,
     decision: &upgrade::Decision,
     record: &pgop_api::cluster::MajorUpgrade,

@@ -1,9 +1,10 @@
-//! Step 4: the instance serials to keep, create and remove (see [`crate::cluster::instances`]),
+//! Step 4: the instance serials to keep, create and remove (see [`super::serials`]),
 //! and the children built for them. The plan's `next_serial` is in the status each pass
 //! writes before it applies anything, which reserves new serials before any instance is
 //! created.
 
-use crate::cluster::{build, dereference, instances};
+use super::serials as instances;
+use crate::cluster::{build, world};
 use kube::ResourceExt;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeSet;
@@ -22,7 +23,7 @@ pub(in crate::cluster) struct Planned {
 pub(in crate::cluster) fn plan(
     cluster: &PostgresCluster,
     defaulted: &PostgresCluster,
-    observed: &dereference::Observed,
+    observed: &world::Observed,
 ) -> Planned {
     let name = cluster.name_any();
     let existing: BTreeSet<i32> = observed

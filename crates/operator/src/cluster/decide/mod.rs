@@ -2,36 +2,50 @@
 //! the `now` it is given; `a_decision_reads_and_writes_nothing` below checks the sources).
 //! [`super::write`] carries them out.
 //!
+//! The steps of a pass:
 //! - [`valid`], [`held`]: steps 2 and 3's checks of the spec, and [`refused`]: the status
 //!   and Event of a spec they refuse (or of a cluster being deleted, [`deleting`]);
-//! - [`instances`]: step 4's serials and the children step 6 builds for them;
-//! - [`hibernate()`], [`upgrade()`]: the passes that take the Pods down instead of steps
-//!   5 to 11, as [`Down`] values;
+//! - [`instances`]: step 4's serials ([`serials`]) and the children built for them;
+//! - [`hibernate()`], [`upgrading()`]: the passes that take the Pods down instead of steps
+//!   5 to 11 ([`hibernation`], [`upgrade`]), as [`Down`] values;
 //! - [`ordinary()`]: steps 5 to 11 of an ordinary pass, from the [`super::world::World`]
-//!   it read, as one [`Ordinary`] value, using:
-//! - [`rollout()`]: step 7, the next step of a rolling update or a switchover first;
-//! - [`status()`]: step 8, the status and the Events of its changes;
-//! - [`requests()`]: the request annotations to remove after it, and their Events;
-//! - [`next_pass`]: when to look at the cluster again.
+//!   it read and what steps 1 to 4 [`Settled`], as one [`Ordinary`] value, through
+//!   [`rollout()`] (step 7: the next step of a rolling update, [`rolling`], or a
+//!   switchover first), [`status()`] (step 8: the status, [`computed`], and the Events of
+//!   its changes), [`requests()`] (the request annotations to remove after it) and
+//!   [`next_pass`] (when to look at the cluster again).
+//!
+//! What they decide with: [`roles`] (failover, switchover and their completion),
+//! [`storage`] (the volumes' size, auto-grow), [`nodes`] (a drain's switchover, a volume
+//! lost with its node), [`immutable`] (what a running cluster cannot change).
 
+pub mod computed;
 mod down;
+pub mod hibernation;
+pub mod immutable;
 pub(super) mod instances;
+pub mod nodes;
 mod ordinary;
 #[cfg(test)]
 mod passes;
 mod requests;
+pub mod roles;
+pub mod rolling;
 mod rollout;
+pub mod serials;
 mod status;
+pub mod storage;
+pub mod upgrade;
 
-pub(super) use down::{Down, DownInput, hibernate, upgrade};
-pub(super) use ordinary::{Ordinary, ordinary, volume_usage};
+pub(super) use down::{Down, DownInput, hibernate, upgrading};
+pub(super) use ordinary::{Ordinary, Settled, ordinary, volume_usage};
 pub(super) use requests::{Requests, requests};
 pub(super) use rollout::{Rollout, RolloutInput, rollout};
 pub(super) use status::{StatusInput, set_volumes_resized, status};
 
 use super::notes::Note;
 use super::pass::{POLL, POLL_TRANSITION, RESYNC};
-use super::{dereference, immutable, status as cluster_status, storage};
+use super::world;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::events::EventType;
 use pgop_api::PostgresClusterStatus;
@@ -63,7 +77,7 @@ pub(super) fn valid(cluster: &PostgresCluster) -> Result<PostgresCluster, String
 pub(super) fn held(
     cluster: &PostgresCluster,
     defaulted: &mut PostgresCluster,
-    observed: &dereference::Observed,
+    observed: &world::Observed,
 ) -> Result<(i32, i32), String> {
     if let Some(grown) = cluster.status.as_ref().and_then(|s| s.auto_grow.as_ref()) {
         defaulted.spec.storage.size = storage::larger(&defaulted.spec.storage.size, &grown.size);
@@ -100,7 +114,7 @@ pub(super) fn refused(
     message: &str,
     now: Time,
 ) -> (PostgresClusterStatus, Note) {
-    let status = cluster_status::invalid(cluster, message, now);
+    let status = computed::invalid(cluster, message, now);
     (
         status,
         Note::new(EventType::Warning, "InvalidSpec", message),
@@ -127,7 +141,7 @@ pub(super) fn deleting(cluster: &PostgresCluster) -> (PostgresClusterStatus, Not
 ///   way (its health gate), an instance Pod is unschedulable (its grace);
 /// - else after [`RESYNC`], or sooner at the first of `deadlines`: the next scheduled
 ///   backup, and when WAL positions held back from the status are due (at most
-///   [`cluster_status::POSITIONS_INTERVAL`] after the last ones published).
+///   [`computed::POSITIONS_INTERVAL`] after the last ones published).
 ///
 /// A primary that is unavailable with no standby answering waits on no clock: nothing can
 /// take over until an instance answers, and the prober wakes the cluster then.
@@ -155,14 +169,23 @@ mod tests {
     #[test]
     fn a_decision_reads_and_writes_nothing() {
         let sources = [
-            ("decide/mod.rs", include_str!("mod.rs")),
+            ("decide/computed.rs", include_str!("computed.rs")),
             ("decide/down.rs", include_str!("down.rs")),
+            ("decide/hibernation.rs", include_str!("hibernation.rs")),
+            ("decide/immutable.rs", include_str!("immutable.rs")),
             ("decide/instances.rs", include_str!("instances.rs")),
+            ("decide/mod.rs", include_str!("mod.rs")),
+            ("decide/nodes.rs", include_str!("nodes.rs")),
             ("decide/ordinary.rs", include_str!("ordinary.rs")),
             ("decide/passes.rs", include_str!("passes.rs")),
             ("decide/requests.rs", include_str!("requests.rs")),
+            ("decide/roles.rs", include_str!("roles.rs")),
+            ("decide/rolling.rs", include_str!("rolling.rs")),
             ("decide/rollout.rs", include_str!("rollout.rs")),
+            ("decide/serials.rs", include_str!("serials.rs")),
             ("decide/status.rs", include_str!("status.rs")),
+            ("decide/storage.rs", include_str!("storage.rs")),
+            ("decide/upgrade.rs", include_str!("upgrade.rs")),
         ];
         let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cluster/decide");
         let files = std::fs::read_dir(&here)

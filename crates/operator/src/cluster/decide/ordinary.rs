@@ -5,11 +5,15 @@
 //! out.
 
 use super::instances::{children, specs};
+use super::serials as instances;
 use super::{Requests, Rollout, RolloutInput, StatusInput, next_pass, requests, rollout, status};
+use super::{nodes, roles, storage, upgrade};
 use crate::backup;
+use crate::cluster::build;
 use crate::cluster::notes::Note;
+use crate::cluster::pods::unschedulable_since;
+use crate::cluster::world::Probe;
 use crate::cluster::world::World;
-use crate::cluster::{build, instances, nodes, probe, roles, status as cluster_status, storage};
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
 use pgop_api::PostgresClusterStatus;
@@ -48,16 +52,33 @@ pub(in crate::cluster) struct Ordinary {
     pub requeue: Duration,
 }
 
-/// Decides steps 5 to 11 of an ordinary pass from what it read.
-pub(in crate::cluster) fn ordinary(world: &World<'_>) -> Result<Ordinary, build::Error> {
-    let World {
-        cluster,
-        observed,
+/// What steps 1 to 4 decided, which an ordinary pass goes on from.
+#[derive(Clone, Copy)]
+pub(in crate::cluster) struct Settled<'a> {
+    /// Step 4: the planned instances (name and serial), the plan, and the serials that
+    /// have a Pod or a claim now.
+    pub named: &'a [(String, i32)],
+    pub plan: &'a instances::Plan,
+    pub existing: &'a std::collections::BTreeSet<i32>,
+    /// The major the instances are built for, and the upgrade's decision.
+    pub major: i32,
+    pub upgrade: &'a upgrade::Decision,
+}
+
+/// Decides steps 5 to 11 of an ordinary pass from what it read and what steps 1 to 4
+/// settled.
+pub(in crate::cluster) fn ordinary(
+    world: &World<'_>,
+    settled: Settled<'_>,
+) -> Result<Ordinary, build::Error> {
+    let (cluster, observed) = (world.cluster, world.observed);
+    let Settled {
         named,
         plan,
+        existing,
         major,
-        ..
-    } = *world;
+        upgrade,
+    } = settled;
     let name = cluster.name_any();
     let now = &world.now;
     let probes = &world.reads.probes;
@@ -143,7 +164,7 @@ pub(in crate::cluster) fn ordinary(world: &World<'_>) -> Result<Ordinary, build:
                     backups: world.reads.backups.as_deref(),
                     recovery: world.reads.recovery.clone(),
                     major,
-                    upgrade: world.upgrade,
+                    upgrade,
                     storage: &storage,
                     usage: &usage,
                 },
@@ -186,16 +207,11 @@ pub(in crate::cluster) fn ordinary(world: &World<'_>) -> Result<Ordinary, build:
         .map(|s| instances::instance_name(&name, *s))
         .collect();
     let created: Vec<String> = plan
-        .created(world.existing)
+        .created(existing)
         .iter()
         .map(|s| instances::instance_name(&name, *s))
         .collect();
-    let scaled = scaled(
-        world.existing.is_empty(),
-        &created,
-        &removed,
-        plan.serials.len(),
-    );
+    let scaled = scaled(existing.is_empty(), &created, &removed, plan.serials.len());
 
     let timed = rollout.replace.is_some()
         || rollout.restart_instance.is_some()
@@ -203,7 +219,7 @@ pub(in crate::cluster) fn ordinary(world: &World<'_>) -> Result<Ordinary, build:
         || observed
             .pods
             .iter()
-            .any(|p| cluster_status::unschedulable_since(p).is_some());
+            .any(|p| unschedulable_since(p).is_some());
     // The failover delay runs only while a standby could take over.
     let failover_clock = !roles.primary.available
         && probes
@@ -233,7 +249,7 @@ pub(in crate::cluster) fn ordinary(world: &World<'_>) -> Result<Ordinary, build:
 
 /// What each instance's manager reports of its data volume.
 pub(in crate::cluster) fn volume_usage(
-    probes: &BTreeMap<String, probe::Probe>,
+    probes: &BTreeMap<String, Probe>,
 ) -> Vec<(&str, VolumeUsage)> {
     probes
         .iter()

@@ -9,8 +9,10 @@
 //! Set `PGOP_UPDATE_FIXTURES=1` to rewrite the expected files after an intended change,
 //! then review their diff.
 
+use super::{nodes, upgrade};
+use crate::cluster::build;
+use crate::cluster::world::Probe;
 use crate::cluster::world::{Observed, Reads, World};
-use crate::cluster::{build, nodes, probe, upgrade};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -135,7 +137,7 @@ fn decide(fixture: Fixture) -> Decided {
         .filter_map(|p| {
             Some((
                 p.name_any(),
-                crate::cluster::instances::serial_of(&cluster.name_any(), &p.name_any())?,
+                super::serials::serial_of(&cluster.name_any(), &p.name_any())?,
             ))
         })
         .collect();
@@ -175,11 +177,11 @@ fn decide(fixture: Fixture) -> Decided {
                 Answer {
                     status: Some(status),
                     unreachable: None,
-                } => probe::Probe::Status(status),
+                } => Probe::Status(status),
                 Answer {
                     status: None,
                     unreachable: Some(why),
-                } => probe::Probe::Unreachable(why),
+                } => Probe::Unreachable(why),
                 _ => panic!("{instance}: either status or unreachable"),
             };
             (instance, probe)
@@ -190,11 +192,6 @@ fn decide(fixture: Fixture) -> Decided {
         cluster: &cluster,
         defaulted: &defaulted,
         observed: &observed,
-        named: &planned.named,
-        plan: &planned.plan,
-        existing: &planned.existing,
-        major,
-        upgrade: &upgrade,
         reads: Reads {
             probes,
             credentials: build::tests::passwords(),
@@ -236,7 +233,14 @@ fn decide(fixture: Fixture) -> Decided {
             ..Decided::default()
         };
     }
-    let pass = super::ordinary(&world).expect("the children build");
+    let settled = super::Settled {
+        named: &planned.named,
+        plan: &planned.plan,
+        existing: &planned.existing,
+        major,
+        upgrade: &upgrade,
+    };
+    let pass = super::ordinary(&world, settled).expect("the children build");
     let mut events: Vec<String> = pass.status_notes.iter().map(event).collect();
     events.extend(pass.requests.notes.iter().map(event));
     events.extend(pass.scaled.iter().map(event));

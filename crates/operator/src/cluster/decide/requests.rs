@@ -2,8 +2,8 @@
 //! request cannot act again later), and the Events of the restarts they asked for.
 
 use super::Rollout;
+use super::roles;
 use crate::cluster::notes::Note;
-use crate::cluster::roles;
 use kube::runtime::events::EventType;
 use pgop_api::constants::{ANNOTATION_RESTART_INSTANCE, ANNOTATION_SWITCHOVER_TO};
 use pgop_api::v1beta1::PostgresCluster;

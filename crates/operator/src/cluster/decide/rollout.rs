@@ -1,9 +1,9 @@
-//! Step 7: the next step of a rolling update ([`crate::cluster::rollout`], pure), the
+//! Step 7: the next step of a rolling update ([`super::rolling`], pure), the
 //! restart requests of the cluster's annotations, and a switchover to start first (a drain,
 //! or a rollout that reached the primary), as one value the pass acts on.
 
-use crate::cluster::rollout as rolling;
-use crate::cluster::{dereference, nodes, probe, roles};
+use super::{nodes, roles, rolling};
+use crate::cluster::world::{self, Probe};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use pgop_api::constants::{ANNOTATION_RESTART, ANNOTATION_RESTART_INSTANCE};
@@ -37,8 +37,8 @@ pub(in crate::cluster) struct RolloutInput<'a> {
     pub cluster: &'a PostgresCluster,
     pub defaulted: &'a PostgresCluster,
     pub named: &'a [(String, i32)],
-    pub observed: &'a dereference::Observed,
-    pub probes: &'a BTreeMap<String, probe::Probe>,
+    pub observed: &'a world::Observed,
+    pub probes: &'a BTreeMap<String, Probe>,
     pub placed: &'a [nodes::Instance<'a>],
     pub desired_hashes: &'a BTreeMap<String, String>,
     pub roles: &'a roles::Roles,

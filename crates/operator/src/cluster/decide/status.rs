@@ -3,9 +3,13 @@
 //! and publishes the Events, in this order.
 
 use super::Rollout;
+use super::computed as status;
+use super::serials as instances;
+use super::{roles, storage, upgrade};
 use crate::backup;
+use crate::cluster::build;
 use crate::cluster::notes::Note;
-use crate::cluster::{build, dereference, instances, probe, roles, status, storage, upgrade};
+use crate::cluster::world::{self, Probe};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::events::EventType;
@@ -21,12 +25,12 @@ pub(in crate::cluster) struct StatusInput<'a> {
     pub cluster: &'a PostgresCluster,
     pub defaulted: &'a PostgresCluster,
     pub plan: &'a instances::Plan,
-    pub observed: &'a dereference::Observed,
-    pub probes: &'a BTreeMap<String, probe::Probe>,
+    pub observed: &'a world::Observed,
+    pub probes: &'a BTreeMap<String, Probe>,
     pub roles: &'a roles::Roles,
     pub rollout: &'a Rollout,
     pub backups: Option<&'a [pgop_api::backup::PostgresBackup]>,
-    /// The recovery source resolved in this pass ([`super::observe::recovery_source`]).
+    /// The recovery source resolved in this pass (`observe::recovery_source`).
     pub recovery: Option<Result<Option<RecoverySource>, String>>,
     pub major: i32,
     pub upgrade: &'a upgrade::Decision,
@@ -185,7 +189,7 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
 /// ContinuousArchiving.
 fn backup_facts(
     cluster: &PostgresCluster,
-    probes: &BTreeMap<String, probe::Probe>,
+    probes: &BTreeMap<String, Probe>,
     roles: &roles::Roles,
     backups: Option<&[pgop_api::backup::PostgresBackup]>,
     recovery: Option<Result<Option<RecoverySource>, String>>,
@@ -215,7 +219,7 @@ fn backup_facts(
     // A restore (or another bootstrap) that fails shows here, not only in the pod's log.
     let bootstrap_error = probes
         .get(&roles.target)
-        .and_then(probe::Probe::status)
+        .and_then(Probe::status)
         .and_then(|s| s.bootstrap_error.clone());
     if let Some(error) = bootstrap_error {
         pgop_api::conditions::set_condition(
@@ -237,7 +241,7 @@ fn backup_facts(
     let mine: Vec<&pgop_api::backup::PostgresBackup> = backups.iter().collect();
     backup::cluster::backup_status(&mine, status, generation, now.clone());
     if spec.backup.as_ref().is_some_and(|b| b.store.is_some()) && !roles.in_transition() {
-        let primary = probes.get(&roles.current).and_then(probe::Probe::status);
+        let primary = probes.get(&roles.current).and_then(Probe::status);
         backup::cluster::archiving_status(primary, status, generation, now.clone());
     }
 }

@@ -11,7 +11,7 @@ pub fn storage_shrink(
     spec: &pgop_api::v1beta1::PostgresClusterSpec,
     pvcs: &[k8s_openapi::api::core::v1::PersistentVolumeClaim],
 ) -> Option<pgop_api::validation::FieldError> {
-    use super::build::pvc::is_wal;
+    use crate::cluster::build::pvc::is_wal;
     let (data, wal): (Vec<_>, Vec<_>) = pvcs.iter().partition(|p| !is_wal(p));
     if let Some(e) = shrink("spec.storage.size", &spec.storage.size, &data) {
         return Some(e);
@@ -78,7 +78,7 @@ pub fn held_major(
         .filter_map(|p| p.spec.as_ref())
         .flat_map(|s| &s.containers)
         .flat_map(|c| c.env.iter().flatten())
-        .filter(|e| e.name == super::build::pod::env::POSTGRES_MAJOR)
+        .filter(|e| e.name == crate::cluster::build::pod::env::POSTGRES_MAJOR)
         .filter_map(|e| major(e.value.as_deref()?));
     reported.chain(built_for).next()
 }

@@ -1,9 +1,9 @@
 //! Status: computed from what was observed (pure), then patched once, and only when it
 //! differs from what the cluster already shows.
 
-use super::instances::{Plan, instance_name};
-use super::probe::Probe;
 use super::roles::Roles;
+use super::serials::{Plan, instance_name};
+use crate::cluster::world::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -14,9 +14,9 @@ use pgop_api::v1beta1::PostgresCluster;
 use pgop_api::{PostgresClusterStatus, labels};
 use std::collections::BTreeMap;
 
-pub use super::pods::{
-    REASON_FENCED, REASON_INSTANCE_CANNOT_START, REASON_UNFENCING, REASON_UNSCHEDULABLE,
-    down_message, pod_ready, unschedulable, unschedulable_since,
+use crate::cluster::pods::{
+    REASON_FENCED, REASON_INSTANCE_CANNOT_START, REASON_UNSCHEDULABLE, down_message, pod_ready,
+    unschedulable,
 };
 
 /// Least time between two publications of the instances' WAL positions while nothing else
@@ -700,7 +700,7 @@ pub fn compute(
 /// Sets `RolloutBlocked`: True with the reason and message of `blocked`, else False.
 pub fn set_rollout_blocked(
     status: &mut PostgresClusterStatus,
-    blocked: Option<super::rollout::Blocked>,
+    blocked: Option<super::rolling::Blocked>,
     generation: Option<i64>,
     now: Time,
 ) {
@@ -831,7 +831,7 @@ pub fn invalid(cluster: &PostgresCluster, message: &str, now: Time) -> PostgresC
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::instances::plan;
+    use crate::cluster::decide::serials::plan;
     use k8s_openapi::jiff::Timestamp;
     use std::collections::BTreeSet;
 
@@ -943,7 +943,7 @@ mod tests {
             current: primary.into(),
             target: primary.into(),
             phase: None,
-            primary: crate::cluster::roles::Availability {
+            primary: crate::cluster::decide::roles::Availability {
                 available: true,
                 reason: "PrimaryRunning",
                 message: "runs".into(),

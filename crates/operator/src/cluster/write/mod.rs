@@ -7,12 +7,17 @@
 //! resize amend. The passes that end early or take the Pods down write through
 //! [`status_then_note`], [`patch_status`] and [`publish`].
 
+pub mod apply;
+pub mod lease;
+
 use super::decide::{Down, Ordinary, set_volumes_resized};
+use super::decide::{storage, upgrade};
 use super::error::Error;
 use super::notes::Note;
 use super::pass::{key, now};
+use super::world;
 use super::world::World;
-use super::{apply, build, decide, dereference, lease, storage, upgrade};
+use super::{build, decide};
 use crate::{Context, backup};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -102,7 +107,7 @@ async fn release_dead_primary_lease(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
-    observed: &dereference::Observed,
+    observed: &world::Observed,
     primary: &str,
 ) {
     let name = cluster.name_any();
@@ -195,7 +200,7 @@ pub(super) async fn down(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
-    observed: &dereference::Observed,
+    observed: &world::Observed,
     read_notes: &[Note],
     pass: Down,
 ) -> Result<(), Error> {
@@ -218,7 +223,7 @@ async fn apply_and_delete(
     ctx: &Context,
     (namespace, name): (&str, &str),
     children: &build::Children,
-    observed: &dereference::Observed,
+    observed: &world::Observed,
     removed: &[String],
     pods: &[String],
 ) -> Result<apply::Outcome, Error> {

@@ -34,7 +34,7 @@
 //! version while it runs pg_upgrade or clones.
 
 use super::hibernation;
-use super::probe::Probe;
+use crate::cluster::world::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
@@ -585,7 +585,7 @@ pub fn status_while_down(
             now.clone(),
         );
     }
-    super::status::set_spec_valid(&mut status.conditions, generation, now);
+    super::computed::set_spec_valid(&mut status.conditions, generation, now);
     status
 }
 

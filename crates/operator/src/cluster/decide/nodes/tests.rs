@@ -1,5 +1,7 @@
 use super::*;
-use crate::cluster::roles::Availability;
+use crate::cluster::decide::roles::Availability;
+use crate::cluster::nodes::trim;
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::store;
 use kube::runtime::watcher::Event;
 use std::collections::BTreeMap;

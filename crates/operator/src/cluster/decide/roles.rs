@@ -28,8 +28,8 @@ use pgop_api::instance_status::{PgRole, PgStatus, parse_lsn};
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 
-use super::pods::{REASON_FENCED, REASON_UNFENCING, pod_ready};
-use super::probe::Probe;
+use crate::cluster::pods::{REASON_FENCED, REASON_UNFENCING, pod_ready};
+use crate::cluster::world::Probe;
 
 /// An Event to publish once the status is written.
 #[derive(Clone, Debug, PartialEq, Eq)]

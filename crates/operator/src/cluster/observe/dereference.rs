@@ -12,15 +12,9 @@ use super::cache::{Caches, Expectations};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 
-#[derive(Debug, thiserror::Error)]
-#[error("failed to list {kind}s of the cluster")]
-pub struct Error {
-    pub kind: &'static str,
-    #[source]
-    pub source: kube::Error,
-}
+pub use crate::cluster::error::ListError as Error;
 
-pub use super::world::Observed;
+pub use crate::cluster::world::Observed;
 
 async fn list<K>(client: &Client, namespace: &str, selector: &str) -> Result<Vec<K>, Error>
 where

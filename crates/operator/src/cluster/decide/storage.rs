@@ -71,7 +71,8 @@ fn request_and_capacity(pvc: &PersistentVolumeClaim) -> (Option<u128>, Option<u1
 
 /// The data claims among a cluster's claims (not `spec.walStorage`'s).
 fn data_claims(pvcs: &[PersistentVolumeClaim]) -> impl Iterator<Item = &PersistentVolumeClaim> {
-    pvcs.iter().filter(|p| !super::build::pvc::is_wal(p))
+    pvcs.iter()
+        .filter(|p| !crate::cluster::build::pvc::is_wal(p))
 }
 
 /// Decides the size of the volumes. `usage` is what each instance's manager reports of
@@ -176,7 +177,7 @@ pub fn resized(
     };
     let wal: Vec<&PersistentVolumeClaim> = pvcs
         .iter()
-        .filter(|p| super::build::pvc::is_wal(p))
+        .filter(|p| crate::cluster::build::pvc::is_wal(p))
         .collect();
     match claims_resized(wal_size, &wal, &[], refused) {
         (true, reason, _) => (

@@ -14,28 +14,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub use crate::cluster::world::Probe;
+
 /// How long one instance may take to answer, connection included.
 pub const TIMEOUT: Duration = Duration::from_millis(1500);
 /// Largest response accepted (a status is a few KiB).
 const MAX_RESPONSE: u64 = 1 << 20;
-
-/// What one probe found.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Probe {
-    /// The manager answered with its status.
-    Status(Box<PgStatus>),
-    /// No Pod IP yet, a refused or timed-out connection, or an unreadable answer.
-    Unreachable(String),
-}
-
-impl Probe {
-    pub fn status(&self) -> Option<&PgStatus> {
-        match self {
-            Probe::Status(s) => Some(s),
-            Probe::Unreachable(_) => None,
-        }
-    }
-}
 
 /// The status of every Pod, keyed by Pod name, probed in parallel on the manager port.
 pub async fn probe_all(pods: &[Pod]) -> BTreeMap<String, Probe> {

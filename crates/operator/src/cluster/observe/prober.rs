@@ -104,8 +104,8 @@ pub struct Stats {
 }
 
 /// The fields of a [`PgStatus`] whose change wakes the cluster's reconcile: everything the
-/// reconcile branches on ([`super::roles::decide`], [`super::rollout`],
-/// [`super::status::compute`], the backup facts of `super::decide`), and nothing that moves on its
+/// reconcile branches on (`decide::roles::decide`, `decide::rolling`,
+/// `decide::computed::compute`, the backup facts of `decide`), and nothing that moves on its
 /// own under load.
 ///
 /// Whether the instance answers at all (a [`Probe::Status`] or a [`Probe::Unreachable`]) is
@@ -116,7 +116,7 @@ pub struct Stats {
 /// - the WAL positions (`currentLsn`, `receivedLsn`, `replayedLsn`) and everything in
 ///   `replication` (the primary's view of its standbys, with their lag): they move with
 ///   every write, and the status publishes positions at most once a minute anyway
-///   ([`super::status::publish_positions_at_most_every`]); a failover reads them fresh
+///   (`decide::computed::publish_positions_at_most_every`); a failover reads them fresh
 ///   when it chooses. The status has no coarse lag class to wake on;
 /// - the archiver's counters, last archived and last failed WAL and their times: they
 ///   move with the WAL; only whether archiving is configured and failing decides the
@@ -170,7 +170,7 @@ pub struct Significant<'a> {
     pub postgres_version: Option<&'a str>,
     /// The data volume's size in MiB and the share in use in whole percent: auto-grow
     /// compares the share with its threshold, and the VolumesResized condition waits for
-    /// the filesystem to grow (see [`super::storage`]). A busy instance moves the share by
+    /// the filesystem to grow (see `decide::storage`). A busy instance moves the share by
     /// a percent now and then, not with every write.
     pub volume: Option<(u64, u64)>,
 }

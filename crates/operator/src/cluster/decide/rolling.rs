@@ -41,9 +41,9 @@
 //!   (`RolloutBlocked`, with PostgreSQL's last error lines). The primary is never restarted
 //!   in place while it has standbys, and never switched away from to an unhealthy one.
 
-use super::pods::pod_ready;
-use super::probe::Probe;
 use super::roles::Roles;
+use crate::cluster::pods::pod_ready;
+use crate::cluster::world::Probe;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use pgop_api::constants::ANNOTATION_SPEC_HASH;
@@ -103,7 +103,7 @@ pub fn unplaced(pods: &[Pod], now: jiff::Timestamp) -> BTreeSet<String> {
     pods.iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
-            super::pods::unschedulable_since(p)
+            crate::cluster::pods::unschedulable_since(p)
                 .is_some_and(|since| now.duration_since(since) >= grace)
         })
         .map(ResourceExt::name_any)
@@ -284,12 +284,15 @@ pub fn blocked(
                 .and_then(Probe::status)
                 .and_then(|s| s.down.as_ref())
                 .filter(|d| d.cannot_start_with_parameters())?;
-            Some(format!("{name} {}", super::pods::down_message(down)))
+            Some(format!(
+                "{name} {}",
+                crate::cluster::pods::down_message(down)
+            ))
         })
         .collect();
     if !cannot_start.is_empty() {
         return Some(Blocked {
-            reason: super::pods::REASON_INSTANCE_CANNOT_START,
+            reason: crate::cluster::pods::REASON_INSTANCE_CANNOT_START,
             message: pgop_api::instance_status::printable(
                 &format!(
                     "cannot start, the rollout stops here and leaves the other instances \
@@ -477,7 +480,7 @@ pub fn next(input: &Input) -> Step {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::roles::Availability;
+    use crate::cluster::decide::roles::Availability;
 
     fn pod(name: &str, hash: &str, ready: bool) -> Pod {
         serde_json::from_value(serde_json::json!({

@@ -19,7 +19,7 @@
 //! is started ([`super::roles`] counts only a cluster that has served since), so an
 //! instance that comes back before the primary cannot take its place.
 
-use super::instances::{Plan, instance_name};
+use super::serials::{Plan, instance_name};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;

@@ -4,10 +4,15 @@
 //! the certificates); [`ordinary`] makes those of an ordinary pass, once each. Never
 //! decides and never writes (but tells the prober which Pods to poll).
 
+pub mod cache;
+pub mod dereference;
+pub mod probe;
+pub mod prober;
+
 use super::error::Error;
 use super::notes::Note;
 use super::world::Reads;
-use super::{build, credentials, dereference, nodes, pki, probe, prober};
+use super::{build, credentials, nodes, pki};
 use crate::{Context, backup};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
@@ -191,7 +196,7 @@ pub(super) async fn recovery_source(
 
 /// The volumes of the planned instances whose Pod is not placed on a node and whose
 /// claim's node is missing (or not recorded): the instance and its PersistentVolume, for
-/// the decision whether the volume was lost with its node ([`nodes::lost_volume`]). Reads
+/// the decision whether the volume was lost with its node (`decide::nodes::lost_volume`). Reads
 /// a PersistentVolume only for such a claim, so a pass over placed Pods reads none.
 pub(super) async fn unplaced_volumes(
     ctx: &Context,
@@ -312,7 +317,7 @@ pub(super) async fn credentials(
 mod tests {
     #[test]
     fn a_failover_is_chosen_on_fresh_probes_once_the_primary_is_lost() {
-        use crate::cluster::probe::Probe;
+        use crate::cluster::observe::probe::Probe;
         use pgop_api::v1beta1::PostgresCluster;
         use std::collections::BTreeMap;
         let cluster = |phase: &str, current: &str| -> PostgresCluster {

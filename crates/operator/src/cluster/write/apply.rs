@@ -14,9 +14,9 @@
 //!   ownerReference are repaired with a metadata-only patch.
 //! - Instances the plan removed lose their Pod, then their PVC.
 
-use super::build::{Children, quantity};
-use super::cache::Written;
-use super::dereference::Observed;
+use crate::cluster::build::{Children, quantity};
+use crate::cluster::observe::cache::Written;
+use crate::cluster::world::Observed;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -28,30 +28,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::fmt::Debug;
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("failed to apply {kind} {name}")]
-    Apply {
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("failed to delete {kind} {name}")]
-    Delete {
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("failed to serialize {kind} {name}")]
-    Serialize {
-        kind: &'static str,
-        name: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
+pub use crate::cluster::error::ApplyError as Error;
 
 /// What an apply pass changed, for events and status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -63,7 +40,7 @@ pub struct Outcome {
     /// Names of objects deleted, as `Kind/name`.
     pub deleted: Vec<String>,
     /// Every write, with the resourceVersion it returned: what the watch caches must show
-    /// before a later pass may trust them ([`super::cache::Expectations`]).
+    /// before a later pass may trust them ([`crate::cluster::observe::cache::Expectations`]).
     pub written: Vec<Written>,
     /// Changes of existing PersistentVolumeClaims the API server refused (an expansion the
     /// StorageClass does not allow, a claim not bound yet): the claim's name and the API
@@ -533,7 +510,7 @@ pub async fn apply(
 async fn apply_poolers(
     client: &Client,
     namespace: &str,
-    poolers: &super::build::pooler::Poolers,
+    poolers: &crate::cluster::build::pooler::Poolers,
     observed: &Observed,
     out: &mut Outcome,
 ) -> Result<(), Error> {

@@ -36,7 +36,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use super::world::Observed;
+use crate::cluster::world::Observed;
 
 /// `(namespace, cluster)`.
 type Key = (String, String);
@@ -517,7 +517,7 @@ impl Caches {
     }
 
     /// The clusters with an instance Pod bound to node `node` (see
-    /// [`super::triggers`]).
+    /// [`crate::cluster::triggers`]).
     pub fn clusters_on_node(
         &self,
         node: &str,
