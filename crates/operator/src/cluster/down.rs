@@ -35,16 +35,16 @@ pub(super) async fn hibernate(at: At<'_>, major: i32) -> Result<Action, Error> {
         cluster,
         defaulted,
         namespace,
-        planned,
         observed,
+        ..
     } = at;
     track(ctx, cluster, observed);
     let backups = backups_of(ctx, cluster, namespace)
         .await?
         .unwrap_or_default();
-    let (credentials, notes) =
-        observe::credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
+    let users = observe::user_secrets(ctx, defaulted, namespace).await;
     let now = now();
+    let (credentials, notes) = credentials(at, &users, &now)?;
     let pass = decide::hibernate(input(at, &credentials, &now), major, &backups)?;
     let requeue = pass.requeue;
     write::down(ctx, cluster, namespace, observed, &notes, pass).await?;
@@ -105,20 +105,43 @@ pub(super) async fn upgrade(at: At<'_>, decision: &upgrade::Decision) -> Result<
         cluster,
         defaulted,
         namespace,
-        planned,
         observed,
+        ..
     } = at;
     let Some(record) = &decision.record else {
         return Ok(Action::requeue(POLL));
     };
     track(ctx, cluster, observed);
-    let (credentials, notes) =
-        observe::credentials(ctx, cluster, defaulted, namespace, &planned.named, observed).await?;
+    let users = observe::user_secrets(ctx, defaulted, namespace).await;
     let now = now();
+    let (credentials, notes) = credentials(at, &users, &now)?;
     let pass = decide::upgrading(input(at, &credentials, &now), decision, record)?;
     let requeue = pass.requeue;
     write::down(ctx, cluster, namespace, observed, &notes, pass).await?;
     Ok(Action::requeue(requeue))
+}
+
+/// Step 6 decided as in an ordinary pass ([`decide::credentials`]).
+fn credentials(
+    at: At<'_>,
+    users: &world::UserSecrets,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> Result<
+    (
+        crate::cluster::build::Credentials,
+        Vec<crate::cluster::notes::Note>,
+    ),
+    Error,
+> {
+    decide::credentials::credentials(decide::credentials::Input {
+        cluster: &kube::ResourceExt::name_any(at.cluster),
+        namespace: at.namespace,
+        spec: &at.defaulted.spec,
+        instances: &at.planned.named,
+        secrets: &at.observed.secrets,
+        users,
+        now: now.0,
+    })
 }
 
 /// The decisions' input from the pass so far.

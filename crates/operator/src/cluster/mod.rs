@@ -17,7 +17,9 @@
 //!    [`decide::hibernation`], both
 //!    instead of the steps below while the Pods are down ([`down`]);
 //! 5. [`probe`] every instance's `/pg/status`, then decide the primary ([`decide::roles`]);
-//! 6. [`credentials`], [`pki`] — passwords and certificates, read and checked;
+//! 6. the passwords and certificates: the user's Secrets the spec names read
+//!    ([`observe::user_secrets`]), then checked and chosen ([`decide::credentials`],
+//!    [`decide::certificates`], names and authorities in [`pki`]);
 //! 7. the next step of a rolling update ([`decide::rolling`]) or a switchover first; then [`build`]
 //!    the children once the roles are final;
 //! 8. the status ([`decide::computed`]) and the Events of what changed, written first, so that a new
@@ -32,7 +34,6 @@
 //! deletes them with the cluster, and nothing outside the API server needs cleaning up.
 
 pub mod build;
-pub mod credentials;
 mod decide;
 mod down;
 mod error;
@@ -145,11 +146,11 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 5 to 11: every read, then every decision, then every write.
     let (named, ns) = (planned.named.as_slice(), namespace.as_str());
-    let (reads, read_notes) =
-        observe::ordinary(ctx, cluster, defaulted, ns, named, observed).await?;
+    let reads = observe::ordinary(ctx, cluster, defaulted, ns, named, observed).await?;
     let world = world::World {
         cluster,
         defaulted,
+        namespace: ns,
         observed,
         reads,
         nodes: &ctx.nodes,
@@ -165,7 +166,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     };
     let pass = decide::ordinary(&world, settled)?;
     let requeue = pass.requeue;
-    write::ordinary(ctx, &world, ns, &read_notes, pass).await?;
+    write::ordinary(ctx, &world, ns, pass).await?;
     Ok(Action::requeue(requeue))
 }
 

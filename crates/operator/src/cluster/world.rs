@@ -30,6 +30,7 @@ pub(in crate::cluster) struct World<'a> {
     /// auto-grow made them).
     pub cluster: &'a pgop_api::v1beta1::PostgresCluster,
     pub defaulted: &'a pgop_api::v1beta1::PostgresCluster,
+    pub namespace: &'a str,
     pub observed: &'a Observed,
     /// What steps 5 to 11 read ([`super::observe::ordinary`]).
     pub reads: Reads,
@@ -42,8 +43,8 @@ pub(in crate::cluster) struct World<'a> {
 pub(in crate::cluster) struct Reads {
     /// Step 5: every instance's `/pg/status`.
     pub probes: std::collections::BTreeMap<String, Probe>,
-    /// Step 6: the passwords and certificates.
-    pub credentials: super::build::Credentials,
+    /// Step 6: the Secrets of the user's that the spec names.
+    pub user_secrets: UserSecrets,
     /// The cluster's PostgresBackups, when it has a backup section.
     pub backups: Option<Vec<pgop_api::backup::PostgresBackup>>,
     /// The recovery source, when it is still to be resolved.
@@ -69,4 +70,26 @@ impl Probe {
             Probe::Unreachable(_) => None,
         }
     }
+}
+
+/// The Secrets the spec names for pgop to read only (step 6), as read; what they are worth
+/// is decided (`decide::credentials`).
+#[derive(Clone, Debug, Default)]
+pub struct UserSecrets {
+    /// `spec.credentials.appSecret`.
+    pub app: Option<UserSecret>,
+    /// `spec.credentials.superuserSecret`, read only with `superuserAccess`.
+    pub superuser: Option<UserSecret>,
+    /// `spec.tls.serverSecret`.
+    pub server: Option<UserSecret>,
+    /// `spec.tls.clientCASecret`.
+    pub client_ca: Option<UserSecret>,
+}
+
+/// One Secret of the user's: its name, and the Secret or why it could not be read
+/// ("cannot be read: …", "does not exist").
+#[derive(Clone, Debug)]
+pub struct UserSecret {
+    pub name: String,
+    pub read: Result<Secret, String>,
 }

@@ -70,15 +70,41 @@ pub struct InstanceSpec {
     pub upgrade_from: Option<(i32, pgop_api::cluster::MajorUpgradeMode)>,
 }
 
-/// The passwords of the credentials Secrets (see `cluster::credentials`), and the
-/// certificates (see `cluster::pki`).
+/// The passwords of the credentials Secrets and the certificates, as step 6 decided them
+/// (`decide::credentials`, `decide::certificates`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Credentials {
-    pub passwords: crate::cluster::credentials::Passwords,
+    pub passwords: Passwords,
     pub certificates: Certificates,
 }
 
-/// The cluster's authorities and certificates, PEM-encoded (see `cluster::pki`).
+/// The passwords of one pass.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Passwords {
+    pub app: String,
+    /// The app password comes from `spec.credentials.appSecret`: `<cluster>-app`'s
+    /// `password` follows it.
+    pub app_copied: bool,
+    pub replication: String,
+    /// With `superuserAccess` only: the superuser's password, and whether it is copied
+    /// from `superuserSecret`.
+    pub superuser: Option<(String, bool)>,
+    /// With `spec.poolers` only: the password of the poolers' `auth_user`
+    /// (`<cluster>.pooler`).
+    pub pooler: Option<String>,
+}
+
+impl std::fmt::Debug for Passwords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the passwords.
+        f.debug_struct("Passwords")
+            .field("app_copied", &self.app_copied)
+            .field("superuser", &self.superuser.as_ref().map(|(_, c)| c))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The cluster's authorities and certificates, PEM-encoded (see `decide::certificates`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Certificates {
     pub ca_cert: String,
@@ -90,7 +116,7 @@ pub struct Certificates {
     pub postgres_ca_cert: String,
     pub postgres_ca_key: String,
     /// PostgreSQL's server certificate, the authority that verifies it, and its Secret's
-    /// annotations (see `cluster::pki::Pki`).
+    /// annotations (see `decide::certificates::Pki`).
     pub server: pgop_tls::Issued,
     pub server_ca_cert: String,
     pub server_annotations: Vec<(&'static str, String)>,

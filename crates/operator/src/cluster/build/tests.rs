@@ -38,13 +38,12 @@ fn instances() -> Vec<InstanceSpec> {
 /// Passwords and certificates as a pass reads them (also the whole-pass tests', decide/passes.rs).
 pub(crate) fn passwords() -> Credentials {
     Credentials {
-        passwords: crate::cluster::credentials::Passwords {
+        passwords: super::Passwords {
             app: "app-password".into(),
             app_copied: false,
             replication: "replication-password".into(),
             superuser: Some(("superuser-password".into(), true)),
             pooler: Some("pooler-password".into()),
-            warnings: Vec::new(),
         },
         certificates: Certificates {
             ca_cert: "CA CERTIFICATE".into(),

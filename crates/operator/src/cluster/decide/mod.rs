@@ -1,6 +1,7 @@
 //! The decisions of a pass, from what it observed (pure: no client, no context, no clock but
-//! the `now` it is given; `a_decision_reads_and_writes_nothing` below checks the sources).
-//! [`super::write`] carries them out.
+//! the `now` it is given, no randomness but new passwords and keys;
+//! `a_decision_reads_and_writes_nothing` below checks the sources). [`super::write`]
+//! carries them out.
 //!
 //! The steps of a pass:
 //! - [`valid`], [`held`]: steps 2 and 3's checks of the spec, and [`refused`]: the status
@@ -8,6 +9,8 @@
 //! - [`instances`]: step 4's serials ([`serials`]) and the children built for them;
 //! - [`hibernate()`], [`upgrading()`]: the passes that take the Pods down instead of steps
 //!   5 to 11 ([`hibernation`], [`upgrade`]), as [`Down`] values;
+//! - [`credentials`]: step 6's passwords and certificates ([`certificates`]) from the
+//!   user's Secrets as read, for an ordinary pass and those that take the Pods down;
 //! - [`ordinary()`]: steps 5 to 11 of an ordinary pass, from the [`super::world::World`]
 //!   it read and what steps 1 to 4 [`Settled`], as one [`Ordinary`] value, through
 //!   [`rollout()`] (step 7: the next step of a rolling update, [`rolling`], or a
@@ -19,7 +22,9 @@
 //! [`storage`] (the volumes' size, auto-grow), [`nodes`] (a drain's switchover, a volume
 //! lost with its node), [`immutable`] (what a running cluster cannot change).
 
+pub mod certificates;
 pub mod computed;
+pub(super) mod credentials;
 mod down;
 pub mod hibernation;
 pub mod immutable;
@@ -169,7 +174,9 @@ mod tests {
     #[test]
     fn a_decision_reads_and_writes_nothing() {
         let sources = [
+            ("decide/certificates.rs", include_str!("certificates.rs")),
             ("decide/computed.rs", include_str!("computed.rs")),
+            ("decide/credentials.rs", include_str!("credentials.rs")),
             ("decide/down.rs", include_str!("down.rs")),
             ("decide/hibernation.rs", include_str!("hibernation.rs")),
             ("decide/immutable.rs", include_str!("immutable.rs")),

@@ -1,5 +1,5 @@
 //! Steps 5 to 11 of an ordinary pass, decided at once: from the [`World`] the pass read,
-//! the volumes' size, the roles, the rollout's next step, the children, the status and its
+//! the volumes' size, the roles, the passwords and certificates, the rollout's next step, the children, the status and its
 //! Events, the request annotations to clear, the backups due, the Lease to release, what to
 //! apply and delete, and when to look again. [`crate::cluster::write::ordinary`] carries it
 //! out.
@@ -7,9 +7,10 @@
 use super::instances::{children, specs};
 use super::serials as instances;
 use super::{Requests, Rollout, RolloutInput, StatusInput, next_pass, requests, rollout, status};
-use super::{nodes, roles, storage, upgrade};
+use super::{credentials, nodes, roles, storage, upgrade};
 use crate::backup;
 use crate::cluster::build;
+use crate::cluster::error::Error;
 use crate::cluster::notes::Note;
 use crate::cluster::pods::unschedulable_since;
 use crate::cluster::world::Probe;
@@ -26,6 +27,8 @@ use std::time::Duration;
 
 /// An ordinary pass, decided: what [`crate::cluster::write::ordinary`] writes, in its order.
 pub(in crate::cluster) struct Ordinary {
+    /// Step 6: a Warning for each Secret of the user's refused, published first.
+    pub refused: Vec<Note>,
     /// Step 8: the status to write (`targetPrimary` and the reserved serials in it before
     /// anything else is written), and the Events of what changed in it.
     pub status: PostgresClusterStatus,
@@ -70,7 +73,7 @@ pub(in crate::cluster) struct Settled<'a> {
 pub(in crate::cluster) fn ordinary(
     world: &World<'_>,
     settled: Settled<'_>,
-) -> Result<Ordinary, build::Error> {
+) -> Result<Ordinary, Error> {
     let (cluster, observed) = (world.cluster, world.observed);
     let Settled {
         named,
@@ -113,6 +116,17 @@ pub(in crate::cluster) fn ordinary(
     let placed = nodes::instances(named, &observed.pods, probes);
     let primary_budget = nodes::primary_budget_wanted(&placed, &roles, world.nodes);
 
+    // Step 6: the passwords and certificates.
+    let (credentials, refused) = credentials::credentials(credentials::Input {
+        cluster: &name,
+        namespace: world.namespace,
+        spec: &world.defaulted.spec,
+        instances: named,
+        secrets: &observed.secrets,
+        users: &world.reads.user_secrets,
+        now: now.0,
+    })?;
+
     // Step 7: one outdated instance at a time, standbys first; a drain moves the primary
     // first. It compares the Pods' spec hashes, which do not depend on the roles, and may
     // start a switchover, which does: the children are built after it, once.
@@ -141,7 +155,7 @@ pub(in crate::cluster) fn ordinary(
     let children = children(
         &defaulted,
         named,
-        &world.reads.credentials,
+        &credentials,
         world.settings,
         labelled,
         major,
@@ -232,6 +246,7 @@ pub(in crate::cluster) fn ordinary(
     );
     let Rollout { replace, .. } = rollout;
     Ok(Ordinary {
+        refused,
         status: decided.status,
         status_notes: decided.notes,
         requests,

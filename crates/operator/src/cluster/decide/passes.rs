@@ -1,6 +1,6 @@
 //! Whole-pass table tests: each `passes/NAME.world.yaml` is what an ordinary pass read (the
 //! cluster, its Pods and claims, the instances' `/pg/status`, its PostgresBackups, the
-//! nodes, the clock), `passes/NAME.pass.yaml` what it decides (the status, the Events, the
+//! nodes, the Secrets of the user's the spec names, the clock), `passes/NAME.pass.yaml` what it decides (the status, the Events, the
 //! annotations to clear, the backups to create, the Lease to release, the Pods to build,
 //! what to delete, when to look again). Steps 2 to 4 run as `reconcile` runs them, then
 //! [`super::ordinary`] (or, for a cluster asked to hibernate, [`super::hibernate`]): the
@@ -12,8 +12,9 @@
 use super::{nodes, upgrade};
 use crate::cluster::build;
 use crate::cluster::world::Probe;
-use crate::cluster::world::{Observed, Reads, World};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use crate::cluster::world::{Observed, Reads, UserSecret, UserSecrets, World};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::runtime::reflector::store;
@@ -50,6 +51,59 @@ struct Fixture {
     /// The PersistentVolume of an unplaced instance whose node is missing.
     #[serde(default)]
     unplaced_volumes: BTreeMap<String, PersistentVolume>,
+    /// The Secrets of the user's, by name: those the spec names are read (one not here
+    /// does not exist).
+    #[serde(default)]
+    user_secrets: BTreeMap<String, UserSecretFixture>,
+}
+
+/// A Secret of the user's: its keys and (text) values, or why it could not be read.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct UserSecretFixture {
+    #[serde(default)]
+    data: BTreeMap<String, String>,
+    unreadable: Option<String>,
+}
+
+/// The reads of `observe::user_secrets`, from the fixture's Secrets.
+fn user_secrets(
+    spec: &pgop_api::v1beta1::PostgresClusterSpec,
+    fixture: &BTreeMap<String, UserSecretFixture>,
+) -> UserSecrets {
+    let read = |name: &Option<String>| {
+        let name = name.clone()?;
+        let read = match fixture.get(&name) {
+            None => Err("does not exist".to_string()),
+            Some(UserSecretFixture {
+                unreadable: Some(why),
+                ..
+            }) => Err(format!("cannot be read: {why}")),
+            Some(UserSecretFixture { data, .. }) => Ok(Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                },
+                data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.clone(), ByteString(v.as_bytes().to_vec())))
+                        .collect(),
+                ),
+                ..Secret::default()
+            }),
+        };
+        Some(UserSecret { name, read })
+    };
+    UserSecrets {
+        app: read(&spec.credentials.app_secret),
+        superuser: spec
+            .credentials
+            .superuser_access
+            .then(|| read(&spec.credentials.superuser_secret))
+            .flatten(),
+        server: read(&spec.tls.server_secret),
+        client_ca: read(&spec.tls.client_ca_secret),
+    }
 }
 
 /// An instance's answer: `status` (what its manager reported), or `unreachable` (why it
@@ -111,6 +165,7 @@ fn decide(fixture: Fixture) -> Decided {
         backups,
         nodes,
         unplaced_volumes,
+        user_secrets: users,
         ..
     } = fixture;
     let now = Time(now.parse().expect("now is a timestamp"));
@@ -191,10 +246,11 @@ fn decide(fixture: Fixture) -> Decided {
     let world = World {
         cluster: &cluster,
         defaulted: &defaulted,
+        namespace: "ns",
         observed: &observed,
         reads: Reads {
             probes,
-            credentials: build::tests::passwords(),
+            user_secrets: user_secrets(&defaulted.spec, &users),
             backups: cluster.spec.backup.is_some().then_some(backups),
             recovery: None,
             unplaced_volumes: unplaced_volumes.into_iter().collect(),
@@ -212,12 +268,22 @@ fn decide(fixture: Fixture) -> Decided {
         format!("{:?} {}{about}: {}", n.kind, n.reason, n.message)
     };
     if super::hibernates(&cluster, &defaulted) {
+        let (credentials, refused) = super::credentials::credentials(super::credentials::Input {
+            cluster: &cluster.name_any(),
+            namespace: world.namespace,
+            spec: &defaulted.spec,
+            instances: &planned.named,
+            secrets: &observed.secrets,
+            users: &world.reads.user_secrets,
+            now: world.now.0,
+        })
+        .expect("the credentials");
         let input = super::DownInput {
             cluster: &cluster,
             defaulted: &defaulted,
             observed: &observed,
             planned: &planned,
-            credentials: &world.reads.credentials,
+            credentials: &credentials,
             settings: &settings,
             now: &world.now,
         };
@@ -225,7 +291,7 @@ fn decide(fixture: Fixture) -> Decided {
         let down = super::hibernate(input, major, backups).expect("the children build");
         return Decided {
             status: down.status,
-            events: down.notes.iter().map(event).collect(),
+            events: refused.iter().chain(&down.notes).map(event).collect(),
             pods: down.children.pods.iter().map(|p| p.name_any()).collect(),
             deleted_instances: down.removed,
             deleted_pods: down.delete,
@@ -241,7 +307,8 @@ fn decide(fixture: Fixture) -> Decided {
         upgrade: &upgrade,
     };
     let pass = super::ordinary(&world, settled).expect("the children build");
-    let mut events: Vec<String> = pass.status_notes.iter().map(event).collect();
+    let mut events: Vec<String> = pass.refused.iter().map(event).collect();
+    events.extend(pass.status_notes.iter().map(event));
     events.extend(pass.requests.notes.iter().map(event));
     events.extend(pass.scaled.iter().map(event));
     let primary_label = pgop_api::labels::ROLE;

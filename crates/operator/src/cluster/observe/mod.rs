@@ -1,7 +1,7 @@
 //! The reads of a pass beside [`super::dereference`]: the instances' `/pg/status` (from
 //! the [`super::prober`] or probed now), the cluster's PostgresBackups, the recovery
-//! source, the volumes of unplaced instances, and the credentials (the user's Secrets,
-//! the certificates); [`ordinary`] makes those of an ordinary pass, once each. Never
+//! source, the volumes of unplaced instances, and the Secrets of the user's that the spec
+//! names; [`ordinary`] makes those of an ordinary pass, once each. Never
 //! decides and never writes (but tells the prober which Pods to poll).
 
 pub mod cache;
@@ -10,14 +10,12 @@ pub mod probe;
 pub mod prober;
 
 use super::error::Error;
-use super::notes::Note;
 use super::world::Reads;
-use super::{build, credentials, nodes, pki};
+use super::{nodes, world};
 use crate::{Context, backup};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::events::EventType;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::cluster::RecoverySource;
 use pgop_api::instance_status::PgRole;
@@ -44,9 +42,8 @@ pub(super) async fn children(
 }
 
 /// Every read of steps 5 to 11 of an ordinary pass, in this order: the instances'
-/// `/pg/status` (step 5), the passwords and certificates (step 6: a refused Secret of the
-/// user's changes nothing and comes back as a Warning to publish), the cluster's
-/// PostgresBackups, the recovery source, and the volumes of unplaced instances.
+/// `/pg/status` (step 5), the Secrets of the user's that the spec names (step 6), the
+/// cluster's PostgresBackups, the recovery source, and the volumes of unplaced instances.
 pub(super) async fn ordinary(
     ctx: &Context,
     cluster: &PostgresCluster,
@@ -54,24 +51,23 @@ pub(super) async fn ordinary(
     namespace: &str,
     named: &[(String, i32)],
     observed: &dereference::Observed,
-) -> Result<(Reads, Vec<Note>), Error> {
+) -> Result<Reads, Error> {
     let probes = probes(ctx, cluster, observed)
         .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "probe"))
         .await;
-    let (credentials, notes) = credentials(ctx, cluster, defaulted, namespace, named, observed)
+    let user_secrets = user_secrets(ctx, defaulted, namespace)
         .instrument(tracing::info_span!(target: pgop_telemetry::TRACE_ONLY, "credentials"))
-        .await?;
+        .await;
     let backups = backups_of(ctx, cluster, namespace).await?;
     let recovery = recovery_source(ctx, defaulted, namespace).await;
     let unplaced_volumes = unplaced_volumes(ctx, observed, named).await?;
-    let reads = Reads {
+    Ok(Reads {
         probes,
-        credentials,
+        user_secrets,
         backups,
         recovery,
         unplaced_volumes,
-    };
-    Ok((reads, notes))
+    })
 }
 
 /// Step 5's probes: from the prober (a snapshot it keeps fresh, or fresh probes during a
@@ -234,83 +230,37 @@ pub(super) async fn unplaced_volumes(
     Ok(found)
 }
 
-/// Step 6's reads: the passwords (generated, or the user's) and the certificates, read and
-/// checked; a refused Secret of the user's changes nothing and comes back as a Warning
-/// Event to publish (in the order they were found).
-pub(super) async fn credentials(
+/// Step 6's reads: the Secrets of the user's that the spec names (the app's and, with
+/// `superuserAccess`, the superuser's password, a server certificate, client
+/// authorities), each as read or why not; `decide::credentials` checks what they hold.
+pub(super) async fn user_secrets(
     ctx: &Context,
-    cluster: &PostgresCluster,
     defaulted: &PostgresCluster,
     namespace: &str,
-    named: &[(String, i32)],
-    observed: &dereference::Observed,
-) -> Result<(build::Credentials, Vec<Note>), Error> {
-    let name = cluster.name_any();
-    let chosen = credentials::plan(
-        &ctx.client,
-        namespace,
-        &name,
-        &defaulted.spec,
-        &observed.secrets,
-    )
-    .await?;
-    let mut notes: Vec<Note> = chosen
-        .warnings
-        .iter()
-        .map(|w| Note::new(EventType::Warning, "CredentialsSecretRefused", w))
-        .collect();
-    let instance_names: Vec<String> = named.iter().map(|(n, _)| n.clone()).collect();
-    let tls = &defaulted.spec.tls;
-    let brought = match &tls.server_secret {
-        Some(secret) => Some(pki::read_brought(&ctx.client, namespace, secret, &name).await),
-        None => None,
-    };
-    let client_ca = match &tls.client_ca_secret {
-        Some(secret) => Some(
-            pki::read_client_ca(&ctx.client, namespace, secret)
+) -> world::UserSecrets {
+    let spec = &defaulted.spec;
+    let read = async |name: &Option<String>| match name {
+        Some(name) => Some(world::UserSecret {
+            name: name.clone(),
+            read: Api::<Secret>::namespaced(ctx.client.clone(), namespace)
+                .get_opt(name)
                 .await
-                .map_err(|why| format!("Secret {secret} {why}")),
-        ),
+                .map_err(|e| format!("cannot be read: {e}"))
+                .and_then(|found| found.ok_or_else(|| "does not exist".to_string())),
+        }),
         None => None,
     };
-    let pooler_services: Vec<String> = defaulted
-        .spec
-        .poolers
-        .iter()
-        .map(|p| pgop_api::pooler::pooler_name(&name, &p.name))
-        .collect();
-    let pki = pki::plan(
-        &observed.secrets,
-        &name,
-        namespace,
-        &instance_names,
-        &pooler_services,
-        (brought, client_ca),
-        super::pass::now().0,
-    )?;
-    notes.extend(
-        pki.warnings
-            .iter()
-            .map(|w| Note::new(EventType::Warning, "TLSSecretRefused", w)),
-    );
-    let found = build::Credentials {
-        passwords: chosen,
-        certificates: build::Certificates {
-            ca_cert: pki.authority.cert_pem().to_string(),
-            ca_key: pki.authority.key_pem().to_string(),
-            manager_cert: pki.manager.cert_pem,
-            manager_key: pki.manager.key_pem,
-            manager_not_after: pki.manager.not_after.to_string(),
-            postgres_ca_cert: pki.postgres_authority.cert_pem().to_string(),
-            postgres_ca_key: pki.postgres_authority.key_pem().to_string(),
-            server: pki.server,
-            server_ca_cert: pki.server_ca,
-            server_annotations: pki.server_annotations,
-            replication: pki.replication,
-            client_ca_cert: pki.client_ca,
-        },
+    let app = read(&spec.credentials.app_secret).await;
+    let superuser = match spec.credentials.superuser_access {
+        true => read(&spec.credentials.superuser_secret).await,
+        false => None,
     };
-    Ok((found, notes))
+    world::UserSecrets {
+        app,
+        superuser,
+        server: read(&spec.tls.server_secret).await,
+        client_ca: read(&spec.tls.client_ca_secret).await,
+    }
 }
 
 #[cfg(test)]

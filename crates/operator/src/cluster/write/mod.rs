@@ -30,7 +30,7 @@ use pgop_api::v1beta1::PostgresCluster;
 use tracing::Instrument;
 
 /// Carries out steps 5 to 11 of an ordinary pass as [`decide::ordinary`] decided them, in
-/// this order: the Warnings of the reads (a refused Secret of the user's), the status and
+/// this order: the Warnings of step 6 (a refused Secret of the user's), the status and
 /// the Events of its changes (a new `targetPrimary` and the reserved serials on record
 /// before any label moves or Pod is created), the request annotations and their Events,
 /// the scheduled backups, the Lease of a stopped primary, the children (apply and delete),
@@ -39,11 +39,10 @@ pub(super) async fn ordinary(
     ctx: &Context,
     world: &World<'_>,
     namespace: &str,
-    read_notes: &[Note],
     pass: Ordinary,
 ) -> Result<(), Error> {
     let cluster = world.cluster;
-    publish_notes(ctx, cluster, read_notes).await;
+    publish_notes(ctx, cluster, &pass.refused).await;
     patch_status(ctx, cluster, namespace, pass.status.clone()).await?;
     publish_notes(ctx, cluster, &pass.status_notes).await;
     requests(ctx, cluster, namespace, &pass.requests).await?;
@@ -192,8 +191,8 @@ async fn apply_children(
     Ok(std::mem::take(&mut outcome.refused_volumes))
 }
 
-/// Carries out a pass that takes the Pods down ([`decide::Down`]): the Warnings of the
-/// reads, the status and its Event, then the children applied (with whatever Pods they
+/// Carries out a pass that takes the Pods down ([`decide::Down`]): the Warnings of step 6
+/// (`refused`), the status and its Event, then the children applied (with whatever Pods they
 /// hold), the instances removed deleted with their volumes and the Pods to go deleted;
 /// the writes recorded for the next pass's reads.
 pub(super) async fn down(
@@ -201,10 +200,10 @@ pub(super) async fn down(
     cluster: &PostgresCluster,
     namespace: &str,
     observed: &world::Observed,
-    read_notes: &[Note],
+    refused: &[Note],
     pass: Down,
 ) -> Result<(), Error> {
-    publish_notes(ctx, cluster, read_notes).await;
+    publish_notes(ctx, cluster, refused).await;
     patch_status(ctx, cluster, namespace, pass.status).await?;
     publish_notes(ctx, cluster, &pass.notes).await;
     let name = cluster.name_any();
