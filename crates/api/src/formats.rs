@@ -4,6 +4,10 @@
 //!
 //! The two sides of each pair must agree; `tests/crd_validation.rs` feeds a table of
 //! samples to both the API server and these functions to prove it.
+//!
+//! Why this file stays whole: it is one idea, the API's string formats, each a pattern for
+//! the schema and a Rust function that must accept exactly the same strings; about 340 of
+//! its lines are the unit tests of those functions.
 
 /// A Kubernetes quantity of bytes greater than zero, without exponent or milli suffix:
 /// `10Gi`, `500M`, `1.5Ti`, `0.5Gi`.

@@ -8,8 +8,10 @@
 
 pub mod affinity;
 pub mod backup;
+pub mod backup_store;
 pub mod cel;
 pub mod cluster;
+pub mod cluster_status;
 pub mod conditions;
 pub mod constants;
 pub mod credentials;

@@ -5,6 +5,10 @@
 //! Every check here has a twin in the schema (a range, pattern or required field in
 //! [`crate::cluster`]) or in [`crate::cel`]; each error names the field the way the API
 //! server does (`spec.backup.retentionDays`).
+//!
+//! Why this file stays whole: it is one idea, the Rust twin of the schema's and the CEL
+//! rules: every check of a PostgresCluster or PostgresBackup spec, and of a change to one;
+//! about 635 of its lines are the unit tests.
 
 use crate::affinity::{
     AffinitySpec, MAX_NODE_AFFINITY_TERMS, MAX_NODE_EXPRESSIONS, MAX_NODE_SELECTOR,

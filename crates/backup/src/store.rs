@@ -11,6 +11,10 @@
 //! Every object ends with a 80-byte footer: `PGOPSUM1`, the SHA-256 of the stored bytes
 //! before the footer, the SHA-256 of the content before compression, and the content length
 //! (u64, big endian). Every read checks both hashes and fails naming the object.
+//!
+//! Why this file stays whole: it is one idea, the store as pgop uses it: every object it
+//! puts or gets, whole or streamed, is named under the cluster's versioned root
+//! (`<prefix>/<cluster>/pgop-v1/`) and carries the checksummed footer described above.
 
 use crate::config::{Location, StoreConfig};
 use bytes::Bytes;

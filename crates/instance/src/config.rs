@@ -8,6 +8,12 @@
 //! value or rule that could change a file's structure (a line break, a `=` or `#` in a
 //! name, an `include` directive, a parameter pgop owns, a pg_hba rule outside pgop's
 //! grammar). [`validate`] reports the same entries under `invalidParameters`.
+//!
+//! Why this file stays whole: it is one idea, PostgreSQL's configuration from the spec to
+//! the server: what the manager writes (postgresql.conf, pg_hba.conf, the TLS files
+//! postgresql.conf names), the check of user parameters against `pg_settings` before they
+//! are written, and what the server says after a reload (refused entries, restarts
+//! pending); about 255 of its lines are the unit tests.
 
 use crate::pg::sql::{SUPERUSER, quote_ident};
 use crate::pg::{RunAs, Upstream, sql};

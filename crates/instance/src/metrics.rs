@@ -4,6 +4,10 @@
 //! of PostgreSQL's certificates ([`certificates`]) with [`encode`], a pure function. Every
 //! series carries the `cluster` and `instance` labels; a value that is not known
 //! (PostgreSQL down, a standby's current LSN, ...) has no series rather than a made-up one.
+//!
+//! Why this file stays whole: it is one idea, the exposition `encode` writes from one
+//! scrape's readings (the status, the backup jobs, `volume`, `certificates`); about 420 of
+//! its lines are its unit tests, which parse what it writes back into samples.
 
 use pgop_api::instance_status::{BackupJob, BackupJobPhase, PgRole, PgStatus};
 use prometheus_client::encoding::text;

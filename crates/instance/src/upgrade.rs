@@ -18,6 +18,10 @@
 //! directory goes, and `global/pg_control.old` (pg_upgrade `--link` renames `pg_control`
 //! just before it links the files) is renamed back, which pg_upgrade documents as the way
 //! back to the old cluster as long as the new one never started.
+//!
+//! Why this file stays whole: it is one idea, the resumable upgrade, whose steps (the new
+//! cluster, pg_upgrade, the timeline step, the swap, the rollback) must be read together
+//! against the states on disk above to see that a manager killed at any point converges.
 
 use crate::bootstrap::{self, initdb};
 use crate::pg::sql::SUPERUSER;

@@ -1,5 +1,9 @@
 //! `pgop operator`: runs the controllers against the cluster in the kubeconfig or the
 //! in-cluster service account.
+//!
+//! Why this file stays whole: it is one idea, the `pgop operator` command: its flags, how
+//! they are checked and how they become the operator's options (`Args::options`); about 320
+//! of its lines are the unit tests of that.
 
 use pgop_operator::leader::DEFAULT_LEASE_NAME;
 use pgop_operator::{LeaderElection, Options, Settings};

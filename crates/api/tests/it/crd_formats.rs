@@ -1,8 +1,12 @@
 //! Every string field the CRD checks (quantity, cron, time zone, names, bucket, URL,
 //! region, store path, image, time, LSN, pg_hba line, parameter names and values, database
-//! and owner names, Secret keys, label keys and values) is judged alike by the real API server (dry-run creates)
-//! and by the Rust checks in `pgop_api::formats` and `validate`: first each format's own
-//! samples, then the same table of hostile values in every field.
+//! and owner names, Secret keys, label keys and values) is judged alike by the real API
+//! server (dry-run creates) and by the Rust checks in `pgop_api::formats` and `validate`:
+//! first each format's own samples, then the same table of hostile values in every field.
+//!
+//! Why this file stays whole: it is one test,
+//! `every_format_is_judged_alike_by_the_api_server_and_by_rust`, and the tables it runs, of
+//! which `FORMATS` alone is about 650 of its lines.
 
 use crate::common;
 

@@ -1,6 +1,10 @@
 //! The CRDs against a real API server (testenv): they are accepted, `kubectl explain` shows
 //! the field docs, bad manifests are refused with a message naming the field, and the Rust
 //! validation refuses the same manifests naming the same field — the layers agree.
+//!
+//! Why this file stays whole: it is one subject, the CRDs as a real API server serves them,
+//! and more than half of its length is one table, `BAD`, of the manifests both the API
+//! server and the Rust validation must refuse.
 
 use crate::common;
 

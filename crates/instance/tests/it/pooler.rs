@@ -4,6 +4,10 @@
 //! [`Pooler`]: files written, PgBouncer started, reloaded and restarted, its admin console
 //! read. Each test has its own servers, ports and directories, and leaves no process
 //! behind (dropping a server or a pooler kills its process).
+//!
+//! Why this file stays whole: it is the scenarios of one subject, the pooler's PgBouncer in
+//! front of real PostgreSQL, each on the same fixtures (`pki`, `Server`, `Bouncer`,
+//! `desired`).
 
 use crate::postgres::common::{
     TempDir, TestResult, binaries, eventually, free_port, make_dir, run_as,

@@ -8,6 +8,10 @@
 //! keeper runs under the RBAC it renders, cluster-wide and namespace-scoped.
 //!
 //! Helm is built by `hack/install-testenv.sh` into the testenv bin directory.
+//!
+//! Why this file stays whole: it is one subject, the chart `charts/pgop`: each test checks
+//! its files, or renders it and checks, applies or runs pgop under what comes out, with one
+//! set of helpers (`helm`, `template`, `apply`) shared by them.
 
 use crate::common;
 

@@ -16,6 +16,11 @@
 //! control plane, one namespace and one operator each, a few at a time.
 //!
 //! The table in [`cases`] doubles as documentation (docs/security.md summarises it).
+//!
+//! Why this file stays whole: it is one proof, that each verb of the published ClusterRole
+//! is needed: the table in `cases` and the one harness that runs every case (`bind`,
+//! `drive`, `happened`, `check`), with the stand-ins for instance managers (`serve_status`,
+//! `serve_backups`) that only those scenarios use.
 
 use crate::common;
 

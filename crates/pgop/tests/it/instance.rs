@@ -1,6 +1,11 @@
 //! `pgop instance run` as a pod runs it, against a real API server (testenv) and a real
 //! PostgreSQL: it reads its role from the PostgresCluster status and its credentials from
 //! the cluster's Secrets, follows spec changes, and stops cleanly on SIGTERM.
+//!
+//! Why this file stays whole: it is the scenarios of one subject, `pgop instance run`
+//! against a real API server and PostgreSQL, all on the same fixtures: the cluster `demo`
+//! (`cluster`), whose status each test writes as the operator would (`set_status`), and
+//! managers run against it (`Manager`, `pair`, `InProcess`).
 
 use crate::common;
 

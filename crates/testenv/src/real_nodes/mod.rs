@@ -20,6 +20,11 @@
 //!   Every process of a node (its daemons, the shims, the containers) lives in the node's
 //!   cgroup tree ([`cgroup`]), which is frozen, killed and removed on drop, at exit, and by
 //!   the sweep of a later run when this one was SIGKILLed.
+//!
+//! Why this file stays whole: it is one idea, `RealNodes`: `start` (the switch, then each
+//! node's namespaces, links and daemons, in the order they are made: about 280 lines), what
+//! a test does to running nodes (freeze, partition, power off, look inside) and their stop;
+//! the parts of a node that stand alone are its submodules.
 
 pub mod cgroup;
 mod config;

@@ -1,6 +1,10 @@
 //! Build from YAML fixtures: `fixtures/cluster.yaml` in, `fixtures/cluster.children.yaml`
 //! expected out. Set `PGOP_UPDATE_FIXTURES=1` to rewrite the expected file after an
 //! intended change, then review its diff.
+//!
+//! Why this file stays whole: it is the unit tests of one subject, the children `children`
+//! builds for a cluster, all but one starting from the same fixture (`fixture`,
+//! `instances`, `passwords`).
 
 use super::*;
 use k8s_openapi::api::core::v1::Pod;

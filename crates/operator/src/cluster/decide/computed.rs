@@ -1,5 +1,13 @@
-//! Status: computed from what was observed (pure), then patched once, and only when it
-//! differs from what the cluster already shows.
+//! Status: computed from what was observed, purely. For a valid spec (`compute`): the
+//! phase, the conditions, `status.instances` (their WAL positions published at most once a
+//! minute) and how the declared roles and databases were applied; for an invalid one
+//! (`invalid`): the phase Invalid and the SpecValid condition; and the instance Events a
+//! change of status raises. This file writes nothing: `write::patch_status` patches the
+//! status, and only when it differs from what the cluster already shows.
+//!
+//! Why this file stays whole: it is one idea, the status computed from what was observed
+//! (its phase, conditions and instances, and the instance Events a change of them raises);
+//! about 600 of its lines are the unit tests.
 
 use super::roles::Roles;
 use super::serials::{Plan, instance_name};

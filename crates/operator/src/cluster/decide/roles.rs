@@ -18,6 +18,10 @@
 //! primary stays when it still runs as the primary (it holds the Lease, so the target
 //! cannot have promoted); when it has already stepped down, the switchover turns into a
 //! failover, which chooses again if the target is gone.
+//!
+//! Why this file stays whole: it is one idea, `decide`, the choice of the primary, and the
+//! checks it makes of candidates, fenced instances and switchover targets; about 470 of its
+//! lines are the unit tests of that decision.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

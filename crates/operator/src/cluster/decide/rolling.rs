@@ -40,6 +40,10 @@
 //!   instance refused its restart (its dry run failed), [`blocked`] says so
 //!   (`RolloutBlocked`, with PostgreSQL's last error lines). The primary is never restarted
 //!   in place while it has standbys, and never switched away from to an unhealthy one.
+//!
+//! Why this file stays whole: it is one idea, the rollout's next step (`next`) and what it
+//! is decided with (`unplaced`, `instance_restarts`, `blocked`); about 640 of its lines are
+//! the unit tests of that decision.
 
 use super::roles::Roles;
 use crate::cluster::pods::pod_ready;

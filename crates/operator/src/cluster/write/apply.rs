@@ -3,16 +3,22 @@
 //! - Most children go through server-side apply under the one field manager, and only
 //!   when the built object is not already contained in the live one. A reconcile that
 //!   finds everything in place therefore sends no write at all, and fields that others
-//!   add (a user's extra label, server defaults) are neither fought over nor counted as drift.
-//!   Quantities compare by value: the API server stores them in canonical form (a PVC
-//!   asked for `1.5Gi` holds `1536Mi`), which is no drift either.
+//!   add (a user's extra label, server defaults) are neither fought over nor counted as
+//!   drift. Quantities compare by value: the API server stores them in canonical form (a
+//!   PVC asked for `1.5Gi` holds `1536Mi`), which is no drift either.
 //! - Secrets are created once and their data never rewritten (passwords and the
 //!   certificate authority are generated once), except the managers' certificate, which
 //!   is server-side applied like the rest and so rewritten when it is renewed, and the app
-//!   Secret's `uri`, rewritten to match a password the user changed; Pods are created once, since their spec is immutable (restarts for new
-//!   settings are the rolling update's job). For both, drifted labels and a missing
-//!   ownerReference are repaired with a metadata-only patch.
+//!   Secret's `uri`, rewritten to match a password the user changed; Pods are created
+//!   once, since their spec is immutable (restarts for new settings are the rolling
+//!   update's job). For both, drifted labels and a missing ownerReference are repaired
+//!   with a metadata-only patch.
 //! - Instances the plan removed lose their Pod, then their PVC.
+//!
+//! Why this file stays whole: it is one idea, the writes of the built children: each sent
+//! only when it differs from what was observed (`is_contained`, `metadata_patch`), each
+//! delete only of the object seen (by its uid), and every write recorded in one `Outcome`;
+//! about 140 of its lines are the unit tests.
 
 use crate::cluster::build::{Children, quantity};
 use crate::cluster::observe::cache::Written;

@@ -1,6 +1,11 @@
 //! What the real-node tests share: a control plane with real nodes (and an infrastructure
 //! node for the operator, DNS and clients), pgop installed by its Helm chart, and a writer
 //! Pod whose log of acknowledged writes the test reads from the node's filesystem.
+//!
+//! Why this file stays whole: it is one idea, the real-node environment `RealEnv`: starting
+//! it, installing pgop, clusters and client Pods in it, and reading back what happened
+//! there (logs, Events, the secret values that must not leak); the writer Pod is a
+//! submodule of its own.
 #![allow(dead_code)] // each test module (and each benchmark) uses its own subset
 
 use k8s_openapi::api::coordination::v1::Lease;
