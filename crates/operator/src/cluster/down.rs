@@ -2,7 +2,7 @@
 //! `spec.hibernate` ([`decide::hibernation`]) and a major upgrade while the cluster is down
 //! for pg_upgrade ([`upgrade`]), with the upgrade's decision, which says which pass
 //! runs. Each reads, decides ([`decide::hibernate`], [`decide::upgrading`]) and writes
-//! ([`write::down`]).
+//! ([`write::carry_out_down`]).
 
 use super::decide::instances::Planned;
 use super::decide::upgrade;
@@ -47,7 +47,7 @@ pub(super) async fn hibernate(at: At<'_>, major: i32) -> Result<Action, Error> {
     let (credentials, notes) = credentials(at, &users, &now)?;
     let pass = decide::hibernate(input(at, &credentials, &now), major, &backups)?;
     let requeue = pass.requeue;
-    write::down(ctx, cluster, namespace, observed, &notes, pass).await?;
+    write::carry_out_down(ctx, cluster, namespace, observed, &notes, pass).await?;
     Ok(Action::requeue(requeue))
 }
 
@@ -117,7 +117,7 @@ pub(super) async fn upgrade(at: At<'_>, decision: &upgrade::Decision) -> Result<
     let (credentials, notes) = credentials(at, &users, &now)?;
     let pass = decide::upgrading(input(at, &credentials, &now), decision, record)?;
     let requeue = pass.requeue;
-    write::down(ctx, cluster, namespace, observed, &notes, pass).await?;
+    write::carry_out_down(ctx, cluster, namespace, observed, &notes, pass).await?;
     Ok(Action::requeue(requeue))
 }
 

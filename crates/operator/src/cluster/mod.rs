@@ -4,8 +4,8 @@
 //! [`dereference`], decisions in [`decide`] (pure), writes in [`write`]. Steps 1 to 4 may
 //! end it (deleted, paused, refused) or hand it to the passes that take the Pods down
 //! ([`down`]); an ordinary pass then reads all that steps 5 to 11 use
-//! ([`observe::ordinary`], a [`world::World`]), decides them at once ([`decide::ordinary`])
-//! and writes them in this order ([`write::ordinary`]):
+//! ([`observe::reads`], a [`world::World`]), decides them at once ([`decide::ordinary`])
+//! and writes them in this order ([`write::carry_out`]):
 //! 1. read — the cluster from the watch; deletion and `spec.paused` stop here;
 //! 2. validate — defaults, then the CRD schema's and CEL's rules (`pgop_api`): an invalid
 //!    spec sets phase Invalid and waits for a change, never retries ([`decide::valid`]);
@@ -146,7 +146,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
 
     // 5 to 11: every read, then every decision, then every write.
     let (named, ns) = (planned.named.as_slice(), namespace.as_str());
-    let reads = observe::ordinary(ctx, cluster, defaulted, ns, named, observed).await?;
+    let reads = observe::reads(ctx, cluster, defaulted, ns, named, observed).await?;
     let world = world::World {
         cluster,
         defaulted,
@@ -166,7 +166,7 @@ async fn reconcile_inner(cluster: &PostgresCluster, ctx: &Context) -> Result<Act
     };
     let pass = decide::ordinary(&world, settled)?;
     let requeue = pass.requeue;
-    write::ordinary(ctx, &world, ns, pass).await?;
+    write::carry_out(ctx, &world, ns, pass).await?;
     Ok(Action::requeue(requeue))
 }
 

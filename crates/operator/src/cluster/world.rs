@@ -32,14 +32,14 @@ pub(in crate::cluster) struct World<'a> {
     pub defaulted: &'a pgop_api::v1beta1::PostgresCluster,
     pub namespace: &'a str,
     pub observed: &'a Observed,
-    /// What steps 5 to 11 read ([`super::observe::ordinary`]).
+    /// What steps 5 to 11 read ([`super::observe::reads`]).
     pub reads: Reads,
     pub nodes: &'a super::nodes::NodeFacts,
     pub settings: &'a crate::Settings,
     pub now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
 }
 
-/// The reads of steps 5 to 11 of an ordinary pass ([`super::observe::ordinary`]).
+/// The reads of steps 5 to 11 of an ordinary pass ([`super::observe::reads`]).
 pub(in crate::cluster) struct Reads {
     /// Step 5: every instance's `/pg/status`.
     pub probes: std::collections::BTreeMap<String, Probe>,

@@ -1,6 +1,6 @@
 //! The passes that take the Pods down instead of steps 5 to 11, decided as values:
 //! `spec.hibernate` ([`hibernation`]) and a major upgrade while the cluster is down for
-//! pg_upgrade ([`upgrade`]). [`crate::cluster::write::down`] carries them out.
+//! pg_upgrade ([`upgrade`]). [`crate::cluster::write::carry_out_down`] carries them out.
 
 use super::instances::{Planned, children};
 use super::serials as instances;

@@ -1,7 +1,7 @@
 //! Steps 5 to 11 of an ordinary pass, decided at once: from the [`World`] the pass read,
 //! the volumes' size, the roles, the passwords and certificates, the rollout's next step, the children, the status and its
 //! Events, the request annotations to clear, the backups due, the Lease to release, what to
-//! apply and delete, and when to look again. [`crate::cluster::write::ordinary`] carries it
+//! apply and delete, and when to look again. [`crate::cluster::write::carry_out`] carries it
 //! out.
 
 use super::instances::{children, specs};
@@ -25,7 +25,7 @@ use pgop_api::instance_status::{PgRole, VolumeUsage};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// An ordinary pass, decided: what [`crate::cluster::write::ordinary`] writes, in its order.
+/// An ordinary pass, decided: what [`crate::cluster::write::carry_out`] writes, in its order.
 pub(in crate::cluster) struct Ordinary {
     /// Step 6: a Warning for each Secret of the user's refused, published first.
     pub refused: Vec<Note>,

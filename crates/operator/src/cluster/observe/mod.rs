@@ -1,7 +1,7 @@
 //! The reads of a pass beside [`super::dereference`]: the instances' `/pg/status` (from
 //! the [`super::prober`] or probed now), the cluster's PostgresBackups, the recovery
 //! source, the volumes of unplaced instances, and the Secrets of the user's that the spec
-//! names; [`ordinary`] makes those of an ordinary pass, once each. Never
+//! names; [`reads`] makes those of an ordinary pass, once each. Never
 //! decides and never writes (but tells the prober which Pods to poll).
 
 pub mod cache;
@@ -44,7 +44,7 @@ pub(super) async fn children(
 /// Every read of steps 5 to 11 of an ordinary pass, in this order: the instances'
 /// `/pg/status` (step 5), the Secrets of the user's that the spec names (step 6), the
 /// cluster's PostgresBackups, the recovery source, and the volumes of unplaced instances.
-pub(super) async fn ordinary(
+pub(super) async fn reads(
     ctx: &Context,
     cluster: &PostgresCluster,
     defaulted: &PostgresCluster,

@@ -35,7 +35,7 @@ use tracing::Instrument;
 /// before any label moves or Pod is created), the request annotations and their Events,
 /// the scheduled backups, the Lease of a stopped primary, the children (apply and delete),
 /// and the resize amend.
-pub(super) async fn ordinary(
+pub(super) async fn carry_out(
     ctx: &Context,
     world: &World<'_>,
     namespace: &str,
@@ -195,7 +195,7 @@ async fn apply_children(
 /// (`refused`), the status and its Event, then the children applied (with whatever Pods they
 /// hold), the instances removed deleted with their volumes and the Pods to go deleted;
 /// the writes recorded for the next pass's reads.
-pub(super) async fn down(
+pub(super) async fn carry_out_down(
     ctx: &Context,
     cluster: &PostgresCluster,
     namespace: &str,
