@@ -28,7 +28,7 @@ mkdir -p "$root/bin"
 rm -f "$root/version"
 export GOMODCACHE="$root/mod" GOCACHE="$root/go-build"
 # -mod=readonly: go.mod and go.sum are the pins, and the build never rewrites them.
-export GOFLAGS=-mod=readonly GOTOOLCHAIN=local
+export GOFLAGS="-mod=readonly -gcflags=all=-dwarf=false" GOTOOLCHAIN=local  # no debug information: -s -w drops it (hack/install-testenv.sh)
 # Less garbage collection in the compiler and linker, as in hack/install-testenv.sh.
 export GOGC=${GOGC:-400}
 (cd "$src" && go build -trimpath -ldflags="-s -w" -o "$root/bin/$name.tmp" .)

@@ -30,7 +30,7 @@ rm -f "$root/version"
 # The module and build caches of this build stay under $root, so that neither the
 # checkout nor the user's Go caches are touched; both go afterwards, leaving the binaries.
 export GOBIN="$root/bin" GOMODCACHE="$root/mod" GOCACHE="$root/go-build"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+export GOFLAGS="-mod=mod -gcflags=all=-dwarf=false" GOTOOLCHAIN=local  # no debug information: -s -w drops it (hack/install-testenv.sh)
 # Less garbage collection in the compiler and linker, as in hack/install-testenv.sh.
 export GOGC=${GOGC:-400}
 # Without the release build's version stamp (-X .../internal/version.gitTag), on purpose:

@@ -31,7 +31,7 @@ rm -f "$root/version"
 # checkout nor the user's Go caches are touched; both go afterwards (about 2 GB), leaving
 # the binary.
 export GOBIN="$root/bin" GOMODCACHE="$root/mod" GOCACHE="$root/go-build"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=local
+export GOFLAGS="-mod=mod -gcflags=all=-dwarf=false" GOTOOLCHAIN=local  # no debug information: -s -w drops it (hack/install-testenv.sh)
 # Less garbage collection in the compiler and linker, as in hack/install-testenv.sh.
 export GOGC=${GOGC:-400}
 go install -trimpath -ldflags="-s -w" -tags "$tags" "github.com/prometheus/prometheus/cmd/promtool@$version"

@@ -21,7 +21,10 @@ bin=${PGOP_TESTENV_BIN_DIR:-$cache/testenv/$KUBERNETES_VERSION/bin}
 work=$cache/testenv/build
 mkdir -p "$bin" "$work"
 
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# -dwarf=false: the compiler writes no debug information, which `-ldflags -s -w` (below) would
+# drop at link time anyway; stack traces keep their files and lines (8% less CPU, measured
+# on etcd: docs/testenv.md).
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=mod -gcflags=all=-dwarf=false"
 # The compiler and linker collect garbage less often (the heap may grow to five times what
 # is live instead of twice; a few GB at most here): 8% less CPU for these builds, 10% for
 # the Kubernetes binaries (docs/testenv.md).
@@ -48,7 +51,7 @@ else
   rm -rf "$d" && mkdir -p "$d" && cd "$d"
   go mod init pgop.local/testenv-etcd >/dev/null 2>&1
   go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
-  go build -trimpath -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3
+  go build -trimpath -ldflags "-s -w" -o "$bin/etcd.tmp" go.etcd.io/etcd/server/v3
   mv "$bin/etcd.tmp" "$bin/etcd"
   log "etcd built: $("$bin/etcd" --version | head -1)"
 fi
