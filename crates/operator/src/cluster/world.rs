@@ -86,6 +86,34 @@ pub struct UserSecrets {
     pub client_ca: Option<UserSecret>,
 }
 
+impl UserSecrets {
+    /// The names of the Secrets a pass reads, by the spec, in the order it reads them: the
+    /// app's, the superuser's (only with `superuserAccess`), the server certificate's and
+    /// the client authorities'.
+    pub fn names(spec: &pgop_api::v1beta1::PostgresClusterSpec) -> [Option<&str>; 4] {
+        let credentials = &spec.credentials;
+        [
+            credentials.app_secret.as_deref(),
+            credentials
+                .superuser_secret
+                .as_deref()
+                .filter(|_| credentials.superuser_access),
+            spec.tls.server_secret.as_deref(),
+            spec.tls.client_ca_secret.as_deref(),
+        ]
+    }
+
+    /// What the reads of [`Self::names`] found, in that order.
+    pub fn from_reads([app, superuser, server, client_ca]: [Option<UserSecret>; 4]) -> Self {
+        Self {
+            app,
+            superuser,
+            server,
+            client_ca,
+        }
+    }
+}
+
 /// One Secret of the user's: its name, and the Secret or why it could not be read
 /// ("cannot be read: …", "does not exist").
 #[derive(Clone, Debug)]

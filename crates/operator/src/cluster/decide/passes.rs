@@ -71,8 +71,8 @@ fn user_secrets(
     spec: &pgop_api::v1beta1::PostgresClusterSpec,
     fixture: &BTreeMap<String, UserSecretFixture>,
 ) -> UserSecrets {
-    let read = |name: &Option<String>| {
-        let name = name.clone()?;
+    UserSecrets::from_reads(UserSecrets::names(spec).map(|name| {
+        let name = name?.to_string();
         let read = match fixture.get(&name) {
             None => Err("does not exist".to_string()),
             Some(UserSecretFixture {
@@ -93,17 +93,7 @@ fn user_secrets(
             }),
         };
         Some(UserSecret { name, read })
-    };
-    UserSecrets {
-        app: read(&spec.credentials.app_secret),
-        superuser: spec
-            .credentials
-            .superuser_access
-            .then(|| read(&spec.credentials.superuser_secret))
-            .flatten(),
-        server: read(&spec.tls.server_secret),
-        client_ca: read(&spec.tls.client_ca_secret),
-    }
+    }))
 }
 
 /// An instance's answer: `status` (what its manager reported), or `unreachable` (why it

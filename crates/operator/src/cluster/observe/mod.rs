@@ -238,29 +238,24 @@ pub(super) async fn user_secrets(
     defaulted: &PostgresCluster,
     namespace: &str,
 ) -> world::UserSecrets {
-    let spec = &defaulted.spec;
-    let read = async |name: &Option<String>| match name {
-        Some(name) => Some(world::UserSecret {
-            name: name.clone(),
+    let read = async |name: Option<&str>| {
+        let name = name?;
+        Some(world::UserSecret {
+            name: name.to_string(),
             read: Api::<Secret>::namespaced(ctx.client.clone(), namespace)
                 .get_opt(name)
                 .await
                 .map_err(|e| format!("cannot be read: {e}"))
                 .and_then(|found| found.ok_or_else(|| "does not exist".to_string())),
-        }),
-        None => None,
+        })
     };
-    let app = read(&spec.credentials.app_secret).await;
-    let superuser = match spec.credentials.superuser_access {
-        true => read(&spec.credentials.superuser_secret).await,
-        false => None,
-    };
-    world::UserSecrets {
-        app,
-        superuser,
-        server: read(&spec.tls.server_secret).await,
-        client_ca: read(&spec.tls.client_ca_secret).await,
-    }
+    let [app, superuser, server, client_ca] = world::UserSecrets::names(&defaulted.spec);
+    world::UserSecrets::from_reads([
+        read(app).await,
+        read(superuser).await,
+        read(server).await,
+        read(client_ca).await,
+    ])
 }
 
 #[cfg(test)]
