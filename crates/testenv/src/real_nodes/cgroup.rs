@@ -118,8 +118,10 @@ pub fn set_frozen(name: &str, frozen: bool) -> io::Result<()> {
 
 /// How long [`destroy`] (and a node holder's clean-up) keeps killing and removing before
 /// it gives up: on a loaded machine a node's few dozen processes take seconds to die and
-/// be reaped, and rmdir answers EBUSY until the last one is.
-pub const DESTROY_LIMIT: Duration = Duration::from_secs(60);
+/// be reaped, and rmdir answers EBUSY until the last one is. A cold `.ci/run` (builds
+/// beside the tests, the disk busy) once kept a killed node's unified-hierarchy tree busy
+/// past 60 s: it was removable minutes later, with nothing in it.
+pub const DESTROY_LIMIT: Duration = Duration::from_secs(180);
 
 /// Freezes the tree, SIGKILLs every process in it, thaws it and removes every directory,
 /// deepest first, again and again until the tree is gone (at most [`DESTROY_LIMIT`]).

@@ -179,6 +179,13 @@ cleanup() {{
     find $trees -depth -type d -exec rmdir {{}} \\; 2>/dev/null
     sleep 0.1
   done
+  # Given up: what is left, and why, beside the node's directory (which goes below).
+  left=$(ls -d /sys/fs/cgroup/*/{name} 2>/dev/null)
+  if [ -n \"$left\" ]; then
+    for c in $(find $left -type d); do
+      echo \"$c: procs [$(cat $c/cgroup.procs 2>/dev/null | tr '\\n' ' ')] $(grep populated $c/cgroup.events 2>/dev/null)\"
+    done > {d}.cleanup-left 2>&1
+  fi
   # Volumes and container root filesystems are mounted in this namespace, deepest first.
   awk '$2 ~ \"^{d}/\" {{print $2}}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
   rm -rf {d}

@@ -349,14 +349,16 @@ async fn killed_run_leaves_nothing(test: &str, signal: libc::c_int) {
         }
         assert!(
             Instant::now() < deadline,
-            "left after the kill: cgroups {cgroups:?} ({}), processes {alive:?}, {} exists: {}",
+            "left after the kill: cgroups {cgroups:?} ({}), processes {alive:?}, {} exists: {}; \
+             the holder's account of what it gave up on: {:?}",
             cgroups
                 .iter()
                 .map(|c| pgop_testenv::real_nodes::cgroup::describe(c))
                 .collect::<Vec<_>>()
                 .join("; "),
             node_dir.display(),
-            node_dir.exists()
+            node_dir.exists(),
+            std::fs::read_to_string(dir.join("node-0.cleanup-left")).ok()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
