@@ -45,6 +45,10 @@ pub const MSG_RECOVERY_STORE_NEEDS_SOURCE: &str =
 /// `spec.bootstrap.recovery` with two targets.
 pub const MSG_RECOVERY_AT_MOST_ONE_TARGET: &str =
     "at most one of targetTime or targetLsn may be set";
+/// An entry of `spec.externalClusters` with neither a connection nor a store.
+pub const MSG_EXTERNAL_CLUSTER_HAS_SOURCE: &str = "at least one of connection or store must be set: an entry is a server to connect to, a backup store to read, or both";
+/// A connection that verifies the server's certificate without an authority to verify it with.
+pub const MSG_VERIFIED_TLS_NEEDS_CA: &str = "caSecret is required with sslMode verify-ca and verify-full: the authority the server's certificate is checked against";
 /// A PostgresBackup's spec changed.
 pub const MSG_BACKUP_SPEC_IMMUTABLE: &str =
     "is immutable: a PostgresBackup is one backup; create a new one instead";
@@ -502,6 +506,21 @@ pub fn recovery_at_most_one_target() -> Rule {
     Rule::new("!(has(self.targetTime) && has(self.targetLsn))")
         .message(MSG_RECOVERY_AT_MOST_ONE_TARGET)
         .reason(Reason::FieldValueInvalid)
+}
+
+/// spec.externalClusters[]: a connection, a store or both.
+pub fn external_cluster_has_source() -> Rule {
+    Rule::new("has(self.connection) || has(self.store)")
+        .message(MSG_EXTERNAL_CLUSTER_HAS_SOURCE)
+        .reason(Reason::FieldValueRequired)
+}
+
+/// spec.externalClusters[].connection: a verifying TLS mode names the authority.
+pub fn verified_tls_needs_ca() -> Rule {
+    Rule::new("self.sslMode == 'require' || has(self.caSecret)")
+        .message(MSG_VERIFIED_TLS_NEEDS_CA)
+        .field_path(".caSecret")
+        .reason(Reason::FieldValueRequired)
 }
 
 /// PostgresBackup spec: never changes after creation.

@@ -229,6 +229,16 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::pooler::MAX_POOLERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub poolers: Vec<crate::pooler::PoolerSpec>,
+
+    /// PostgreSQL servers and backup stores outside the cluster, at most 8 (see
+    /// [`crate::external`]), each under a name unique in the list: a connection (host,
+    /// port, database, user, TLS, the Secrets of its password, client certificate and
+    /// authority), a read-only backup store in pgop's layout, or both. pgop only reads from
+    /// them. Nothing in this version refers to an entry yet: it is the foundation of
+    /// replica clusters and imports (docs/api.md, "External clusters").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::external::MAX_EXTERNAL_CLUSTERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub external_clusters: Vec<crate::external::ExternalCluster>,
 }
 
 /// Longest instance name: the longest cluster name, `-` and a serial of up to 10 digits.

@@ -17,6 +17,7 @@ pub mod constants;
 pub mod credentials;
 pub mod databases;
 pub mod defaults;
+pub mod external;
 pub mod formats;
 pub mod instance_status;
 pub mod labels;

@@ -215,6 +215,16 @@ pub struct PostgresClusterSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::pooler::MAX_POOLERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub poolers: Vec<crate::pooler::PoolerSpec>,
+
+    /// PostgreSQL servers and backup stores outside the cluster, at most 8 (see
+    /// [`crate::external`]), each under a name unique in the list: a connection (host,
+    /// port, database, user, TLS, the Secrets of its password, client certificate and
+    /// authority), a read-only backup store in pgop's layout, or both. pgop only reads from
+    /// them. Nothing in this version refers to an entry yet: it is the foundation of
+    /// replica clusters and imports (docs/api.md, "External clusters").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = crate::external::MAX_EXTERNAL_CLUSTERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub external_clusters: Vec<crate::external::ExternalCluster>,
 }
 
 fn default_instances() -> i32 {
@@ -451,6 +461,7 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             roles: s.roles,
             databases: s.databases,
             poolers: s.poolers,
+            external_clusters: s.external_clusters,
         }
     }
 }
@@ -493,6 +504,7 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             roles: s.roles,
             databases: s.databases,
             poolers: s.poolers,
+            external_clusters: s.external_clusters,
         }
     }
 }
@@ -828,6 +840,20 @@ mod tests {
         g.maybe(v, "fencedInstances", |g| match g.below(2) {
             0 => json!(["demo-1"]),
             _ => json!(["demo-2", "demo-3"]),
+        });
+        g.maybe(v, "externalClusters", |g| {
+            let connection = json!({"host": "db.site-a.example.com", "port": g.int(1, 65535),
+                "user": "streaming_replica", "sslMode": g.pick(&["verify-full", "verify-ca"]),
+                "passwordSecret": {"name": "site-a"}, "caSecret": {"name": "site-a-ca"}});
+            let store = json!({"s3": {"bucket": "site-a", "credentialsSecret": {"name": "s3"}},
+                "cluster": "db"});
+            match g.below(3) {
+                0 => json!([{"name": "site-a", "connection": connection}]),
+                1 => json!([{"name": "site-a", "store": store}]),
+                _ => json!([{"name": "site-a", "connection": connection, "store": store},
+                    {"name": "old-vm", "connection": {"host": "10.0.3.7", "user": "app",
+                        "sslMode": "require", "dbname": "shop"}}]),
+            }
         });
     }
 

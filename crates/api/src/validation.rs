@@ -302,6 +302,16 @@ pub fn validate_cluster(cluster: &PostgresCluster) -> Result<(), Vec<FieldError>
             );
         }
     }
+    // Not in CEL either, for the same reason: the Secrets of every external cluster.
+    for (i, entry) in cluster.spec.external_clusters.iter().enumerate() {
+        for (field, secret) in entry.secrets() {
+            errors.check(
+                !cel::is_own_secret(&cluster.name_any(), secret),
+                &format!("spec.externalClusters[{i}].{field}"),
+                cel::msg_own_secret,
+            );
+        }
+    }
     for (field, secret) in user_secrets(&cluster.spec) {
         errors.check(
             !cel::is_own_secret(&cluster.name_any(), secret),
@@ -856,6 +866,91 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
     if let Some(bootstrap) = &spec.bootstrap {
         validate_bootstrap(bootstrap, errors);
     }
+    validate_external_clusters(spec, errors);
+}
+
+/// `spec.externalClusters` (the schema's and [`crate::external`]'s CEL twins).
+fn validate_external_clusters(spec: &PostgresClusterSpec, errors: &mut Errors) {
+    use crate::external::{MAX_EXTERNAL_CLUSTERS, MAX_EXTERNAL_NAME_LENGTH};
+    let entries = &spec.external_clusters;
+    errors.check(
+        entries.len() <= MAX_EXTERNAL_CLUSTERS,
+        "spec.externalClusters",
+        || {
+            format!(
+                "must have at most {MAX_EXTERNAL_CLUSTERS} items, got {}",
+                entries.len()
+            )
+        },
+    );
+    for (i, entry) in entries.iter().enumerate() {
+        let at = format!("spec.externalClusters[{i}]");
+        errors.format(
+            &format!("{at}.name"),
+            &entry.name,
+            |n| n.len() <= MAX_EXTERNAL_NAME_LENGTH && formats::is_dns_label(n),
+            "a DNS label of at most 63 characters (^[a-z]([-a-z0-9]*[a-z0-9])?$)",
+        );
+        errors.check(
+            !entries[..i].iter().any(|e| e.name == entry.name),
+            &at,
+            || format!("duplicate value {:?}", entry.name),
+        );
+        errors.check(
+            entry.connection.is_some() || entry.store.is_some(),
+            &at,
+            || cel::MSG_EXTERNAL_CLUSTER_HAS_SOURCE.to_string(),
+        );
+        if let Some(c) = &entry.connection {
+            let at = format!("{at}.connection");
+            errors.format(
+                &format!("{at}.host"),
+                &c.host,
+                |h| h.len() <= 253 && formats::is_dns_subdomain(h),
+                "a host name or IPv4 address (lower-case DNS labels separated by '.', at \
+                 most 253 characters)",
+            );
+            errors.range(&format!("{at}.port"), c.port, 1, Some(65535));
+            for (field, value) in [("dbname", &c.dbname), ("user", &c.user)] {
+                errors.format(
+                    &format!("{at}.{field}"),
+                    value,
+                    formats::is_identifier,
+                    "a lower-case PostgreSQL identifier of at most 63 characters",
+                );
+            }
+            errors.check(
+                !c.ssl_mode.verifies() || c.ca_secret.is_some(),
+                &format!("{at}.caSecret"),
+                || cel::MSG_VERIFIED_TLS_NEEDS_CA.to_string(),
+            );
+            if let Some(secret) = &c.password_secret {
+                errors.name(&format!("{at}.passwordSecret.name"), &secret.name);
+                secret_key(errors, &format!("{at}.passwordSecret.key"), &secret.key);
+            }
+            if let Some(secret) = &c.client_certificate_secret {
+                errors.name(&format!("{at}.clientCertificateSecret.name"), &secret.name);
+            }
+            if let Some(secret) = &c.ca_secret {
+                errors.name(&format!("{at}.caSecret.name"), &secret.name);
+                secret_key(errors, &format!("{at}.caSecret.key"), &secret.key);
+            }
+        }
+        if let Some(store) = &entry.store {
+            let at = format!("{at}.store");
+            validate_store(&at, &store.backup_store(), errors);
+            errors.name(&format!("{at}.cluster"), &store.cluster);
+        }
+    }
+}
+
+/// A Secret key (the schema's `SECRET_KEY_PATTERN`, at most 253 characters).
+fn secret_key(errors: &mut Errors, field: &str, key: &str) {
+    errors.check(
+        key.len() <= 253 && formats::is_secret_key(key),
+        field,
+        || format!("must be a Secret key (letters, digits, '-', '_' and '.'), got {key:?}"),
+    );
 }
 
 /// A map of labels (a selector): at most `max` entries, label keys and label values.
@@ -1442,6 +1537,80 @@ bootstrap:
 "#,
         );
         assert_eq!(validate(&s), Ok(()));
+    }
+
+    #[test]
+    fn external_clusters_are_checked_naming_the_field() {
+        let good = spec(
+            r#"
+storage: {size: 1Gi}
+externalClusters:
+- name: site-a
+  connection:
+    host: db.site-a.example.com
+    user: streaming_replica
+    passwordSecret: {name: site-a}
+    caSecret: {name: site-a-ca}
+  store:
+    s3: {bucket: site-a, credentialsSecret: {name: s3}}
+    cluster: db
+- name: old-vm
+  connection: {host: 10.0.3.7, user: app, sslMode: require}
+"#,
+        );
+        assert_eq!(validate(&good), Ok(()));
+        let c = &good.external_clusters[1];
+        let conn = c.connection.as_ref().expect("connection");
+        assert_eq!((conn.port, conn.dbname.as_str()), (5432, "postgres"));
+        let bad = spec(
+            r#"
+storage: {size: 1Gi}
+externalClusters:
+- name: Site-A
+  connection:
+    host: "db;id"
+    port: 0
+    dbname: "x'y"
+    user: "a\nb"
+    passwordSecret: {name: ok, key: "../x"}
+- name: Site-A
+- name: archive
+  store:
+    s3: {bucket: site-a, credentialsSecret: {name: s3}}
+    volume: {claimName: wal}
+    cluster: "a b"
+"#,
+        );
+        assert_eq!(
+            fields(validate(&bad)),
+            [
+                "spec.externalClusters[0].name",
+                "spec.externalClusters[0].connection.host",
+                "spec.externalClusters[0].connection.port",
+                "spec.externalClusters[0].connection.dbname",
+                "spec.externalClusters[0].connection.user",
+                "spec.externalClusters[0].connection.caSecret",
+                "spec.externalClusters[0].connection.passwordSecret.key",
+                "spec.externalClusters[1].name",
+                "spec.externalClusters[1]",
+                "spec.externalClusters[1]",
+                "spec.externalClusters[2].store",
+                "spec.externalClusters[2].store.cluster",
+            ]
+        );
+        // The Secrets an entry names may not be the cluster's own: its password would be
+        // sent to the outside server.
+        let mut cluster = PostgresCluster::new("db", good);
+        if let Some(c) = cluster.spec.external_clusters[0].connection.as_mut() {
+            c.password_secret = Some(crate::external::SecretKey {
+                name: "db-superuser".into(),
+                key: "password".into(),
+            });
+        }
+        assert_eq!(
+            fields(validate_cluster(&cluster)),
+            ["spec.externalClusters[0].connection.passwordSecret.name"]
+        );
     }
 
     #[test]

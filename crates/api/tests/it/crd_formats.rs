@@ -1,7 +1,8 @@
 //! Every string field the CRD checks (quantity, cron, time zone, names, bucket, URL,
 //! region, store path, image, time, LSN, pg_hba line, parameter names and values, database
-//! and owner names, Secret keys, label keys and values) is judged alike by the real API
-//! server (dry-run creates) and by the Rust checks in `pgop_api::formats` and `validate`:
+//! and owner names, Secret keys, label keys and values, and the names, hosts, databases,
+//! users, Secrets and stores of external clusters) is judged alike by the real API server
+//! (dry-run creates) and by the Rust checks in `pgop_api::formats` and `validate`:
 //! first each format's own samples, then the same table of hostile values in every field.
 //!
 //! Why this file stays whole: it is one test,
@@ -834,6 +835,110 @@ const FORMATS: &[Format] = &[
             "r_w",
             "r.w",
         ],
+        strict: true,
+    },
+    Format {
+        name: "external cluster name",
+        set: |s, v| {
+            s["externalClusters"] =
+                json!([{"name": v, "store": {"volume": {"claimName": "wal"}, "cluster": "db"}}])
+        },
+        rust: |v| v.len() <= 63 && formats::is_dns_label(v),
+        samples: &[
+            "site-a",
+            "a",
+            "a1",
+            "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk",
+            "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijkl",
+            "Site-a",
+            "1a",
+            "-a",
+            "a-",
+            "a.b",
+            "a_b",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "external host",
+        set: |s, v| {
+            s["externalClusters"] = json!([{"name": "a", "connection": {"host": v, "user": "app", "sslMode": "require"}}])
+        },
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &[
+            "db",
+            "db.site-a.example.com",
+            "10.0.3.7",
+            "127.0.0.2",
+            "DB",
+            "db_1",
+            "-db",
+            "db.",
+            "::1",
+            "[::1]",
+            "db:5432",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "external database",
+        set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "dbname": v, "user": "app", "sslMode": "require"}}]),
+        rust: formats::is_identifier,
+        samples: &["postgres", "shop_1", "_x", "Shop", "1db", "shop-1", "a.b"],
+        strict: true,
+    },
+    Format {
+        name: "external user",
+        set: |s, v| {
+            s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": v, "sslMode": "require"}}])
+        },
+        rust: formats::is_identifier,
+        samples: &[
+            "streaming_replica",
+            "postgres",
+            "app",
+            "App",
+            "1app",
+            "app-1",
+        ],
+        strict: true,
+    },
+    Format {
+        name: "external password Secret",
+        set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": "app", "sslMode": "require", "passwordSecret": {"name": v}}}]),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["site-a", "site-a.v1", "Site-a", "site_a"],
+        strict: true,
+    },
+    Format {
+        name: "external password key",
+        set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": "app", "sslMode": "require", "passwordSecret": {"name": "site-a", "key": v}}}]),
+        rust: |v| v.len() <= 253 && formats::is_secret_key(v),
+        samples: &["password", "PG_PASSWORD", "pass.word", "pass-word", "a/b"],
+        strict: true,
+    },
+    Format {
+        name: "external authority key",
+        set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": "app", "caSecret": {"name": "site-a-ca", "key": v}}}]),
+        rust: |v| v.len() <= 253 && formats::is_secret_key(v),
+        samples: &["ca.crt", "ca-bundle.pem", "a/b"],
+        strict: true,
+    },
+    Format {
+        name: "external client certificate Secret",
+        set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": "app", "sslMode": "require", "clientCertificateSecret": {"name": v}}}]),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["site-a-client", "Site-a"],
+        strict: true,
+    },
+    Format {
+        name: "external store cluster",
+        set: |s, v| {
+            s["externalClusters"] =
+                json!([{"name": "a", "store": {"volume": {"claimName": "wal"}, "cluster": v}}])
+        },
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["db", "db.v1", "Db", "db_1"],
         strict: true,
     },
     Format {

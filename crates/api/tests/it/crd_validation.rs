@@ -643,6 +643,61 @@ const BAD: &[Case] = &[
         "storage: {size: 1Gi}\npoolers: [{name: a}, {name: b}, {name: c}, {name: d}, {name: e}]",
         "spec.poolers",
     ),
+    case(
+        "an external cluster with neither a connection nor a store",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: site-a}]",
+        "spec.externalClusters[0]",
+    ),
+    case(
+        "two external clusters of one name",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}, {name: a, connection: {host: db2, user: app, sslMode: require}}]",
+        "spec.externalClusters[1]",
+    ),
+    case(
+        "an external cluster name that is no DNS label",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: \"site-a\\n$(id)\", connection: {host: db, user: app, sslMode: require}}]",
+        "spec.externalClusters[0].name",
+    ),
+    case(
+        "an external connection verifying TLS without an authority",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app}}]",
+        "spec.externalClusters[0].connection.caSecret",
+    ),
+    case(
+        "an external connection without TLS",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: disable}}]",
+        "spec.externalClusters[0].connection.sslMode",
+    ),
+    case(
+        "an external connection without a user",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, sslMode: require}}]",
+        "spec.externalClusters[0].connection.user",
+    ),
+    case(
+        "an external connection to port 0",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, port: 0, user: app, sslMode: require}}]",
+        "spec.externalClusters[0].connection.port",
+    ),
+    case(
+        "an external host with a shell substitution",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: \"db$(id)\", user: app, sslMode: require}}]",
+        "spec.externalClusters[0].connection.host",
+    ),
+    case(
+        "an external store of two kinds",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, store: {cluster: db, volume: {claimName: wal}, s3: {bucket: wal-archive, credentialsSecret: {name: s3}}}}]",
+        "spec.externalClusters[0].store",
+    ),
+    case(
+        "an external store without the source's name",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, store: {volume: {claimName: wal}}}]",
+        "spec.externalClusters[0].store.cluster",
+    ),
+    case(
+        "nine external clusters",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, store: {volume: {claimName: w}, cluster: c}}, {name: b, store: {volume: {claimName: w}, cluster: c}}, {name: c, store: {volume: {claimName: w}, cluster: c}}, {name: d, store: {volume: {claimName: w}, cluster: c}}, {name: e, store: {volume: {claimName: w}, cluster: c}}, {name: f, store: {volume: {claimName: w}, cluster: c}}, {name: g, store: {volume: {claimName: w}, cluster: c}}, {name: h, store: {volume: {claimName: w}, cluster: c}}, {name: i, store: {volume: {claimName: w}, cluster: c}}]",
+        "spec.externalClusters",
+    ),
     Case {
         what: "pooler Service name longer than a DNS label",
         name: "a-cluster-name-of-forty-five-characters-abcde",
