@@ -5,6 +5,7 @@
 pub mod backups;
 pub mod bootstrap;
 pub mod config;
+pub mod external;
 pub mod http;
 pub mod instance;
 pub mod lease;

@@ -134,14 +134,7 @@ impl Upstream {
     /// escaped as libpq reads them); `None` when the user or the password holds a line
     /// break, which a password file cannot.
     pub fn passfile_line(&self) -> Option<String> {
-        let field = |v: &str| {
-            (!v.contains(['\n', '\r'])).then(|| v.replace('\\', "\\\\").replace(':', "\\:"))
-        };
-        Some(format!(
-            "*:*:*:{}:{}\n",
-            field(&self.user)?,
-            field(&self.password)?
-        ))
+        crate::external::passfile_line(&self.user, &self.password)
     }
 
     /// The connection string for programs that get the password as `PGPASSWORD` (so that

@@ -1,0 +1,275 @@
+//! An entry of `spec.externalClusters` against a real PostgreSQL 15 that serves TLS only,
+//! as a pgop primary serves it (no Kubernetes): [`pgop_instance::external`] writes the
+//! entry's files, builds its connection string, and asks the server who it is over a
+//! replication connection with psql, as a standby's WAL receiver will connect; each way
+//! it can fail is told apart (TLS, authentication, no replication privilege, unreachable).
+
+use crate::postgres::common::{
+    TempDir, TestResult, binaries, credentials, free_port, make_dir, run_as,
+};
+use pgop_api::external::ExternalConnection;
+use pgop_instance::Instance;
+use pgop_instance::config::Tls as PgTls;
+use pgop_instance::external::{Credentials, Refusal, Source, prepare};
+use std::sync::Arc;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A password with everything a libpq password file and connection string must quote.
+const PASSWORD: &str = r#"p'a ss\:=#$(id)"x"#;
+
+struct Server {
+    instance: Arc<Instance>,
+    port: u16,
+    ca: String,
+    /// A client certificate for `streaming_replica` from the server's authority.
+    replication: pgop_tls::Issued,
+    dir: TempDir,
+}
+
+impl Server {
+    /// A primary on 127.0.0.1 whose certificate names `it-rw` and `localhost`.
+    async fn start() -> Self {
+        let dir = TempDir::new("external");
+        make_dir(&dir.0.join("data"));
+        make_dir(&dir.0.join("run"));
+        make_dir(&dir.0.join("client"));
+        let now = jiff::Timestamp::now();
+        let ca = pgop_tls::Authority::generate_postgres(now).expect("an authority");
+        let names = ["it-rw".to_string(), "localhost".to_string()];
+        let server = ca
+            .issue_postgres_server(&names, now, 2)
+            .expect("a server certificate");
+        let replication = ca
+            .issue_postgres_client("streaming_replica", now, 2)
+            .expect("a client certificate");
+        let port = free_port();
+        let instance = Arc::new(Instance::new(pgop_instance::Options {
+            layout: pgop_instance::Layout {
+                instance: "external-1".into(),
+                cluster: "it".into(),
+                pgdata: dir.0.join("data/pgdata"),
+                listen_addresses: "127.0.0.1".into(),
+                port,
+                socket_dir: dir.0.join("run"),
+                wal_dir: None,
+            },
+            binaries: binaries(),
+            run_as: run_as(),
+            credentials: credentials(),
+            stop_timeout: Duration::from_secs(10),
+            start_timeout: WAIT,
+            forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
+            restart_crashed_primary: true,
+        }));
+        instance
+            .set_tls(PgTls {
+                server_cert: server.cert_pem.clone(),
+                server_key: server.key_pem.clone(),
+                server_ca: ca.cert_pem().to_string(),
+                client_ca: ca.cert_pem().to_string(),
+                replication_cert: replication.cert_pem.clone(),
+                replication_key: replication.key_pem.clone(),
+                server_name: "it-rw".into(),
+                allow_plaintext: false,
+            })
+            .expect("TLS files written");
+        instance
+            .bootstrap_primary()
+            .await
+            .expect("PostgreSQL bootstrapped");
+        Self {
+            instance,
+            port,
+            ca: ca.cert_pem().to_string(),
+            replication,
+            dir,
+        }
+    }
+
+    fn connection(&self, host: &str, user: &str, ssl_mode: &str) -> ExternalConnection {
+        serde_yaml::from_str(&format!(
+            "{{host: {host}, port: {}, user: {user}, sslMode: {ssl_mode}}}",
+            self.port
+        ))
+        .expect("a connection")
+    }
+
+    fn prepare(&self, name: &str, c: &ExternalConnection, credentials: &Credentials) -> Source {
+        prepare(&self.dir.0.join("client"), name, c, credentials, run_as()).expect("prepared")
+    }
+
+    async fn identify(
+        &self,
+        source: &Source,
+    ) -> Result<pgop_instance::external::Identity, Refusal> {
+        source
+            .identify(
+                &binaries(),
+                run_as(),
+                "it-replica-1",
+                Duration::from_secs(20),
+            )
+            .await
+    }
+
+    async fn sql(&self, statement: &str) -> Vec<tokio_postgres::SimpleQueryMessage> {
+        let client = self.instance.endpoint().connect().await.expect("superuser");
+        client.simple_query(statement).await.expect(statement)
+    }
+
+    async fn system_identifier(&self) -> String {
+        let answer = self
+            .sql("SELECT system_identifier::text FROM pg_control_system()")
+            .await;
+        answer
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no row: {answer:?}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(pid) = self.instance.pid().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: kill has no memory-safety preconditions; -pid is the server's group.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Asserts that `result` is refused for `reason`, showing what libpq said when not.
+fn assert_refused<T: std::fmt::Debug>(result: Result<T, Refusal>, reason: &str, what: &str) {
+    match result {
+        Ok(ok) => panic!("{what}: accepted ({ok:?}), expected {reason}"),
+        Err(refusal) => assert_eq!(refusal.reason(), reason, "{what}: {refusal}"),
+    }
+}
+
+#[tokio::test]
+async fn an_entry_is_identified_over_verified_tls_and_each_refusal_is_told_apart() -> TestResult {
+    let server = Server::start().await;
+    let system = server.system_identifier().await;
+    let with_certificate = Credentials {
+        password: None,
+        ca_pem: Some(server.ca.clone()),
+        client: Some((
+            server.replication.cert_pem.clone(),
+            server.replication.key_pem.clone(),
+        )),
+    };
+
+    // The replication user with its client certificate, the certificate verified for the
+    // host name: the server's identity, the same system as the server's own.
+    let full = server.connection("localhost", "streaming_replica", "verify-full");
+    let source = server.prepare("site-a", &full, &with_certificate);
+    let identity = server.identify(&source).await.map_err(|r| r.to_string())?;
+    assert_eq!(identity.system_identifier, system);
+    assert_eq!(identity.timeline, 1);
+    assert_eq!(identity.server_version_num / 10000, 15);
+
+    // The address is not a name the certificate carries: verify-full refuses it,
+    // verify-ca (the authority only) and require (nothing checked) accept it.
+    let by_address = server.connection("127.0.0.1", "streaming_replica", "verify-full");
+    let source = server.prepare("by-address", &by_address, &with_certificate);
+    assert_refused(
+        server.identify(&source).await,
+        "SourceTLSRefused",
+        "verify-full by address",
+    );
+    for mode in ["verify-ca", "require"] {
+        let c = server.connection("127.0.0.1", "streaming_replica", mode);
+        let source = server.prepare(mode, &c, &with_certificate);
+        let identity = server
+            .identify(&source)
+            .await
+            .map_err(|r| format!("{mode}: {r}"))?;
+        assert_eq!(identity.system_identifier, system, "{mode}");
+    }
+
+    // Another authority: the server's certificate does not verify.
+    let other = pgop_tls::Authority::generate_named(jiff::Timestamp::now(), "pgop-it-other-ca")?;
+    let source = server.prepare(
+        "other-ca",
+        &full,
+        &Credentials {
+            ca_pem: Some(other.cert_pem().to_string()),
+            ..with_certificate.clone()
+        },
+    );
+    assert_refused(
+        server.identify(&source).await,
+        "SourceTLSRefused",
+        "another authority",
+    );
+
+    // The replication user without its certificate: pg_hba.conf wants one.
+    let source = server.prepare(
+        "no-certificate",
+        &full,
+        &Credentials {
+            client: None,
+            password: Some(PASSWORD.into()),
+            ..with_certificate.clone()
+        },
+    );
+    assert_refused(
+        server.identify(&source).await,
+        "SourceAuthenticationFailed",
+        "no client certificate",
+    );
+
+    // A role that logs in with a password, the password full of what must be quoted: it
+    // travels in the password file only.
+    server
+        .sql(&format!(
+            "CREATE ROLE follower LOGIN PASSWORD {}",
+            pgop_instance::pg::sql::quote_literal(PASSWORD)
+        ))
+        .await;
+    // The rule a user of the source adds (spec.postgresql.pgHba, were it a pgop cluster).
+    server
+        .instance
+        .apply_config(
+            &Default::default(),
+            &["hostssl replication follower all scram-sha-256".to_string()],
+        )
+        .await?;
+    let follower = server.connection("localhost", "follower", "verify-full");
+    let with_password = |password: &str| Credentials {
+        password: Some(password.into()),
+        ca_pem: Some(server.ca.clone()),
+        client: None,
+    };
+    // Logged in, but no REPLICATION: told apart from a refused login.
+    let source = server.prepare("follower", &follower, &with_password(PASSWORD));
+    assert_refused(
+        server.identify(&source).await,
+        "SourceNoReplication",
+        "no REPLICATION",
+    );
+    server.sql("ALTER ROLE follower REPLICATION").await;
+    let identity = server.identify(&source).await.map_err(|r| r.to_string())?;
+    assert_eq!(identity.system_identifier, system);
+    let source = server.prepare("wrong-password", &follower, &with_password("not it"));
+    assert_refused(
+        server.identify(&source).await,
+        "SourceAuthenticationFailed",
+        "a wrong password",
+    );
+
+    // Nothing listens there.
+    let mut closed = full.clone();
+    closed.port = i32::from(free_port());
+    let source = server.prepare("closed", &closed, &with_certificate);
+    assert_refused(
+        server.identify(&source).await,
+        "SourceUnreachable",
+        "nothing listening",
+    );
+    Ok(())
+}
