@@ -5,7 +5,7 @@
 //! it can fail is told apart (TLS, authentication, no replication privilege, unreachable).
 
 use crate::postgres::common::{
-    TempDir, TestResult, binaries, credentials, free_port, make_dir, run_as,
+    TempDir, TestResult, binaries, credentials, free_port, make_dir, options, run_as,
 };
 use pgop_api::external::ExternalConnection;
 use pgop_instance::Instance;
@@ -13,8 +13,6 @@ use pgop_instance::config::Tls as PgTls;
 use pgop_instance::external::{Credentials, Refusal, Source, prepare};
 use std::sync::Arc;
 use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(60);
 
 /// A password with everything a libpq password file and connection string must quote.
 const PASSWORD: &str = r#"p'a ss\:=#$(id)"x"#;
@@ -32,8 +30,6 @@ impl Server {
     /// A primary on 127.0.0.1 whose certificate names `it-rw` and `localhost`.
     async fn start() -> Self {
         let dir = TempDir::new("external");
-        make_dir(&dir.0.join("data"));
-        make_dir(&dir.0.join("run"));
         make_dir(&dir.0.join("client"));
         let now = jiff::Timestamp::now();
         let ca = pgop_tls::Authority::generate_postgres(now).expect("an authority");
@@ -45,24 +41,13 @@ impl Server {
             .issue_postgres_client("streaming_replica", now, 2)
             .expect("a client certificate");
         let port = free_port();
-        let instance = Arc::new(Instance::new(pgop_instance::Options {
-            layout: pgop_instance::Layout {
-                instance: "external-1".into(),
-                cluster: "it".into(),
-                pgdata: dir.0.join("data/pgdata"),
-                listen_addresses: "127.0.0.1".into(),
-                port,
-                socket_dir: dir.0.join("run"),
-                wal_dir: None,
-            },
-            binaries: binaries(),
-            run_as: run_as(),
-            credentials: credentials(),
-            stop_timeout: Duration::from_secs(10),
-            start_timeout: WAIT,
-            forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
-            restart_crashed_primary: true,
-        }));
+        let instance = Arc::new(Instance::new(options(
+            "external-1",
+            &dir,
+            "127.0.0.1",
+            port,
+            credentials(),
+        )));
         instance
             .set_tls(PgTls {
                 server_cert: server.cert_pem.clone(),

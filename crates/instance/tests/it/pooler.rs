@@ -9,9 +9,7 @@
 //! front of real PostgreSQL, each on the same fixtures (`pki`, `Server`, `Bouncer`,
 //! `desired`).
 
-use crate::postgres::common::{
-    TempDir, TestResult, binaries, eventually, free_port, make_dir, run_as,
-};
+use crate::postgres::common::{TempDir, TestResult, eventually, free_port, options, run_as};
 use pgop_api::pooler::PoolMode;
 use pgop_instance::config::Tls as PgTls;
 use pgop_instance::pooler::config::{Desired, Layout, Sourced, Tls};
@@ -78,25 +76,9 @@ struct Server {
 impl Server {
     async fn start(name: &str, addr: &str, port: u16, pki: &Pki) -> Self {
         let dir = TempDir::new(name);
-        make_dir(&dir.0.join("data"));
-        make_dir(&dir.0.join("run"));
         let instance = Arc::new(Instance::new(pgop_instance::Options {
-            layout: pgop_instance::Layout {
-                instance: name.to_string(),
-                cluster: CLUSTER.into(),
-                pgdata: dir.0.join("data/pgdata"),
-                listen_addresses: addr.to_string(),
-                port,
-                socket_dir: dir.0.join("run"),
-                wal_dir: None,
-            },
-            binaries: binaries(),
-            run_as: run_as(),
-            credentials: credentials(),
-            stop_timeout: Duration::from_secs(10),
             start_timeout: WAIT,
-            forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
-            restart_crashed_primary: true,
+            ..options(name, &dir, addr, port, credentials())
         }));
         instance
             .set_tls(PgTls {

@@ -83,6 +83,38 @@ pub fn make_dir(path: &Path) {
     }
 }
 
+/// The manager's options for instance `name` of cluster `it`, its data and socket
+/// directories made under `dir` (`data/`, `run/`), listening on `addr:port`: a 10 s stop,
+/// a 60 s start, PostgreSQL's log forwarded with `PGOP_TEST_LOGS`.
+pub fn options(
+    name: &str,
+    dir: &TempDir,
+    addr: &str,
+    port: u16,
+    credentials: Credentials,
+) -> Options {
+    make_dir(&dir.0.join("data"));
+    make_dir(&dir.0.join("run"));
+    Options {
+        layout: Layout {
+            instance: name.to_string(),
+            cluster: "it".into(),
+            pgdata: dir.0.join("data/pgdata"),
+            listen_addresses: addr.to_string(),
+            port,
+            socket_dir: dir.0.join("run"),
+            wal_dir: None,
+        },
+        binaries: binaries(),
+        run_as: run_as(),
+        credentials,
+        stop_timeout: Duration::from_secs(10),
+        start_timeout: Duration::from_secs(60),
+        forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
+        restart_crashed_primary: true,
+    }
+}
+
 /// One instance: a manager (in process) and its PostgreSQL server.
 pub struct Node {
     pub instance: Arc<Instance>,
@@ -97,26 +129,10 @@ impl Node {
 
     pub fn with_stop_timeout(name: &str, stop_timeout: Duration) -> Self {
         let dir = TempDir::new(name);
-        make_dir(&dir.0.join("data"));
-        make_dir(&dir.0.join("run"));
         let port = free_port();
         let options = Options {
-            layout: Layout {
-                instance: name.to_string(),
-                cluster: "it".into(),
-                pgdata: dir.0.join("data/pgdata"),
-                listen_addresses: "127.0.0.1".into(),
-                port,
-                socket_dir: dir.0.join("run"),
-                wal_dir: None,
-            },
-            binaries: binaries(),
-            run_as: run_as(),
-            credentials: credentials(),
             stop_timeout,
-            start_timeout: Duration::from_secs(60),
-            forward_logs: std::env::var_os("PGOP_TEST_LOGS").is_some(),
-            restart_crashed_primary: true,
+            ..options(name, &dir, "127.0.0.1", port, credentials())
         };
         Self {
             instance: Arc::new(Instance::new(options)),
