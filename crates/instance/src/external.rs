@@ -43,6 +43,60 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+impl Credentials {
+    /// What `connection`'s Secrets hold, `secret` giving each Secret by name (`None`: it
+    /// does not exist, or cannot be read). `Err` names the field, the Secret and the key
+    /// that is missing, empty or not UTF-8, never a value.
+    pub fn from_secrets<'s>(
+        connection: &ExternalConnection,
+        secret: impl Fn(&str) -> Option<&'s k8s_openapi::api::core::v1::Secret>,
+    ) -> Result<Self, String> {
+        let value = |field: &str, name: &str, key: &str| -> Result<String, String> {
+            let s = secret(name).ok_or_else(|| {
+                format!("{field}: Secret {name:?} does not exist or cannot be read")
+            })?;
+            let bytes = s
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .ok_or_else(|| format!("{field}: Secret {name:?} has no key {key:?}"))?;
+            let text = String::from_utf8(bytes.0.clone())
+                .map_err(|_| format!("{field}: key {key:?} of Secret {name:?} is not UTF-8"))?;
+            if text.trim().is_empty() {
+                return Err(format!("{field}: key {key:?} of Secret {name:?} is empty"));
+            }
+            Ok(text)
+        };
+        let password = match &connection.password_secret {
+            Some(s) => Some(
+                value("connection.passwordSecret", &s.name, &s.key)?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let ca_pem = match &connection.ca_secret {
+            Some(s) => Some(value("connection.caSecret", &s.name, &s.key)?),
+            None => None,
+        };
+        let client = match &connection.client_certificate_secret {
+            Some(s) => {
+                let field = "connection.clientCertificateSecret";
+                Some((
+                    value(field, &s.name, "tls.crt")?,
+                    value(field, &s.name, "tls.key")?,
+                ))
+            }
+            None => None,
+        };
+        Ok(Self {
+            password,
+            ca_pem,
+            client,
+        })
+    }
+}
+
 /// Why an entry cannot be made ready.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -487,6 +541,75 @@ mod tests {
         assert!(e.contains("line break"), "{e}");
         assert!(!e.contains("a\nb"));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn credentials_come_from_the_secrets_the_entry_names_and_a_bad_one_is_named() {
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::Secret;
+        let secret = |name: &str, data: &[(&str, &[u8])]| Secret {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let secrets = [
+            secret("site-a", &[("password", b"s3cr'et\n")]),
+            secret("site-a-ca", &[("ca.crt", b"CA PEM")]),
+            secret(
+                "site-a-client",
+                &[("tls.crt", b"CERT"), ("tls.key", b"KEY")],
+            ),
+            secret("half", &[("tls.crt", b"CERT")]),
+            secret("blank", &[("password", b"  ")]),
+            secret("binary", &[("password", &[0xff, 0xfe])]),
+        ];
+        let lookup = |name: &str| {
+            secrets
+                .iter()
+                .find(|s| s.metadata.name.as_deref() == Some(name))
+        };
+        let c = connection(
+            "{host: db, user: streaming_replica, passwordSecret: {name: site-a}, \
+             caSecret: {name: site-a-ca}, clientCertificateSecret: {name: site-a-client}}",
+        );
+        let got = Credentials::from_secrets(&c, lookup).expect("read");
+        assert_eq!(
+            got,
+            Credentials {
+                password: Some("s3cr'et".into()),
+                ca_pem: Some("CA PEM".into()),
+                client: Some(("CERT".into(), "KEY".into())),
+            }
+        );
+        assert!(!format!("{got:?}").contains("s3cr"), "{got:?}");
+        let refused =
+            |yaml: &str| Credentials::from_secrets(&connection(yaml), lookup).expect_err("refused");
+        let e = refused("{host: db, user: u, sslMode: require, passwordSecret: {name: gone}}");
+        assert!(
+            e.starts_with("connection.passwordSecret: Secret \"gone\" does not exist"),
+            "{e}"
+        );
+        let e = refused(
+            "{host: db, user: u, sslMode: require, passwordSecret: {name: site-a, key: pw}}",
+        );
+        assert!(e.contains("has no key \"pw\""), "{e}");
+        let e =
+            refused("{host: db, user: u, sslMode: require, clientCertificateSecret: {name: half}}");
+        assert!(
+            e.starts_with("connection.clientCertificateSecret") && e.contains("tls.key"),
+            "{e}"
+        );
+        let e = refused("{host: db, user: u, sslMode: require, passwordSecret: {name: blank}}");
+        assert!(e.contains("is empty"), "{e}");
+        let e = refused("{host: db, user: u, sslMode: require, passwordSecret: {name: binary}}");
+        assert!(e.contains("not UTF-8"), "{e}");
     }
 
     #[test]
