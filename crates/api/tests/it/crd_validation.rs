@@ -772,6 +772,12 @@ paused: false
 poolers:
   - {name: rw, instances: 2, maxClientConnections: 500, defaultPoolSize: 10, resources: {requests: {cpu: 100m}}}
   - {name: reports, type: ro, poolMode: session}
+externalClusters:
+  - name: site-a
+    connection: {host: db-rw.site-a.example.com, user: streaming_replica, passwordSecret: {name: site-a}, caSecret: {name: site-a-ca}, clientCertificateSecret: {name: site-a-client}}
+    store: {s3: {bucket: site-a-backups, credentialsSecret: {name: site-a-s3}}, cluster: db}
+  - name: old-vm
+    connection: {host: 10.0.3.7, port: 5433, dbname: shop, user: app, sslMode: require}
 "#;
 
 fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {
