@@ -1266,11 +1266,7 @@ fn validate_s3(path: &str, s3: &S3Store, errors: &mut Errors) {
         ("accessKeyIdKey", &secret.access_key_id_key),
         ("secretAccessKeyKey", &secret.secret_access_key_key),
     ] {
-        errors.check(
-            key.len() <= 253 && formats::is_secret_key(key),
-            &format!("{path}.credentialsSecret.{field}"),
-            || format!("must be a Secret key (letters, digits, '-', '_' and '.'), got {key:?}"),
-        );
+        secret_key(errors, &format!("{path}.credentialsSecret.{field}"), key);
     }
 }
 

@@ -363,21 +363,20 @@ impl Refusal {
         ]) {
             Refusal::NoReplication(message)
         } else if has(&[
-            "password authentication failed",
+            // password and certificate authentication alike
+            "authentication failed",
             "no password supplied",
             "no pg_hba.conf entry",
             "pg_hba.conf rejects",
-            "certificate authentication failed",
             "requires a valid client certificate",
-            "authentication failed",
         ]) {
             Refusal::Authentication(message)
         } else if has(&[
             "certificate verify failed",
             "does not match host name",
-            "SSL",
-            "server does not support SSL",
             "root certificate",
+            // SSL errors, and a server that does not support SSL
+            "SSL",
         ]) {
             Refusal::Tls(message)
         } else if has(&[

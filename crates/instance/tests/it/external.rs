@@ -7,9 +7,9 @@
 use crate::postgres::common::{
     TempDir, TestResult, binaries, credentials, free_port, make_dir, options, run_as,
 };
+use crate::tls::server_tls;
 use pgop_api::external::ExternalConnection;
 use pgop_instance::Instance;
-use pgop_instance::config::Tls as PgTls;
 use pgop_instance::external::{Credentials, Refusal, Source, prepare};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,16 +49,7 @@ impl Server {
             credentials(),
         )));
         instance
-            .set_tls(PgTls {
-                server_cert: server.cert_pem.clone(),
-                server_key: server.key_pem.clone(),
-                server_ca: ca.cert_pem().to_string(),
-                client_ca: ca.cert_pem().to_string(),
-                replication_cert: replication.cert_pem.clone(),
-                replication_key: replication.key_pem.clone(),
-                server_name: "it-rw".into(),
-                allow_plaintext: false,
-            })
+            .set_tls(server_tls(ca.cert_pem(), &server, &replication, "it-rw"))
             .expect("TLS files written");
         instance
             .bootstrap_primary()

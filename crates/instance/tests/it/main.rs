@@ -11,4 +11,5 @@ mod external;
 mod pooler;
 mod postgres;
 mod postgres18;
+mod tls;
 mod upgrade;

@@ -10,8 +10,8 @@
 //! `desired`).
 
 use crate::postgres::common::{TempDir, TestResult, eventually, free_port, options, run_as};
+use crate::tls::server_tls;
 use pgop_api::pooler::PoolMode;
-use pgop_instance::config::Tls as PgTls;
 use pgop_instance::pooler::config::{Desired, Layout, Sourced, Tls};
 use pgop_instance::pooler::process::State;
 use pgop_instance::pooler::{Applied, NotReady, Options, Pooler};
@@ -81,16 +81,12 @@ impl Server {
             ..options(name, &dir, addr, port, credentials())
         }));
         instance
-            .set_tls(PgTls {
-                server_cert: pki.server.cert_pem.clone(),
-                server_key: pki.server.key_pem.clone(),
-                server_ca: pki.ca.clone(),
-                client_ca: pki.ca.clone(),
-                replication_cert: pki.replication.cert_pem.clone(),
-                replication_key: pki.replication.key_pem.clone(),
-                server_name: format!("{CLUSTER}-rw"),
-                allow_plaintext: false,
-            })
+            .set_tls(server_tls(
+                &pki.ca,
+                &pki.server,
+                &pki.replication,
+                &format!("{CLUSTER}-rw"),
+            ))
             .expect("TLS files written");
         instance
             .bootstrap_primary()
