@@ -918,6 +918,13 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "external authority Secret",
+        set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": "app", "caSecret": {"name": v}}}]),
+        rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),
+        samples: &["site-a-ca", "site-a-ca.v1", "Site-a-ca", "site_a_ca"],
+        strict: true,
+    },
+    Format {
         name: "external authority key",
         set: |s, v| s["externalClusters"] = json!([{"name": "a", "connection": {"host": "db", "user": "app", "caSecret": {"name": "site-a-ca", "key": v}}}]),
         rust: |v| v.len() <= 253 && formats::is_secret_key(v),
