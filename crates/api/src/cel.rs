@@ -49,6 +49,10 @@ pub const MSG_RECOVERY_AT_MOST_ONE_TARGET: &str =
 pub const MSG_EXTERNAL_CLUSTER_HAS_SOURCE: &str = "at least one of connection or store must be set: an entry is a server to connect to, a backup store to read, or both";
 /// A connection that verifies the server's certificate without an authority to verify it with.
 pub const MSG_VERIFIED_TLS_NEEDS_CA: &str = "caSecret is required with sslMode verify-ca and verify-full: the authority the server's certificate is checked against";
+/// `spec.replica.source` that names no entry of `spec.externalClusters` with a connection.
+pub const MSG_REPLICA_SOURCE_IS_ENTRY: &str = "must name an entry of spec.externalClusters that has a connection: the server the replica cluster follows";
+/// `spec.replica` with `spec.bootstrap.recovery`.
+pub const MSG_REPLICA_WITHOUT_RECOVERY: &str = "may not be set with spec.replica: a replica cluster's first instance is cloned from its source";
 /// A PostgresBackup's spec changed.
 pub const MSG_BACKUP_SPEC_IMMUTABLE: &str =
     "is immutable: a PostgresBackup is one backup; create a new one instead";
@@ -521,6 +525,29 @@ pub fn verified_tls_needs_ca() -> Rule {
         .message(MSG_VERIFIED_TLS_NEEDS_CA)
         .field_path(".caSecret")
         .reason(Reason::FieldValueRequired)
+}
+
+/// spec: `replica.source` names an entry of `externalClusters` with a connection (a list
+/// of at most 8: cheap).
+pub fn replica_source_is_entry() -> Rule {
+    Rule::new(
+        "!has(self.replica) || (has(self.externalClusters) && \
+         self.externalClusters.exists(e, e.name == self.replica.source && has(e.connection)))",
+    )
+    .message(MSG_REPLICA_SOURCE_IS_ENTRY)
+    .field_path(".replica.source")
+    .reason(Reason::FieldValueInvalid)
+}
+
+/// spec: a replica cluster is not restored from a backup.
+pub fn replica_without_recovery() -> Rule {
+    Rule::new(
+        "!has(self.replica) || !self.replica.enabled || !has(self.bootstrap) || \
+         !has(self.bootstrap.recovery)",
+    )
+    .message(MSG_REPLICA_WITHOUT_RECOVERY)
+    .field_path(".bootstrap.recovery")
+    .reason(Reason::FieldValueForbidden)
 }
 
 /// PostgresBackup spec: never changes after creation.

@@ -90,6 +90,8 @@ pub use crate::reserved::{MAX_CLUSTER_NAME_LENGTH, MAX_PARAMETERS, MAX_REPLICAS}
     validation = cel::pooler_names_fit()
 )]
 #[x_kube(validation = cel::synchronous_below_replicas())]
+#[x_kube(validation = cel::replica_source_is_entry())]
+#[x_kube(validation = cel::replica_without_recovery())]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresClusterSpec {
     /// Number of PostgreSQL instances: one primary and `replicas - 1` streaming standbys
@@ -234,11 +236,18 @@ pub struct PostgresClusterSpec {
     /// [`crate::external`]), each under a name unique in the list: a connection (host,
     /// port, database, user, TLS, the Secrets of its password, client certificate and
     /// authority), a read-only backup store in pgop's layout, or both. pgop only reads from
-    /// them. Nothing in this version refers to an entry yet: it is the foundation of
-    /// replica clusters and imports (docs/api.md, "External clusters").
+    /// them. `spec.replica.source` names the entry a replica cluster follows (docs/api.md,
+    /// "External clusters").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::external::MAX_EXTERNAL_CLUSTERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub external_clusters: Vec<crate::external::ExternalCluster>,
+
+    /// Make this a replica cluster (see [`crate::replica`]): its instances follow the
+    /// entry of `spec.externalClusters` named by `source` (streaming replication from its
+    /// `connection`) and take no writes; the first instance is cloned from it. Not
+    /// changeable once the cluster exists in this version (docs/replica.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<crate::replica::ReplicaSpec>,
 }
 
 /// Longest instance name: the longest cluster name, `-` and a serial of up to 10 digits.

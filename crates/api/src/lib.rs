@@ -25,6 +25,7 @@ pub mod network;
 pub mod owner;
 pub mod pooler;
 pub mod quantity;
+pub mod replica;
 pub mod reserved;
 pub mod roles;
 pub mod v1beta1;

@@ -95,6 +95,8 @@ pub const API_VERSION: &str = crate::constants::CLUSTER_OWNER_API_VERSION;
     validation = cel::pooler_names_fit()
 )]
 #[x_kube(validation = cel::standbys_below_instances())]
+#[x_kube(validation = cel::replica_source_is_entry())]
+#[x_kube(validation = cel::replica_without_recovery())]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresClusterSpec {
     /// Number of PostgreSQL instances: one primary and `instances - 1` streaming standbys
@@ -220,11 +222,18 @@ pub struct PostgresClusterSpec {
     /// [`crate::external`]), each under a name unique in the list: a connection (host,
     /// port, database, user, TLS, the Secrets of its password, client certificate and
     /// authority), a read-only backup store in pgop's layout, or both. pgop only reads from
-    /// them. Nothing in this version refers to an entry yet: it is the foundation of
-    /// replica clusters and imports (docs/api.md, "External clusters").
+    /// them. `spec.replica.source` names the entry a replica cluster follows (docs/api.md,
+    /// "External clusters").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = crate::external::MAX_EXTERNAL_CLUSTERS), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub external_clusters: Vec<crate::external::ExternalCluster>,
+
+    /// Make this a replica cluster (see [`crate::replica`]): its instances follow the
+    /// entry of `spec.externalClusters` named by `source` (streaming replication from its
+    /// `connection`) and take no writes; the first instance is cloned from it. Not
+    /// changeable once the cluster exists in this version (docs/replica.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<crate::replica::ReplicaSpec>,
 }
 
 fn default_instances() -> i32 {
@@ -462,6 +471,7 @@ impl From<v1alpha1::PostgresClusterSpec> for PostgresClusterSpec {
             databases: s.databases,
             poolers: s.poolers,
             external_clusters: s.external_clusters,
+            replica: s.replica,
         }
     }
 }
@@ -505,6 +515,7 @@ impl From<PostgresClusterSpec> for v1alpha1::PostgresClusterSpec {
             databases: s.databases,
             poolers: s.poolers,
             external_clusters: s.external_clusters,
+            replica: s.replica,
         }
     }
 }
@@ -855,6 +866,21 @@ mod tests {
                         "sslMode": "require", "dbname": "shop"}}]),
             }
         });
+        // A replica of an entry with a connection, never with a restore.
+        let followable = v["externalClusters"]
+            .as_array()
+            .and_then(|entries| entries.iter().find(|e| e.get("connection").is_some()))
+            .and_then(|e| e["name"].as_str())
+            .map(str::to_string);
+        if let Some(source) = followable
+            && v["bootstrap"].get("recovery").is_none()
+        {
+            g.maybe(
+                v,
+                "replica",
+                |g| json!({"source": source, "enabled": g.coin()}),
+            );
+        }
     }
 
     fn alpha(g: &mut Gen) -> v1alpha1::PostgresClusterSpec {

@@ -151,6 +151,7 @@ pub fn validate_update(
 /// - `spec.storage.size` may only grow (a volume cannot shrink);
 /// - `spec.walStorage` may be added, not removed, and its size may only grow;
 /// - `spec.bootstrap` is read once, when the cluster is created;
+/// - `spec.replica` may not change yet (no promotion or demotion in this version);
 /// - `spec.postgresVersion` ([`version_change_error`]) may be raised (an in-place major
 ///   upgrade), never set below the major the data holds, and not changed while an upgrade
 ///   is past the point where it can be called off.
@@ -190,6 +191,9 @@ pub fn transition_errors(
     }
     errors.check(old.bootstrap == new.bootstrap, "spec.bootstrap", || {
         MSG_BOOTSTRAP_IMMUTABLE.to_string()
+    });
+    errors.check(old.replica == new.replica, "spec.replica", || {
+        MSG_REPLICA_IMMUTABLE.to_string()
     });
     let major = |v: Option<i32>| v.unwrap_or(crate::cluster::DEFAULT_POSTGRES_VERSION);
     let (before, after) = (major(old.postgres_version), major(new.postgres_version));
@@ -243,6 +247,9 @@ pub const MSG_WAL_STORAGE_REMOVED: &str = "may not be removed once set: the inst
 
 /// `spec.bootstrap` changed after creation.
 pub const MSG_BOOTSTRAP_IMMUTABLE: &str = "may not change after the cluster is created: it is read only once, to make the first instance's data (create a new cluster to bootstrap differently)";
+
+/// `spec.replica` added, removed or changed on a cluster that exists.
+pub const MSG_REPLICA_IMMUTABLE: &str = "may not change after the cluster is created in this version: promoting a replica cluster and demoting a primary one are not built yet (docs/replica.md)";
 
 /// `spec.storage.size` below the size the volumes have.
 pub fn msg_storage_shrink(wanted: &str, current: &str) -> String {
@@ -867,6 +874,35 @@ fn validate_spec(spec: &PostgresClusterSpec, errors: &mut Errors) {
         validate_bootstrap(bootstrap, errors);
     }
     validate_external_clusters(spec, errors);
+    if let Some(replica) = &spec.replica {
+        validate_replica(spec, replica, errors);
+    }
+}
+
+/// `spec.replica` (the schema's and [`crate::cel`]'s twins).
+fn validate_replica(
+    spec: &PostgresClusterSpec,
+    replica: &crate::replica::ReplicaSpec,
+    errors: &mut Errors,
+) {
+    errors.format(
+        "spec.replica.source",
+        &replica.source,
+        |n| n.len() <= crate::external::MAX_EXTERNAL_NAME_LENGTH && formats::is_dns_label(n),
+        "a DNS label of at most 63 characters (^[a-z]([-a-z0-9]*[a-z0-9])?$)",
+    );
+    errors.check(
+        spec.external_clusters
+            .iter()
+            .any(|e| e.name == replica.source && e.connection.is_some()),
+        "spec.replica.source",
+        || cel::MSG_REPLICA_SOURCE_IS_ENTRY.to_string(),
+    );
+    errors.check(
+        !replica.enabled || spec.bootstrap.as_ref().is_none_or(|b| b.recovery.is_none()),
+        "spec.bootstrap.recovery",
+        || cel::MSG_REPLICA_WITHOUT_RECOVERY.to_string(),
+    );
 }
 
 /// `spec.externalClusters` (the schema's and [`crate::external`]'s CEL twins).
@@ -1607,6 +1643,56 @@ externalClusters:
             fields(validate_cluster(&cluster)),
             ["spec.externalClusters[0].connection.passwordSecret.name"]
         );
+    }
+
+    #[test]
+    fn a_replica_cluster_follows_an_entry_with_a_connection_and_does_not_change() {
+        let entries = r#"
+storage: {size: 1Gi}
+externalClusters:
+- name: site-a
+  connection: {host: db.site-a.example.com, user: streaming_replica, sslMode: require}
+- name: archive
+  store: {volume: {claimName: wal}, cluster: db}
+"#;
+        let good = spec(&format!("{entries}replica: {{source: site-a}}"));
+        assert_eq!(validate(&good), Ok(()));
+        assert!(crate::replica::ReplicaSpec::follows(good.replica.as_ref()));
+        for (replica, field) in [
+            ("{source: site-b}", "spec.replica.source"),
+            // A store alone is not followed in this version.
+            ("{source: archive}", "spec.replica.source"),
+            ("{source: \"Site-A\"}", "spec.replica.source"),
+            ("{source: \"a\\nb\"}", "spec.replica.source"),
+        ] {
+            let bad = spec(&format!("{entries}replica: {replica}"));
+            assert!(
+                fields(validate(&bad)).contains(&field.to_string()),
+                "{replica}: {:?}",
+                validate(&bad)
+            );
+        }
+        let restored = spec(&format!(
+            "{entries}replica: {{source: site-a}}\nbootstrap: {{recovery: {{backup: b}}}}"
+        ));
+        assert_eq!(fields(validate(&restored)), ["spec.bootstrap.recovery"]);
+        // Not a replica: the rule does not apply.
+        let ordinary = spec(&format!(
+            "{entries}replica: {{source: site-a, enabled: false}}\nbootstrap: {{recovery: {{backup: b}}}}"
+        ));
+        assert_eq!(validate(&ordinary), Ok(()));
+        // Neither added, removed nor changed on a cluster that exists.
+        let plain = spec(entries);
+        for (old, new) in [(&plain, &good), (&good, &plain), (&good, &ordinary)] {
+            let errors = validate_update(old, new, None).err().unwrap_or_default();
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.field == "spec.replica" && e.message == MSG_REPLICA_IMMUTABLE),
+                "{errors:?}"
+            );
+        }
+        assert_eq!(validate_update(&good, &good, None), Ok(()));
     }
 
     #[test]

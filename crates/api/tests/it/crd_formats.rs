@@ -949,6 +949,19 @@ const FORMATS: &[Format] = &[
         strict: true,
     },
     Format {
+        name: "replica source",
+        // The one entry is `site-a`: any other source names no entry.
+        set: |s, v| {
+            s["externalClusters"] = json!([{"name": "site-a", "connection": {"host": "db", "user": "app", "sslMode": "require"}}]);
+            s["replica"] = json!({"source": v});
+            // A replica cluster is cloned from its source, never restored.
+            s["bootstrap"] = json!({"initdb": {}});
+        },
+        rust: |v| v == "site-a",
+        samples: &["site-a", "site-b", "Site-a", "a.b"],
+        strict: true,
+    },
+    Format {
         name: "source cluster",
         set: |s, v| s["bootstrap"]["recovery"]["sourceCluster"] = json!(v),
         rust: |v| v.len() <= 253 && formats::is_dns_subdomain(v),

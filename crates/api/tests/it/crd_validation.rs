@@ -698,6 +698,26 @@ const BAD: &[Case] = &[
         "storage: {size: 1Gi}\nexternalClusters: [{name: a, store: {volume: {claimName: w}, cluster: c}}, {name: b, store: {volume: {claimName: w}, cluster: c}}, {name: c, store: {volume: {claimName: w}, cluster: c}}, {name: d, store: {volume: {claimName: w}, cluster: c}}, {name: e, store: {volume: {claimName: w}, cluster: c}}, {name: f, store: {volume: {claimName: w}, cluster: c}}, {name: g, store: {volume: {claimName: w}, cluster: c}}, {name: h, store: {volume: {claimName: w}, cluster: c}}, {name: i, store: {volume: {claimName: w}, cluster: c}}]",
         "spec.externalClusters",
     ),
+    case(
+        "a replica of no external cluster",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}]\nreplica: {source: b}",
+        "spec.replica.source",
+    ),
+    case(
+        "a replica of an external store without a connection",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, store: {volume: {claimName: wal}, cluster: db}}]\nreplica: {source: a}",
+        "spec.replica.source",
+    ),
+    case(
+        "a replica source that is no DNS label",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}]\nreplica: {source: \"a'; $(id)\"}",
+        "spec.replica.source",
+    ),
+    case(
+        "a replica cluster restored from a backup",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}]\nreplica: {source: a}\nbootstrap: {recovery: {backup: b}}",
+        "spec.bootstrap.recovery",
+    ),
     Case {
         what: "pooler Service name longer than a DNS label",
         name: "a-cluster-name-of-forty-five-characters-abcde",
@@ -778,6 +798,7 @@ externalClusters:
     store: {s3: {bucket: site-a-backups, credentialsSecret: {name: site-a-s3}}, cluster: db}
   - name: old-vm
     connection: {host: 10.0.3.7, port: 5433, dbname: shop, user: app, sslMode: require}
+replica: {source: site-a}
 "#;
 
 fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {

@@ -1,0 +1,40 @@
+//! `spec.replica`: a replica cluster, one that follows another PostgreSQL (an entry of
+//! `spec.externalClusters`, typically a pgop cluster in another Kubernetes cluster)
+//! instead of taking writes of its own.
+//!
+//! Its *designated primary* is a standby of the source (streaming replication over the
+//! entry's connection), its other instances cascade from it, and losing the designated
+//! primary makes another instance the designated primary, never a writable one (see
+//! docs/replica.md). Alike in both API versions (the same field at the same path).
+
+use crate::formats;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A replica cluster: follow `source` instead of taking writes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSpec {
+    /// Follow the source (the default). A cluster created with `false` is an ordinary
+    /// cluster. In this version neither this nor `source` may change once the cluster
+    /// exists: promotion and demotion are not built yet (docs/replica.md).
+    #[serde(default = "default_enabled")]
+    pub enabled: bool,
+
+    /// The entry of `spec.externalClusters` to follow, by name; the entry must have a
+    /// `connection` (its role needs `REPLICATION`). The cluster's first instance is cloned
+    /// from it with `pg_basebackup` (`spec.bootstrap.recovery` may not be set).
+    #[schemars(length(min = 1, max = 63), pattern(formats::DNS_LABEL_PATTERN))]
+    pub source: String,
+}
+
+fn default_enabled() -> bool {
+    true
+}
+
+impl ReplicaSpec {
+    /// Whether a cluster with this `spec.replica` follows its source.
+    pub fn follows(replica: Option<&ReplicaSpec>) -> bool {
+        replica.is_some_and(|r| r.enabled)
+    }
+}
