@@ -50,7 +50,7 @@ pub struct ExternalCluster {
 }
 
 /// A connection to a PostgreSQL server, always over TLS.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[x_kube(validation = cel::verified_tls_needs_ca())]
 #[serde(rename_all = "camelCase")]
 pub struct ExternalConnection {
@@ -137,7 +137,7 @@ impl SslMode {
 }
 
 /// A key of a Secret holding a password (`password` unless `key` says otherwise).
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretKey {
     /// The Secret's name (an object name).
@@ -156,7 +156,7 @@ fn default_password_key() -> String {
 
 /// A key of a Secret holding an authority's certificate (`ca.crt` unless `key` says
 /// otherwise).
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct CaSecretKey {
     /// The Secret's name (an object name).
@@ -174,7 +174,7 @@ fn default_ca_key() -> String {
 }
 
 /// A Secret named whole.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct SecretName {
     /// The Secret's name (an object name).

@@ -36,8 +36,25 @@ pub enum PgRole {
     Primary,
     /// In recovery: a standby.
     Replica,
+    /// In recovery as a replica cluster's designated primary: a standby of the cluster's
+    /// outside source (`spec.replica`), the one the cluster's other instances follow.
+    #[serde(rename = "designatedPrimary")]
+    DesignatedPrimary,
     /// Not running (stopped, fenced or starting).
     Stopped,
+}
+
+impl PgRole {
+    /// The cluster's primary: the writable one, or a replica cluster's designated primary
+    /// (the one its other instances follow, failed over like a primary).
+    pub fn leads(self) -> bool {
+        matches!(self, PgRole::Primary | PgRole::DesignatedPrimary)
+    }
+
+    /// In recovery: a standby of an instance of the cluster or of the outside source.
+    pub fn in_recovery(self) -> bool {
+        matches!(self, PgRole::Replica | PgRole::DesignatedPrimary)
+    }
 }
 
 /// The instance's PostgreSQL status, served as JSON on `/pg/status`.

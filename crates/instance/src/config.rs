@@ -145,7 +145,29 @@ pub struct Layout {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     Primary,
-    Standby { upstream: Upstream },
+    Standby {
+        upstream: Upstream,
+    },
+    /// A replica cluster's designated primary: a standby of the outside source
+    /// (`spec.replica`), streaming over the entry's connection without a slot (the source
+    /// is not pgop's to create one on).
+    DesignatedPrimary {
+        source: crate::external::Source,
+    },
+}
+
+impl Mode {
+    /// Whether PostgreSQL runs in recovery (`standby.signal`), following an upstream.
+    pub fn is_standby(&self) -> bool {
+        !matches!(self, Mode::Primary)
+    }
+}
+
+/// The `application_name` a designated primary streams from its source under: never an
+/// instance name of pgop's (those have no `:`), so that the source never counts it among
+/// its own synchronous standbys, even where both clusters have the same name.
+pub fn replica_application_name(instance: &str) -> String {
+    format!("replica-cluster:{instance}")
 }
 
 /// Defaults pgop picks that a user may override.
@@ -199,12 +221,22 @@ pub fn owned_parameters(
         params.push(("ssl_ca_file", path(&files.client_ca)));
         params.push(("ssl_min_protocol_version", "TLSv1.2".into()));
     }
-    if let Mode::Standby { upstream } = mode {
-        params.push((
-            "primary_conninfo",
-            upstream.conninfo_with_passfile(&layout.instance, &passfile_path(layout)),
-        ));
-        params.push(("primary_slot_name", sql::slot_name(&layout.instance)));
+    match mode {
+        Mode::Primary => {}
+        Mode::Standby { upstream } => {
+            params.push((
+                "primary_conninfo",
+                upstream.conninfo_with_passfile(&layout.instance, &passfile_path(layout)),
+            ));
+            params.push(("primary_slot_name", sql::slot_name(&layout.instance)));
+        }
+        Mode::DesignatedPrimary { source } => {
+            params.push((
+                "primary_conninfo",
+                source.conninfo(&replica_application_name(&layout.instance)),
+            ));
+            params.push(("primary_slot_name", String::new()));
+        }
     }
     // WAL archiving to the backup store (spec.backup.store). A standby archives too
     // (`on`, not `always`): only once promoted, so that a new primary picks up at once.

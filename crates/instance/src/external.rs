@@ -111,7 +111,7 @@ pub enum Error {
 }
 
 /// An entry made ready to connect to: its files written, its connection known.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
     name: String,
     connection: ExternalConnection,

@@ -158,6 +158,7 @@ fn role_name(role: PgRole) -> &'static str {
     match role {
         PgRole::Primary => "primary",
         PgRole::Replica => "replica",
+        PgRole::DesignatedPrimary => "designated_primary",
         PgRole::Stopped => "stopped",
     }
 }
@@ -195,9 +196,14 @@ pub fn encode(
     set(&up, vec![], i64::from(status.running));
     let role = b.int(
         "role",
-        "The role PostgreSQL runs in: 1 for the current role (primary, replica or stopped), 0 for the others",
+        "The role PostgreSQL runs in: 1 for the current role (primary, replica, designated_primary or stopped), 0 for the others",
     );
-    for r in [PgRole::Primary, PgRole::Replica, PgRole::Stopped] {
+    for r in [
+        PgRole::Primary,
+        PgRole::Replica,
+        PgRole::DesignatedPrimary,
+        PgRole::Stopped,
+    ] {
         set(
             &role,
             vec![("role", role_name(r).to_string())],
@@ -261,7 +267,7 @@ pub fn encode(
         "On a primary, per connected standby: pg_stat_replication.replay_lag (no series while the standby is idle)",
         Unit::Seconds,
     );
-    if status.role == PgRole::Primary {
+    if status.role.leads() {
         for standby in &status.replication {
             let labels = vec![("standby", standby.application_name.clone())];
             if let Some(lag) = standby.replay_lag_bytes {
@@ -274,9 +280,9 @@ pub fn encode(
     }
     let streaming = b.int(
         "replication_streaming",
-        "On a standby: 1 while its WAL receiver streams from the primary",
+        "On a standby: 1 while its WAL receiver streams from the primary (a designated primary: from the replica cluster's source)",
     );
-    if status.role == PgRole::Replica {
+    if status.role.in_recovery() {
         set(&streaming, vec![], i64::from(status.streaming));
     }
 

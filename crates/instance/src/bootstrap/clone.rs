@@ -46,6 +46,30 @@ pub async fn base_backup(
     }
 }
 
+/// Copies a replica cluster's source into the (empty) PGDATA: `conninfo` is the entry's
+/// ([`crate::external::Source::conninfo`]: its password in its own password file, its
+/// certificates named). No slot: the source is not pgop's to create one on; the copy
+/// streams its WAL alongside, over a temporary slot of pg_basebackup's own.
+pub async fn base_backup_from_source(
+    binaries: &Binaries,
+    run_as: Option<RunAs>,
+    pgdata: &Path,
+    conninfo: &str,
+) -> Result<(), Error> {
+    let mut cmd = binaries::command(binaries, "pg_basebackup", run_as);
+    cmd.arg("--pgdata")
+        .arg(pgdata)
+        .arg("--dbname")
+        .arg(conninfo)
+        .args(["--wal-method=stream", "--checkpoint=fast", "--no-password"])
+        // Whatever the environment says, only the entry's files.
+        .env_remove("PGPASSWORD")
+        .env_remove("PGPASSFILE")
+        .env_remove("PGSERVICE")
+        .env_remove("PGSSLMODE");
+    run("pg_basebackup", cmd).await.map(|_| ())
+}
+
 fn slot_busy(stderr: &str) -> bool {
     stderr.contains("replication slot") && stderr.contains("is active for PID")
 }

@@ -52,6 +52,8 @@ pub fn decide(status: &PgStatus, failure: &Failure) -> Option<Down> {
     }
     match status.role {
         PgRole::Primary => None,
+        // Serves reads whether or not its source answers (reported in `streaming`).
+        PgRole::DesignatedPrimary => None,
         PgRole::Replica if status.streaming => None,
         PgRole::Stopped if status.fenced => None,
         role => {

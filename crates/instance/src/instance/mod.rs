@@ -400,13 +400,12 @@ impl Instance {
                 .as_ref()
                 .map(|a| archive_command(&a.pgop_binary, &store_config));
             let floored;
-            let parameters =
-                if matches!(d.mode, Mode::Standby { .. }) && !d.standby_floors.is_empty() {
-                    floored = floors::with_floors(&d.parameters, &d.standby_floors);
-                    &floored
-                } else {
-                    &d.parameters
-                };
+            let parameters = if d.mode.is_standby() && !d.standby_floors.is_empty() {
+                floored = floors::with_floors(&d.parameters, &d.standby_floors);
+                &floored
+            } else {
+                &d.parameters
+            };
             (
                 config::render_postgresql_conf(
                     layout,
@@ -422,13 +421,14 @@ impl Instance {
                     d.tls.as_ref().map(|t| t.allow_plaintext),
                     d.passwords.2.is_some(),
                 ),
-                matches!(d.mode, Mode::Standby { .. }),
+                d.mode.is_standby(),
                 d.archiving.clone(),
                 match &d.mode {
                     Mode::Standby { upstream } => {
                         Some(upstream.passfile_line().ok_or(Error::PasswordLineBreak)?)
                     }
-                    Mode::Primary => None,
+                    // The source's password is in its own entry's directory.
+                    Mode::Primary | Mode::DesignatedPrimary { .. } => None,
                 },
             )
         };
@@ -517,7 +517,7 @@ impl Instance {
     /// does not come up with them, it starts again without them; the next
     /// [`Instance::apply_config`] then reports what it refuses.
     async fn start_postmaster(&self) -> Result<tokio_postgres::Client, Error> {
-        let floors = if matches!(self.desired().mode, Mode::Standby { .. }) {
+        let floors = if self.desired().mode.is_standby() {
             self.controldata_floors().await
         } else {
             BTreeMap::new()
@@ -962,6 +962,31 @@ impl Instance {
         self.start_locked().await
     }
 
+    /// A replica cluster's first instance: clones the outside `source` with pg_basebackup
+    /// and starts as its designated primary. Redone from scratch when interrupted.
+    pub async fn bootstrap_designated(
+        &self,
+        source: &crate::external::Source,
+    ) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        let o = &self.options;
+        self.desired().mode = Mode::DesignatedPrimary {
+            source: source.clone(),
+        };
+        bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
+        bootstrap::clone::base_backup_from_source(
+            &o.binaries,
+            o.run_as,
+            &o.layout.pgdata,
+            &source.conninfo(&config::replica_application_name(&o.layout.instance)),
+        )
+        .await
+        .map_err(Error::Bootstrap)?;
+        self.write_config()?;
+        bootstrap::finish(&o.layout.pgdata).map_err(Error::Bootstrap)?;
+        self.start_locked().await
+    }
+
     /// Validates and applies the spec's parameters and pg_hba rules: refused ones are
     /// reported and their last good value kept; reloads; reports what needs a restart.
     pub async fn apply_config(
@@ -1132,6 +1157,20 @@ impl Instance {
         config::reload(&client).await.map_err(Error::ApplyConfig)
     }
 
+    /// A running standby becomes (or stays) the designated primary of a replica cluster:
+    /// it follows the outside `source` (a reload: `primary_conninfo` and
+    /// `primary_slot_name` are reloadable). Never `pg_promote()`.
+    pub async fn follow_source(&self, source: &crate::external::Source) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.desired().mode = Mode::DesignatedPrimary {
+            source: source.clone(),
+        };
+        self.write_config()?;
+        self.supervisor.forget_upstream_wal_gone();
+        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
+        config::reload(&client).await.map_err(Error::ApplyConfig)
+    }
+
     /// Whether this standby's WAL receiver was told, since PostgreSQL last started, that
     /// its upstream removed a WAL segment it needs: standbys fetch WAL by streaming only,
     /// so it can never catch up ([`Instance::reclone`]).
@@ -1255,6 +1294,11 @@ impl Instance {
         status.major_upgrade_error = major_upgrade_error;
         status.volume = self.volume_usage();
         status.wal_volume = self.wal_volume_usage();
+        if status.role == PgRole::Replica
+            && matches!(self.desired().mode, Mode::DesignatedPrimary { .. })
+        {
+            status.role = PgRole::DesignatedPrimary;
+        }
         if status.role == PgRole::Primary {
             let d = self.desired();
             status.roles = d.roles.gate.report.clone();
@@ -1292,7 +1336,8 @@ impl Instance {
         }
         let status = self.status().await;
         match status.role {
-            PgRole::Primary => true,
+            // A designated primary serves reads whether or not its source answers.
+            PgRole::Primary | PgRole::DesignatedPrimary => true,
             PgRole::Replica => status.streaming,
             PgRole::Stopped => false,
         }

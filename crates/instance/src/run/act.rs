@@ -24,11 +24,30 @@ pub(super) async fn act(
     seen: &Seen,
     plan: &Plan,
     recovery: Option<&instance::Recovery>,
+    source: &Result<Option<crate::external::Source>, Error>,
     hold: &mut LeaseHold,
     memory: &mut Memory,
     next: Next,
 ) -> Result<Option<Next>, Error> {
     let manage = Error::ManageInstance;
+    let source = || -> Result<&crate::external::Source, Error> {
+        match source {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => Err(Error::ReplicaSource {
+                source_name: String::new(),
+                message: "the cluster is no replica cluster".into(),
+            }),
+            Err(e) => Err(Error::ReplicaSource {
+                source_name: cluster
+                    .spec
+                    .replica
+                    .as_ref()
+                    .map(|r| r.source.clone())
+                    .unwrap_or_default(),
+                message: error_chain(e),
+            }),
+        }
+    };
     match &plan.action {
         Action::Wait => return Ok(Some(next)),
         Action::Keep => {}
@@ -136,6 +155,26 @@ pub(super) async fn act(
             let upstream = upstream_for(inputs, instance, seen, primary).await?;
             instance.reclone(&upstream).await.map_err(manage)?;
             tracing::info!("re-cloned");
+        }
+        Action::CloneSource => {
+            let source = source()?;
+            tracing::info!(source = %source.name(), "bootstrapping the replica cluster: cloning its source");
+            let result = instance.bootstrap_designated(source).await.map_err(manage);
+            super::made(instance, memory, result)?;
+            tracing::info!(source = %source.name(), "cloned; following the source as the designated primary");
+        }
+        Action::StartDesignated => {
+            let source = source()?.clone();
+            tracing::info!(source = %source.name(), "starting as the designated primary, following the source");
+            instance
+                .start_as(Mode::DesignatedPrimary { source })
+                .await
+                .map_err(manage)?;
+        }
+        Action::FollowSource => {
+            let source = source()?;
+            tracing::info!(source = %source.name(), "following the replica cluster's source as its designated primary (never promoted)");
+            instance.follow_source(source).await.map_err(manage)?;
         }
         Action::Follow { primary } => {
             tracing::info!(%primary, "following the primary");

@@ -134,6 +134,11 @@ pub enum Error {
     Shutdown(#[source] instance::Error),
     #[error("failed to manage the primary Lease")]
     Lease(#[source] lease::Error),
+    #[error("spec.replica.source {source_name:?}: {message}")]
+    ReplicaSource {
+        source_name: String,
+        message: String,
+    },
 }
 
 /// What the loop does after a pass.
@@ -202,8 +207,9 @@ impl LeaseHold {
         }
     }
 
-    /// The Lease is held only while PostgreSQL runs as a primary: after a step-down, a
-    /// crash, a fence or a failed promotion it is given up at once.
+    /// The Lease is held only while PostgreSQL runs as a primary (or as a replica
+    /// cluster's designated primary): after a step-down, a crash, a fence or a failed
+    /// promotion it is given up at once.
     async fn settle(&mut self, instance: &Instance) {
         let fenced = self.keeper.as_ref().and_then(Keeper::fenced);
         if let Some(reason) = &fenced
@@ -215,7 +221,11 @@ impl LeaseHold {
                 tracing::error!(error = %error_chain(&err), "failed to stop PostgreSQL when fencing");
             }
         }
-        let primary = instance.pid().is_some() && instance.mode() == Mode::Primary;
+        let primary = instance.pid().is_some()
+            && matches!(
+                instance.mode(),
+                Mode::Primary | Mode::DesignatedPrimary { .. }
+            );
         if fenced.is_some() || !primary || self.keeper.is_none() {
             if self.keeper.is_some() && instance.crashed_at().is_some() {
                 tracing::warn!("the primary's postmaster exited; releasing the primary Lease");
@@ -703,7 +713,10 @@ async fn reconcile(
         return Ok(Next::After(WAIT_FOR_CERTIFICATES));
     }
     let me = settings.pod_name.as_str();
-    let seen = observe::observe(inputs, instance, cluster, me, memory).await?;
+    // A replica cluster's source, for whichever instance is (or becomes) its designated
+    // primary; why it cannot be reached is only an error for the pass that needs it.
+    let source = secrets::replica_source(inputs, settings, cluster).await;
+    let seen = observe::observe(inputs, instance, cluster, me, memory, &source).await?;
     let (status, observed) = (&seen.status, &seen.observed);
     // WAL archiving follows spec.backup.store; written with the next start or reload.
     instance.set_archiving(archiving(inputs, settings, cluster).await?);
@@ -766,7 +779,7 @@ async fn reconcile(
     instance.seed_parameters(&cluster.spec.postgresql.parameters);
     let recovery = recovery.as_ref();
     let acted = act::act(
-        inputs, instance, cluster, &seen, &plan, recovery, hold, memory, next,
+        inputs, instance, cluster, &seen, &plan, recovery, &source, hold, memory, next,
     );
     if let Some(next) = acted.await? {
         return Ok(next);

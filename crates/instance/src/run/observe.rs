@@ -35,6 +35,7 @@ pub(super) async fn observe(
     cluster: &PostgresCluster,
     me: &str,
     memory: &mut Memory,
+    source: &Result<Option<crate::external::Source>, Error>,
 ) -> Result<Seen, Error> {
     let status = cluster.status.clone().unwrap_or_default();
     let named = status
@@ -75,6 +76,14 @@ pub(super) async fn observe(
     if instance.pid().is_some() {
         memory.crashed_before_start = None;
     }
+    // A designated primary follows the source the spec names now; while that cannot be
+    // made ready (a Secret gone), what runs is left as it is.
+    let mode = instance.mode();
+    let follows_source = match (source, &mode) {
+        (Ok(Some(s)), Mode::DesignatedPrimary { source }) => s == source,
+        (Err(_), Mode::DesignatedPrimary { .. }) => true,
+        _ => false,
+    };
     let observed = Observed {
         data: instance.data_state(),
         running: instance.pid().is_some(),
@@ -87,6 +96,8 @@ pub(super) async fn observe(
             .crashed_at()
             .or(memory.crashed_before_start)
             .is_some_and(|at| at.elapsed() < super::crash_hold_off(cluster)),
+        replica_cluster: pgop_api::replica::ReplicaSpec::follows(cluster.spec.replica.as_ref()),
+        follows_source,
     };
     Ok(Seen {
         status,

@@ -30,6 +30,11 @@ pub struct Observed {
     /// The postmaster crashed while primary less than the hold-off ago (`failoverDelay` +
     /// 10 s): the operator may be failing over, so it is not restarted as a primary yet.
     pub held_off: bool,
+    /// The cluster is a replica cluster (`spec.replica` enabled): its primary is a
+    /// designated primary, a standby of the outside source.
+    pub replica_cluster: bool,
+    /// A running designated primary already follows the source the spec names.
+    pub follows_source: bool,
 }
 
 /// The one role change of this pass.
@@ -47,6 +52,14 @@ pub enum Action {
     StartStandby { primary: String },
     /// The status names this standby the primary.
     Promote,
+    /// A replica cluster's first instance: clone the outside source, then follow it as
+    /// the designated primary.
+    CloneSource,
+    /// Start existing standby data as the designated primary, following the source.
+    StartDesignated,
+    /// A running standby the status names the primary of a replica cluster: re-pointed at
+    /// the source (a reload), never promoted.
+    FollowSource,
     /// No usable data: clone `primary`.
     Clone { primary: String },
     /// A former primary: pg_rewind (or re-clone) onto `primary`, then stream from it.
@@ -64,9 +77,16 @@ pub enum Action {
 impl Action {
     /// Whether the action runs PostgreSQL as a primary: only the Lease holder may.
     pub fn needs_lease(&self) -> bool {
+        // A designated primary takes no writes, but the cluster's other instances follow
+        // it and the operator fails it over like a primary: one at a time, by the Lease.
         matches!(
             self,
-            Action::BootstrapPrimary | Action::StartPrimary | Action::Promote
+            Action::BootstrapPrimary
+                | Action::StartPrimary
+                | Action::Promote
+                | Action::CloneSource
+                | Action::StartDesignated
+                | Action::FollowSource
         )
     }
 }
@@ -105,6 +125,16 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
         .filter(|n| n != me)
         .collect();
     let usable = observed.data == DataState::Ready;
+    if primary == me && observed.replica_cluster {
+        let action = designated(me, current, observed);
+        return Plan {
+            action,
+            primary: Some(primary),
+            slots: others,
+            // Cascading standbys are never synchronous (a standby does not wait for them).
+            sync_standbys: Vec::new(),
+        };
+    }
     if primary == me {
         let action = if let DataState::OlderMajor(_) = observed.data {
             // The cluster's data, of an older major: never initdb over it, never start it.
@@ -137,6 +167,11 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
             sync_standbys: others,
         };
     }
+    // A designated primary the status no longer names is a standby like any other.
+    let role = match observed.role {
+        PgRole::DesignatedPrimary => PgRole::Replica,
+        role => role,
+    };
     let action = if !usable {
         // Nothing, an interrupted bootstrap, or data of an older major (the primary was
         // upgraded in place): a standby clones the primary afresh.
@@ -159,7 +194,7 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
             Action::Wait
         }
     } else {
-        match observed.role {
+        match role {
             // Only once the new primary is confirmed (currentPrimary).
             PgRole::Primary if current == Some(primary.as_str()) => Action::Rejoin {
                 primary: primary.clone(),
@@ -196,6 +231,35 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
     }
 }
 
+/// The action of the instance the status names the primary of a replica cluster: it
+/// follows the source and is never promoted; a writable primary is left alone (demotion
+/// is not built: the webhook refuses turning a cluster into a replica).
+fn designated(me: &str, current: Option<&str>, observed: &Observed) -> Action {
+    match observed.data {
+        DataState::Ready => {}
+        // As for a primary: never cloned over, never started, reported.
+        DataState::OlderMajor(_) => return Action::Wait,
+        // The first instance clones the source; a target without data waits (as a target
+        // without data never initdbs while another instance is the current primary).
+        _ if current.is_none_or(|c| c == me) => return Action::CloneSource,
+        _ => return Action::Wait,
+    }
+    if !observed.running {
+        return if observed.standby_signal {
+            Action::StartDesignated
+        } else {
+            // A writable primary's data in a replica cluster: never started as one, never
+            // thrown away.
+            Action::Wait
+        };
+    }
+    match observed.role {
+        PgRole::Primary | PgRole::Stopped => Action::Wait,
+        PgRole::Replica | PgRole::DesignatedPrimary if observed.follows_source => Action::Keep,
+        PgRole::Replica | PgRole::DesignatedPrimary => Action::FollowSource,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,6 +284,8 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
             diverged: false,
             upstream_wal_gone: false,
             held_off: false,
+            replica_cluster: false,
+            follows_source: false,
         }
     }
 
@@ -232,6 +298,8 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         diverged: false,
         upstream_wal_gone: false,
         held_off: false,
+        replica_cluster: false,
+        follows_source: false,
     };
 
     #[test]
@@ -472,5 +540,83 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
             plan("demo-1", &status(TWO), &upgraded).action,
             Action::StartPrimary
         );
+    }
+
+    fn replica(mut o: Observed) -> Observed {
+        o.replica_cluster = true;
+        o
+    }
+
+    #[test]
+    fn a_replica_clusters_primary_clones_and_follows_the_source_and_never_promotes() {
+        let s = status(TWO);
+        let p = plan("demo-1", &s, &replica(EMPTY));
+        assert_eq!(p.action, Action::CloneSource);
+        assert!(p.action.needs_lease());
+        // Its standbys get slots on it, and none of them is synchronous.
+        assert_eq!(p.slots, ["demo-2"]);
+        assert!(p.sync_standbys.is_empty());
+        // The other instances clone it as they would a primary (cascading).
+        assert_eq!(
+            plan("demo-2", &s, &replica(EMPTY)).action,
+            Action::Clone {
+                primary: "demo-1".into()
+            }
+        );
+        // Standby data, stopped: started as the designated primary.
+        let stopped = replica(observed(DataState::Ready, false, true, PgRole::Stopped));
+        assert_eq!(plan("demo-1", &s, &stopped).action, Action::StartDesignated);
+        // Running, following the source: kept; following anything else: re-pointed.
+        let mut o = replica(observed(
+            DataState::Ready,
+            true,
+            true,
+            PgRole::DesignatedPrimary,
+        ));
+        o.follows_source = true;
+        assert_eq!(plan("demo-1", &s, &o).action, Action::Keep);
+        o.follows_source = false;
+        assert_eq!(plan("demo-1", &s, &o).action, Action::FollowSource);
+    }
+
+    #[test]
+    fn a_replica_clusters_failover_repoints_a_standby_at_the_source() {
+        let failing = status("{targetPrimary: demo-2, currentPrimary: demo-1}");
+        let standby = replica(observed(DataState::Ready, true, true, PgRole::Replica));
+        let p = plan("demo-2", &failing, &standby);
+        assert_eq!(p.action, Action::FollowSource);
+        assert!(p.action.needs_lease());
+        // Never initdb, never a clone over another's data while it is current.
+        assert_eq!(
+            plan("demo-2", &failing, &replica(EMPTY)).action,
+            Action::Wait
+        );
+        // The former designated primary, back, follows the new one like any standby.
+        let done = status("{targetPrimary: demo-2, currentPrimary: demo-2}");
+        let mut old = replica(observed(
+            DataState::Ready,
+            true,
+            true,
+            PgRole::DesignatedPrimary,
+        ));
+        old.follows_primary = false;
+        assert_eq!(
+            plan("demo-1", &done, &old).action,
+            Action::Follow {
+                primary: "demo-2".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_writable_primary_in_a_replica_cluster_is_left_alone() {
+        let s = status(TWO);
+        for o in [
+            observed(DataState::Ready, true, false, PgRole::Primary),
+            observed(DataState::Ready, false, false, PgRole::Stopped),
+            observed(DataState::OlderMajor(15), false, true, PgRole::Stopped),
+        ] {
+            assert_eq!(plan("demo-1", &s, &replica(o)).action, Action::Wait);
+        }
     }
 }

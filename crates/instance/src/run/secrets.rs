@@ -89,6 +89,61 @@ pub(super) async fn store_config(
         .map_err(Error::StoreConfig)
 }
 
+/// The source a replica cluster follows (`spec.replica`), made ready to connect to: the
+/// entry's Secrets read from their watch, its files written in the socket directory
+/// (outside PGDATA: a copy of the data never carries them). `Ok(None)`: no replica
+/// cluster. `Err` names `spec.replica.source`, the field, the Secret and the key, never a
+/// value.
+pub(super) async fn replica_source(
+    inputs: &Inputs,
+    settings: &Settings,
+    cluster: &PostgresCluster,
+) -> Result<Option<crate::external::Source>, Error> {
+    let Some(replica) = cluster.spec.replica.as_ref().filter(|r| r.enabled) else {
+        return Ok(None);
+    };
+    let unusable = |message: String| Error::ReplicaSource {
+        source_name: replica.source.clone(),
+        message,
+    };
+    let connection = cluster
+        .spec
+        .external_clusters
+        .iter()
+        .find(|e| e.name == replica.source)
+        .and_then(|e| e.connection.as_ref())
+        .ok_or_else(|| {
+            unusable("no entry of spec.externalClusters with a connection has this name".into())
+        })?;
+    let mut secrets = std::collections::BTreeMap::new();
+    let names = [
+        connection.password_secret.as_ref().map(|s| &s.name),
+        connection.ca_secret.as_ref().map(|s| &s.name),
+        connection
+            .client_certificate_secret
+            .as_ref()
+            .map(|s| &s.name),
+    ];
+    for name in names.into_iter().flatten() {
+        if let Ok(Some(secret)) = inputs.secrets.get(name).await {
+            secrets.insert(name.clone(), secret);
+        }
+    }
+    let credentials = crate::external::Credentials::from_secrets(connection, |name| {
+        secrets.get(name).map(|s| s.as_ref())
+    })
+    .map_err(unusable)?;
+    crate::external::prepare(
+        &settings.socket_dir,
+        &replica.source,
+        connection,
+        &credentials,
+        settings.run_as,
+    )
+    .map(Some)
+    .map_err(|e| unusable(e.to_string()))
+}
+
 /// The cluster's Secrets, retried until the operator has created them.
 pub(super) async fn wait_for_credentials(inputs: &Inputs, settings: &Settings) -> Credentials {
     loop {

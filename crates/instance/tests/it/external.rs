@@ -5,10 +5,12 @@
 //! it can fail is told apart (TLS, authentication, no replication privilege, unreachable).
 
 use crate::postgres::common::{
-    TempDir, TestResult, binaries, credentials, free_port, make_dir, options, run_as,
+    Node, TempDir, TestResult, binaries, credentials, eventually, free_port, make_dir, options,
+    run_as,
 };
 use crate::tls::server_tls;
 use pgop_api::external::ExternalConnection;
+use pgop_api::instance_status::PgRole;
 use pgop_instance::Instance;
 use pgop_instance::external::{Credentials, Refusal, Source, prepare};
 use std::sync::Arc;
@@ -247,5 +249,109 @@ async fn an_entry_is_identified_over_verified_tls_and_each_refusal_is_told_apart
         "SourceUnreachable",
         "nothing listening",
     );
+    Ok(())
+}
+
+/// Rows of `t` in the app database of `instance`, over its socket.
+async fn rows(instance: &Instance) -> Option<i64> {
+    let client = instance.endpoint().connect_to("app").await.ok()?;
+    let row = client.query_one("SELECT count(*) FROM t", &[]).await.ok()?;
+    row.try_get(0).ok()
+}
+
+/// Waits until `instance` has `expected` rows of `t`.
+async fn has_rows(what: &str, instance: &Instance, expected: i64) {
+    eventually(what, Duration::from_secs(60), || async {
+        (rows(instance).await == Some(expected)).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_designated_primary_follows_the_source_its_standbys_cascade_and_a_failover_repoints_it()
+-> TestResult {
+    let server = Server::start().await;
+    let app = server.instance.endpoint().connect_to("app").await?;
+    app.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 100)",
+    )
+    .await?;
+    // What a replica cluster of a pgop cluster writes: the source's replication user, its
+    // client certificate, the name its server certificate carries, verified.
+    let with_certificate = Credentials {
+        password: None,
+        ca_pem: Some(server.ca.clone()),
+        client: Some((
+            server.replication.cert_pem.clone(),
+            server.replication.key_pem.clone(),
+        )),
+    };
+    let full = server.connection("localhost", "streaming_replica", "verify-full");
+
+    // The replica cluster's first instance: cloned from the source, following it.
+    let designated = Node::new("replica-1");
+    // (Its files where both instances find them; each manager writes its own.)
+    let source = server.prepare("site-a", &full, &with_certificate);
+    designated.instance.bootstrap_designated(&source).await?;
+    let status = designated.instance.status().await;
+    assert_eq!(status.role, PgRole::DesignatedPrimary);
+    assert!(status.in_recovery);
+    assert_eq!(
+        status.system_identifier,
+        Some(server.system_identifier().await)
+    );
+    has_rows("the clone's rows", &designated.instance, 100).await;
+    app.batch_execute("INSERT INTO t SELECT generate_series(101, 150)")
+        .await?;
+    has_rows("rows streamed from the source", &designated.instance, 150).await;
+    // It takes no writes.
+    let local = designated.instance.endpoint().connect_to("app").await?;
+    let refused = local.batch_execute("INSERT INTO t VALUES (0)").await;
+    assert_eq!(
+        refused.err().and_then(|e| e.code().cloned()),
+        Some(tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION),
+        "a write on the designated primary"
+    );
+    // The source sees it under a name no pgop instance has, so it never counts as one of
+    // the source's own synchronous standbys.
+    let names = server
+        .sql("SELECT application_name FROM pg_stat_replication")
+        .await;
+    let streaming: Vec<String> = names
+        .iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streaming, ["replica-cluster:replica-1"]);
+
+    // A standby of the replica cluster cascades from the designated primary, through the
+    // slot the designated primary keeps for it.
+    designated
+        .instance
+        .ensure_slots(&["replica-2".to_string()])
+        .await?;
+    let standby = Node::new("replica-2");
+    standby
+        .instance
+        .bootstrap_standby(&designated.upstream())
+        .await?;
+    app.batch_execute("INSERT INTO t SELECT generate_series(151, 200)")
+        .await?;
+    has_rows("rows cascaded", &standby.instance, 200).await;
+    assert_eq!(standby.instance.status().await.role, PgRole::Replica);
+
+    // The designated primary is lost: the standby is re-pointed at the source (a reload),
+    // never promoted, and keeps following it.
+    designated.instance.stop_now().await?;
+    drop(designated);
+    standby.instance.follow_source(&source).await?;
+    app.batch_execute("INSERT INTO t SELECT generate_series(201, 250)")
+        .await?;
+    has_rows("rows streamed after the failover", &standby.instance, 250).await;
+    let status = standby.instance.status().await;
+    assert_eq!(status.role, PgRole::DesignatedPrimary);
+    assert!(status.in_recovery && status.streaming);
     Ok(())
 }

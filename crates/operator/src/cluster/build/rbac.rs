@@ -85,6 +85,21 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
             secrets.push(s3.credentials_secret.name.clone());
         }
     }
+    // The Secrets of the entry a replica cluster follows (its password, client
+    // certificate and authority), which every instance may need: any of them may become
+    // the designated primary. No other entry's.
+    if let Some(replica) = spec.replica.as_ref().filter(|r| r.enabled)
+        && let Some(entry) = spec
+            .external_clusters
+            .iter()
+            .find(|e| e.name == replica.source)
+    {
+        for (field, name) in entry.secrets() {
+            if field.starts_with("connection.") && !secrets.iter().any(|s| s == name) {
+                secrets.push(name.to_string());
+            }
+        }
+    }
     // The passwords of spec.roles, which the primary's manager sets.
     for role in &spec.roles {
         if let Some(secret) = &role.password_secret

@@ -869,3 +869,48 @@ fn the_pod_spec_hashes_are_the_pods_whichever_instance_is_labelled_primary() {
         }
     }
 }
+
+#[test]
+fn a_replica_cluster_s_instances_may_read_exactly_the_secrets_of_the_entry_they_follow() {
+    let mut cluster = fixture();
+    let extra: pgop_api::v1beta1::PostgresClusterSpec = serde_yaml::from_str(
+        r#"
+storage: {size: 1Gi}
+externalClusters:
+- name: site-a
+  connection: {host: db.site-a, user: streaming_replica, passwordSecret: {name: site-a-pw},
+               caSecret: {name: site-a-ca}, clientCertificateSecret: {name: site-a-client}}
+  store: {s3: {bucket: site-a, credentialsSecret: {name: site-a-s3}}, cluster: db}
+- name: site-b
+  connection: {host: db.site-b, user: streaming_replica, passwordSecret: {name: site-b-pw},
+               sslMode: require}
+replica: {source: site-a}
+"#,
+    )
+    .expect("spec parses");
+    cluster.spec.external_clusters = extra.external_clusters;
+    cluster.spec.replica = extra.replica;
+    let built = children(
+        &cluster,
+        &instances(),
+        &passwords(),
+        &Settings::default(),
+        &Budgets::new(3, false, true),
+    )
+    .expect("builds");
+    let secrets: Vec<String> = built
+        .role
+        .rules
+        .iter()
+        .flatten()
+        .filter(|r| r.resources.as_deref() == Some(&["secrets".to_string()][..]))
+        .flat_map(|r| r.resource_names.clone().unwrap_or_default())
+        .collect();
+    for name in ["site-a-pw", "site-a-ca", "site-a-client"] {
+        assert!(secrets.iter().any(|s| s == name), "{name}: {secrets:?}");
+    }
+    // Not the entry's store (read by nothing yet), nor another entry's Secrets.
+    for name in ["site-a-s3", "site-b-pw"] {
+        assert!(!secrets.iter().any(|s| s == name), "{name}: {secrets:?}");
+    }
+}

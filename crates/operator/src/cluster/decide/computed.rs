@@ -386,7 +386,11 @@ pub fn compute(
             let (reason, message, down_since) = down_status(ready, pg, previous);
             InstanceStatus {
                 role: match pg.map(|s| s.role) {
-                    Some(PgRole::Primary) => Some(InstanceRole::Primary),
+                    // A replica cluster's designated primary is its primary: the one the
+                    // `-rw` Service and the other instances follow (it takes no writes).
+                    Some(PgRole::Primary | PgRole::DesignatedPrimary) => {
+                        Some(InstanceRole::Primary)
+                    }
                     Some(PgRole::Replica) => Some(InstanceRole::Replica),
                     _ => None,
                 },

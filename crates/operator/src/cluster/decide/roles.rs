@@ -144,7 +144,7 @@ pub fn decide(input: &Input) -> Roles {
             Some(ClusterPhase::SwitchingOver) => ClusterPhase::SwitchingOver,
             _ => ClusterPhase::FailingOver,
         };
-        let promoted = status_of(input, &roles.target).is_some_and(|s| s.role == PgRole::Primary);
+        let promoted = status_of(input, &roles.target).is_some_and(|s| s.role.leads());
         if promoted {
             let (reason, what) = match kind {
                 ClusterPhase::SwitchingOver => ("SwitchoverCompleted", "switchover"),
@@ -361,8 +361,7 @@ fn give_up_switchover(
     } else {
         return ClusterPhase::SwitchingOver;
     };
-    let old_primary_runs =
-        status_of(input, &roles.current).is_some_and(|s| s.role == PgRole::Primary);
+    let old_primary_runs = status_of(input, &roles.current).is_some_and(|s| s.role.leads());
     if old_primary_runs {
         roles.notes.push(Note {
             warning: true,
@@ -463,6 +462,11 @@ fn availability(input: &Input, primary: &str) -> Availability {
             available: true,
             reason: "PrimaryRunning",
             message: format!("{primary} runs as the primary"),
+        },
+        Some(Probe::Status(s)) if s.role == PgRole::DesignatedPrimary => Availability {
+            available: true,
+            reason: "PrimaryRunning",
+            message: format!("{primary} runs as the designated primary of the replica cluster"),
         },
         Some(Probe::Status(s)) if s.fenced => down(REASON_FENCED, format!("{primary} is fenced")),
         Some(Probe::Status(s)) => down(

@@ -354,7 +354,9 @@ pub fn blocked(
 /// streams from its primary.
 fn healthy(s: &PgStatus) -> bool {
     match s.role {
-        PgRole::Primary => true,
+        // A designated primary answers; whether it keeps up with its source is reported
+        // apart (a source that is down must not stall a rollout of the cluster).
+        PgRole::Primary | PgRole::DesignatedPrimary => true,
         PgRole::Replica => s.streaming,
         PgRole::Stopped => false,
     }

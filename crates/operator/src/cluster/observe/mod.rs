@@ -18,7 +18,6 @@ use kube::ResourceExt;
 use kube::api::Api;
 use pgop_api::cluster::ClusterPhase;
 use pgop_api::cluster::RecoverySource;
-use pgop_api::instance_status::PgRole;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 use tracing::Instrument;
@@ -121,7 +120,7 @@ pub(super) fn primary_lost(
         && !probes
             .get(primary)
             .and_then(probe::Probe::status)
-            .is_some_and(|s| s.role == PgRole::Primary)
+            .is_some_and(|s| s.role.leads())
 }
 
 /// The cluster's PostgresBackups when it has a backup section (`None` otherwise): from the
