@@ -37,6 +37,7 @@ mod e2e_real_nodes;
 mod e2e_real_postgres18;
 mod e2e_real_scheduling;
 mod e2e_real_upgrade;
+mod e2e_replica;
 mod e2e_roles;
 mod e2e_rollout;
 mod e2e_tls;

@@ -18,8 +18,12 @@ impl IpPool {
     /// `ports`: ports a pod will listen on, checked free before an address is handed out.
     pub fn new(ports: Vec<u16>) -> Self {
         // Start somewhere that depends on the process, so parallel test processes rarely
-        // probe the same addresses first.
-        let seed = (std::process::id() % 200 + 20) << 16;
+        // probe the same addresses first, and on how many pools this process made: two
+        // nodes of one test (two sites) never hand out one address to two pods, even
+        // before either pod listens on it.
+        static POOLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = POOLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 64;
+        let seed = ((std::process::id() % 200 + 20) << 16) + (made << 10);
         Self {
             next: Mutex::new(seed),
             in_use: Mutex::new(HashSet::new()),

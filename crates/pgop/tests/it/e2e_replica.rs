@@ -1,0 +1,163 @@
+//! Replica clusters end to end, between two "sites": two control planes, each with its own
+//! local node and its own operator, in one process. Site B's cluster follows site A's
+//! (`spec.externalClusters` and `spec.replica`), reaching it at its primary's Pod address
+//! (a loopback address the harness owns) with site A's replication certificate, as one
+//! pgop cluster follows another across Kubernetes clusters.
+
+use crate::common;
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use pgop_api::instance_status::PgStatus;
+use serde_json::json;
+
+/// A Secret of site A, as the user copies it to site B: its data under `name`.
+async fn copy_secret(from: &Env, to: &Env, source: &str, name: &str, keys: &[&str]) -> Result {
+    let original = Api::<Secret>::namespaced(from.client.clone(), from.n())
+        .get(source)
+        .await?;
+    let data = original.data.unwrap_or_default();
+    let mut copied = Vec::new();
+    for key in keys {
+        let value = data.get(*key).ok_or(format!("{source} has no {key}"))?;
+        copied.push((*key, String::from_utf8(value.0.clone())?));
+    }
+    let pairs: Vec<(&str, &str)> = copied.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Api::<Secret>::namespaced(to.client.clone(), to.n())
+        .create(&PostParams::default(), &secret(name, &pairs))
+        .await?;
+    Ok(())
+}
+
+/// The instance's `/pg/status`, as its manager serves it on the Pod's address.
+async fn pg_status(env: &Env, pod: &str) -> Result<PgStatus> {
+    let ip = env.pod_ip(pod).await?;
+    let url = format!(
+        "http://{ip}:{}/pg/status",
+        pgop_api::constants::MANAGER_PORT
+    );
+    Ok(serde_json::from_str(&http_get(&url).await?)?)
+}
+
+/// A plain HTTP GET (the manager's read-only port).
+async fn http_get(url: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").ok_or("not http")?;
+    let (host, path) = rest.split_once('/').ok_or("no path")?;
+    let mut stream = tokio::net::TcpStream::connect(host).await?;
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let (_, body) = answer.split_once("\r\n\r\n").ok_or("no body")?;
+    Ok(body.to_string())
+}
+
+#[tokio::test]
+async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_as_a_replica()
+-> Result {
+    let _serial = SERIAL.lock().await;
+    let a = start("site-a").await?;
+    let b = start("site-b").await?;
+    // The same cluster name in both sites, as a user would have it: the source must never
+    // take the replica cluster's designated primary for one of its own standbys.
+    a.create("db", json!({"replicas": 1, "storage": {"size": "1Gi"}}))
+        .await?;
+    a.wait_ready("db", 1).await?;
+    let password = a.password("db").await?;
+    let source_ip = a.pod_ip(&a.current_primary("db").await?).await?;
+    connect(&source_ip, &password)
+        .await?
+        .batch_execute(
+            "create table t(id int primary key); insert into t select generate_series(1, 100)",
+        )
+        .await?;
+
+    // Site A's authority and replication certificate, copied to site B.
+    copy_secret(&a, &b, "db-app", "site-a-ca", &["ca.crt"]).await?;
+    copy_secret(
+        &a,
+        &b,
+        "db-replication-tls",
+        "site-a-replication",
+        &["tls.crt", "tls.key"],
+    )
+    .await?;
+    b.create(
+        "db",
+        json!({
+            "replicas": 2,
+            "storage": {"size": "1Gi"},
+            "externalClusters": [{
+                "name": "site-a",
+                "connection": {
+                    "host": source_ip,
+                    "user": "streaming_replica",
+                    // The address is not a name A's certificate carries: its authority only.
+                    "sslMode": "verify-ca",
+                    "caSecret": {"name": "site-a-ca"},
+                    "clientCertificateSecret": {"name": "site-a-replication"},
+                },
+            }],
+            "replica": {"source": "site-a"},
+        }),
+    )
+    .await?;
+    b.wait_ready("db", 2).await?;
+    let designated = b.current_primary("db").await?;
+    let status = pg_status(&b, &designated).await?;
+    assert_eq!(
+        serde_json::to_value(status.role)?,
+        json!("designatedPrimary"),
+        "{status:?}"
+    );
+    // Site A's rows everywhere in site B (its passwords are site A's: they are replicated).
+    rows_everywhere(&b, "db", &password, "t", 100).await?;
+    connect(&source_ip, &password)
+        .await?
+        .batch_execute("insert into t select generate_series(101, 200)")
+        .await?;
+    rows_everywhere(&b, "db", &password, "t", 200).await?;
+    // Site B takes no writes.
+    let refused = connect(&b.pod_ip(&designated).await?, &password)
+        .await?
+        .batch_execute("insert into t values (0)")
+        .await;
+    assert_eq!(
+        refused.err().and_then(|e| e.code().cloned()),
+        Some(tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
+    );
+    // Site A streams to it under a name none of its instances has.
+    let names: Vec<String> = connect(&source_ip, &password)
+        .await?
+        .query("select application_name from pg_stat_replication", &[])
+        .await
+        .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+        .unwrap_or_default();
+    assert!(
+        names.iter().all(|n| n.starts_with("replica-cluster:")),
+        "{names:?}"
+    );
+
+    // The designated primary's Pod is deleted: the standby becomes the designated
+    // primary, re-pointed at site A, never promoted; the old one comes back as its standby.
+    b.delete_pod(&designated).await?;
+    let next = wait_new_primary(&b, "db", &designated).await?;
+    b.wait_ready("db", 2).await?;
+    let status = pg_status(&b, &next).await?;
+    assert_eq!(
+        serde_json::to_value(status.role)?,
+        json!("designatedPrimary"),
+        "{status:?}"
+    );
+    assert!(status.in_recovery, "{status:?}");
+    connect(&source_ip, &password)
+        .await?
+        .batch_execute("insert into t select generate_series(201, 300)")
+        .await?;
+    rows_everywhere(&b, "db", &password, "t", 300).await?;
+    b.stop().await?;
+    a.stop().await
+}
