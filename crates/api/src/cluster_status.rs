@@ -143,6 +143,63 @@ pub struct PostgresClusterStatus {
     /// got, or how the last one ended (see the MajorUpgraded condition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_upgrade: Option<MajorUpgrade>,
+
+    /// A replica cluster (`spec.replica`): how its designated primary follows the source,
+    /// as that instance's manager reports it (see the ReplicaFollowing condition). The
+    /// positions and lags are published at most once a minute, as `instances[]`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<ReplicaStatus>,
+}
+
+/// How a replica cluster follows its source (`status.replica`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// The entry of `spec.externalClusters` followed.
+    pub source: String,
+    /// The instance that follows it (the others follow that one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub designated_primary: Option<String>,
+    /// Whether the designated primary streams from the source now.
+    #[serde(default)]
+    pub streaming: bool,
+    /// The end of the source's WAL as it last told the designated primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_end_lsn: Option<String>,
+    /// What the designated primary has received and replayed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received_lsn: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_lsn: Option<String>,
+    /// Bytes of the source's WAL not replayed yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// Whole seconds replay is behind the source (0 once caught up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    /// While it does not stream: why the source refuses it (`SourceUnreachable`,
+    /// `SourceTLSRefused`, `SourceAuthenticationFailed`, `SourceNoReplication`,
+    /// `SourceRefused`, `SourceWalGone`, `SystemIdentifierMismatch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_reason: Option<String>,
+    /// What the source (or libpq) said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal_message: Option<String>,
+}
+
+impl ReplicaStatus {
+    /// The same facts without the positions and lags (which are published at most once
+    /// a minute).
+    pub fn without_positions(&self) -> Self {
+        Self {
+            source_end_lsn: None,
+            received_lsn: None,
+            replayed_lsn: None,
+            lag_bytes: None,
+            lag_seconds: None,
+            ..self.clone()
+        }
+    }
 }
 
 /// What `spec.storage.autoGrow` did (`status.autoGrow`).
@@ -291,6 +348,7 @@ impl Default for PostgresClusterStatus {
             positions_observed_at: None,
             postgres_version: None,
             major_upgrade: None,
+            replica: None,
         }
     }
 }

@@ -71,6 +71,14 @@ pub const VOLUMES_RESIZED: &str = "VolumesResized";
 /// PostgreSQL refused; absent while the spec declares no database.
 pub const DATABASES_APPLIED: &str = "DatabasesApplied";
 
+/// A replica cluster (`spec.replica`) follows its source: True (reason `Streaming`) while
+/// its designated primary streams from it within `spec.replica.maxLagSeconds`; False with
+/// the reason why not (`DesignatedPrimaryDown`, `NotStreaming`, `LagOverBound`, or the
+/// source's refusal: `SourceUnreachable`, `SourceTLSRefused`, `SourceAuthenticationFailed`,
+/// `SourceNoReplication`, `SourceRefused`, `SourceWalGone`, `SystemIdentifierMismatch`),
+/// with an Event. Absent on a cluster that is no replica cluster.
+pub const REPLICA_FOLLOWING: &str = "ReplicaFollowing";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

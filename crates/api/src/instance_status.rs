@@ -164,6 +164,49 @@ pub struct PgStatus {
     /// stream. Unset from managers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub down: Option<Down>,
+    /// In recovery: how it follows its upstream (`pg_stat_wal_receiver`), and on a replica
+    /// cluster's designated primary why its source refuses it. Unset otherwise (and from
+    /// managers that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamState>,
+}
+
+/// How a server in recovery follows its upstream ([`PgStatus::upstream`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamState {
+    /// The WAL receiver's state (`streaming`, `catchup`, `waiting`, ...); unset while no
+    /// WAL receiver runs (the upstream cannot be reached, or refuses).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<String>,
+    /// The end of the upstream's WAL as it last told the receiver (`latest_end_lsn`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_lsn: Option<String>,
+    /// Bytes of that WAL not replayed here yet (0 once caught up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// 0 once everything the upstream reported is replayed; else the seconds since the
+    /// last replayed commit's time (`pg_last_xact_replay_timestamp()`). Unset when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
+    /// When the last message from the upstream arrived (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_message_at: Option<String>,
+    /// A designated primary that does not stream: why its source refuses it, as the
+    /// manager's own connection to it was answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<SourceRefusal>,
+}
+
+/// Why a replica cluster's source refuses its designated primary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceRefusal {
+    /// `SourceUnreachable`, `SourceTLSRefused`, `SourceAuthenticationFailed`,
+    /// `SourceNoReplication`, `SourceRefused` or `SystemIdentifierMismatch`.
+    pub reason: String,
+    /// What the source (or libpq) said, printable, at most 1024 bytes.
+    pub message: String,
 }
 
 /// Why an instance is not ready ([`PgStatus::down`]).
@@ -367,6 +410,7 @@ impl PgStatus {
             restart_refused: None,
             major_upgrade_error: None,
             down: None,
+            upstream: None,
         }
     }
 

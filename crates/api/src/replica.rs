@@ -26,6 +26,14 @@ pub struct ReplicaSpec {
     /// from it with `pg_basebackup` (`spec.bootstrap.recovery` may not be set).
     #[schemars(length(min = 1, max = 63), pattern(formats::DNS_LABEL_PATTERN))]
     pub source: String,
+
+    /// How far (in seconds, 1 to 86400) replay on the designated primary may fall behind
+    /// the source before the `ReplicaFollowing` condition turns False (reason
+    /// `LagOverBound`, with an Event). Unset: no bound; the condition then only says
+    /// whether it streams. May change at any time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub max_lag_seconds: Option<i32>,
 }
 
 fn default_enabled() -> bool {
@@ -36,5 +44,11 @@ impl ReplicaSpec {
     /// Whether a cluster with this `spec.replica` follows its source.
     pub fn follows(replica: Option<&ReplicaSpec>) -> bool {
         replica.is_some_and(|r| r.enabled)
+    }
+
+    /// What may not change once the cluster exists in this version: whether it follows,
+    /// and what.
+    pub fn fixed(replica: Option<&ReplicaSpec>) -> Option<(bool, &str)> {
+        replica.map(|r| (r.enabled, r.source.as_str()))
     }
 }

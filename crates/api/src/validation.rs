@@ -192,9 +192,12 @@ pub fn transition_errors(
     errors.check(old.bootstrap == new.bootstrap, "spec.bootstrap", || {
         MSG_BOOTSTRAP_IMMUTABLE.to_string()
     });
-    errors.check(old.replica == new.replica, "spec.replica", || {
-        MSG_REPLICA_IMMUTABLE.to_string()
-    });
+    use crate::replica::ReplicaSpec;
+    errors.check(
+        ReplicaSpec::fixed(old.replica.as_ref()) == ReplicaSpec::fixed(new.replica.as_ref()),
+        "spec.replica",
+        || MSG_REPLICA_IMMUTABLE.to_string(),
+    );
     let major = |v: Option<i32>| v.unwrap_or(crate::cluster::DEFAULT_POSTGRES_VERSION);
     let (before, after) = (major(old.postgres_version), major(new.postgres_version));
     if before != after {
@@ -249,7 +252,7 @@ pub const MSG_WAL_STORAGE_REMOVED: &str = "may not be removed once set: the inst
 pub const MSG_BOOTSTRAP_IMMUTABLE: &str = "may not change after the cluster is created: it is read only once, to make the first instance's data (create a new cluster to bootstrap differently)";
 
 /// `spec.replica` added, removed or changed on a cluster that exists.
-pub const MSG_REPLICA_IMMUTABLE: &str = "may not change after the cluster is created in this version: promoting a replica cluster and demoting a primary one are not built yet (docs/replica.md)";
+pub const MSG_REPLICA_IMMUTABLE: &str = "may not be added or removed, nor its enabled or source changed, after the cluster is created in this version: promoting a replica cluster and demoting a primary one are not built yet (docs/replica.md); maxLagSeconds may change";
 
 /// `spec.storage.size` below the size the volumes have.
 pub fn msg_storage_shrink(wanted: &str, current: &str) -> String {
@@ -898,6 +901,9 @@ fn validate_replica(
         "spec.replica.source",
         || cel::MSG_REPLICA_SOURCE_IS_ENTRY.to_string(),
     );
+    if let Some(max) = replica.max_lag_seconds {
+        errors.range("spec.replica.maxLagSeconds", max, 1, Some(86400));
+    }
     errors.check(
         !replica.enabled || spec.bootstrap.as_ref().is_none_or(|b| b.recovery.is_none()),
         "spec.bootstrap.recovery",
@@ -1693,6 +1699,15 @@ externalClusters:
             );
         }
         assert_eq!(validate_update(&good, &good, None), Ok(()));
+        // The bound may change.
+        let bounded = spec(&format!(
+            "{entries}replica: {{source: site-a, maxLagSeconds: 30}}"
+        ));
+        assert_eq!(validate_update(&good, &bounded, None), Ok(()));
+        let unbounded = spec(&format!(
+            "{entries}replica: {{source: site-a, maxLagSeconds: 0}}"
+        ));
+        assert_eq!(fields(validate(&unbounded)), ["spec.replica.maxLagSeconds"]);
     }
 
     #[test]

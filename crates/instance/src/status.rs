@@ -10,7 +10,8 @@ pub enum Error {
 }
 
 pub use pgop_api::instance_status::{
-    ArchiveStatus, InvalidParameter, PgRole, PgStatus, StandbyReplication, parse_lsn,
+    ArchiveStatus, InvalidParameter, PgRole, PgStatus, SourceRefusal, StandbyReplication,
+    UpstreamState, parse_lsn,
 };
 
 /// Reads the status of a running server.
@@ -88,7 +89,11 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         restart_refused: None,
         major_upgrade_error: None,
         down: None,
+        upstream: None,
     };
+    if in_recovery {
+        status.upstream = Some(upstream(client).await?);
+    }
     if !in_recovery {
         let rows = client
             .query(
@@ -115,6 +120,35 @@ pub async fn query(client: &Client, instance: &str) -> Result<PgStatus, Error> {
         }
     }
     Ok(status)
+}
+
+/// How a server in recovery follows its upstream: its WAL receiver, the upstream's end of
+/// WAL as last reported, and how far replay is behind it.
+async fn upstream(client: &Client) -> Result<UpstreamState, Error> {
+    let e = Error::QueryStatus;
+    let row = client
+        .query_one(
+            "SELECT r.status, r.latest_end_lsn::text,
+                    GREATEST(pg_wal_lsn_diff(r.latest_end_lsn, pg_last_wal_replay_lsn()), 0)::bigint,
+                    CASE WHEN r.latest_end_lsn IS NULL THEN NULL
+                         WHEN pg_last_wal_replay_lsn() >= r.latest_end_lsn THEN 0
+                         ELSE EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())
+                    END::float8,
+                    to_char(r.last_msg_receipt_time AT TIME ZONE 'UTC',
+                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+             FROM (SELECT 1) AS one LEFT JOIN pg_stat_wal_receiver AS r ON true",
+            &[],
+        )
+        .await
+        .map_err(e)?;
+    Ok(UpstreamState {
+        receiver: row.try_get(0).map_err(e)?,
+        end_lsn: row.try_get(1).map_err(e)?,
+        lag_bytes: row.try_get(2).map_err(e)?,
+        lag_seconds: row.try_get(3).map_err(e)?,
+        last_message_at: row.try_get(4).map_err(e)?,
+        refusal: None,
+    })
 }
 
 /// `pg_stat_archiver`, and whether archiving is configured.

@@ -1103,6 +1103,18 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
             backup: Some("main-before-18".into()),
             message: None,
         }),
+        replica: Some(pgop_api::cluster_status::ReplicaStatus {
+            source: "site-a".into(),
+            designated_primary: Some("main-1".into()),
+            streaming: false,
+            source_end_lsn: Some("0/3000060".into()),
+            received_lsn: Some("0/3000060".into()),
+            replayed_lsn: Some("0/3000000".into()),
+            lag_bytes: Some(96),
+            lag_seconds: Some(3),
+            refusal_reason: Some("SourceUnreachable".into()),
+            refusal_message: Some("connection refused".into()),
+        }),
     };
     let patch = json!({
         "apiVersion": pgop_api::constants::API_VERSION,

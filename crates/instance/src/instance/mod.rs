@@ -194,6 +194,9 @@ struct Desired {
     /// Why this instance does not run its major, for `/pg/status`
     /// ([`Instance::set_major_upgrade_error`]).
     major_upgrade_error: Option<String>,
+    /// Why a replica cluster's source refuses this designated primary, for `/pg/status`
+    /// ([`Instance::set_source_refusal`]).
+    source_refusal: Option<status::SourceRefusal>,
 }
 
 /// One PostgreSQL instance under the manager's control.
@@ -264,6 +267,7 @@ impl Instance {
                 databases: roles::Gate::default(),
                 pooler_auth: pooler_auth::Applied::default(),
                 major_upgrade_error: None,
+                source_refusal: None,
             }),
             ops: tokio::sync::Mutex::new(()),
             backups: Arc::default(),
@@ -1085,6 +1089,15 @@ impl Instance {
         changed
     }
 
+    /// Reports (`Some`) or clears why the source refuses this designated primary
+    /// (`upstream.refusal` on `/pg/status`). `true` when it changed.
+    pub fn set_source_refusal(&self, refusal: Option<status::SourceRefusal>) -> bool {
+        let mut d = self.desired();
+        let changed = d.source_refusal != refusal;
+        d.source_refusal = refusal;
+        changed
+    }
+
     /// Records that the configuration of this cluster generation is applied (see
     /// [`PgStatus::applied_generation`]).
     pub fn applied_generation(&self, generation: Option<i64>) {
@@ -1298,6 +1311,10 @@ impl Instance {
             && matches!(self.desired().mode, Mode::DesignatedPrimary { .. })
         {
             status.role = PgRole::DesignatedPrimary;
+        }
+        // Set on a designated primary only, also before its first clone.
+        if let Some(refusal) = self.desired().source_refusal.clone() {
+            status.upstream.get_or_insert_with(Default::default).refusal = Some(refusal);
         }
         if status.role == PgRole::Primary {
             let d = self.desired();

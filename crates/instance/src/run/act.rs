@@ -158,6 +158,30 @@ pub(super) async fn act(
         }
         Action::CloneSource => {
             let source = source()?;
+            // Asked first, so that a source that refuses is named as such (and nothing is
+            // begun); cleared by the first pass of the running designated primary.
+            let options = instance.options();
+            let app = crate::config::replica_application_name(&options.layout.instance);
+            let asked = source
+                .identify(
+                    &options.binaries,
+                    options.run_as,
+                    &app,
+                    super::SOURCE_IDENTIFY_TIMEOUT,
+                )
+                .await;
+            if let Err(refusal) = asked {
+                instance.set_source_refusal(Some(crate::status::SourceRefusal {
+                    reason: refusal.reason().to_string(),
+                    message: pgop_api::instance_status::printable(refusal.message(), 1024),
+                }));
+                let result: Result<(), Error> = Err(Error::ReplicaSource {
+                    source_name: source.name().to_string(),
+                    message: format!("{}: {}", refusal.reason(), refusal.message()),
+                });
+                return super::made(instance, memory, result).map(|()| None);
+            }
+            instance.set_source_refusal(None);
             tracing::info!(source = %source.name(), "bootstrapping the replica cluster: cloning its source");
             let result = instance.bootstrap_designated(source).await.map_err(manage);
             super::made(instance, memory, result)?;

@@ -97,6 +97,11 @@ const DIVERGENCE_CONFIRM: Duration = Duration::from_secs(3);
 /// How often a standby that should stream from the primary but does not looks again
 /// whether it diverged (nothing else wakes the manager while it retries).
 const STREAM_RECHECK: Duration = Duration::from_secs(2);
+/// How often a designated primary that does not stream from its source asks the source
+/// again why (one replication connection each time).
+const SOURCE_RECHECK: Duration = Duration::from_secs(5);
+/// How long that question may take.
+const SOURCE_IDENTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -788,7 +793,74 @@ async fn reconcile(
         return Ok(next);
     }
     converge::converge(inputs, settings, instance, cluster, &seen, &plan).await?;
+    let designated_here = observed.replica_cluster && plan.primary.as_deref() == Some(me);
+    if !designated_here {
+        instance.set_source_refusal(None);
+    } else if let Mode::DesignatedPrimary { source } = instance.mode() {
+        let refusal = source_refusal(settings, instance, &source, &seen.pg).await;
+        let refused = refusal.is_some();
+        if instance.set_source_refusal(refusal.clone())
+            && let Some(r) = &refusal
+        {
+            tracing::warn!(source = %source.name(), reason = %r.reason, message = %r.message, "the replica cluster's source refuses this designated primary");
+        }
+        if refused || !seen.pg.streaming {
+            return Ok(Next::After(SOURCE_RECHECK));
+        }
+    }
     Ok(next)
+}
+
+/// Why the source refuses a designated primary that does not stream (`None` while it
+/// streams): the answer to the manager's own replication connection to it, a source that
+/// is another database system, or one that removed the WAL this instance needs.
+async fn source_refusal(
+    settings: &Settings,
+    instance: &Instance,
+    source: &crate::external::Source,
+    pg: &pgop_api::instance_status::PgStatus,
+) -> Option<crate::status::SourceRefusal> {
+    use crate::status::SourceRefusal;
+    if pg.streaming {
+        return None;
+    }
+    let refusal = |reason: &str, message: String| SourceRefusal {
+        reason: reason.to_string(),
+        message: pgop_api::instance_status::printable(&message, 1024),
+    };
+    if instance.upstream_wal_gone() {
+        return Some(refusal(
+            "SourceWalGone",
+            "the source no longer has the WAL this instance needs (\"requested WAL segment has \
+             already been removed\"): its store, or a new clone, is needed"
+                .into(),
+        ));
+    }
+    let app = crate::config::replica_application_name(&settings.pod_name);
+    match source
+        .identify(
+            &settings.binaries,
+            settings.run_as,
+            &app,
+            SOURCE_IDENTIFY_TIMEOUT,
+        )
+        .await
+    {
+        Err(r) => Some(refusal(r.reason(), r.message().to_string())),
+        Ok(identity) if pg.system_identifier.as_ref() != Some(&identity.system_identifier) => {
+            Some(refusal(
+                "SystemIdentifierMismatch",
+                format!(
+                    "the source is database system {}, this instance's data is of {}: it is \
+                     not the server this cluster was cloned from",
+                    identity.system_identifier,
+                    pg.system_identifier.as_deref().unwrap_or("(unknown)")
+                ),
+            ))
+        }
+        // It answers and is the same system: the WAL receiver is (re)connecting.
+        Ok(_) => None,
+    }
 }
 
 /// Whether a restart annotation asks this instance (`me`) to restart: the cluster's

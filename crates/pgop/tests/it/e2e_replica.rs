@@ -55,6 +55,55 @@ async fn http_get(url: &str) -> Result<String> {
     Ok(body.to_string())
 }
 
+/// ReplicaFollowing of `cluster`: its status and reason.
+fn following(status: &pgop_api::PostgresClusterStatus) -> Option<(String, String)> {
+    pgop_api::conditions::find_condition(
+        &status.conditions,
+        pgop_api::conditions::REPLICA_FOLLOWING,
+    )
+    .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Waits for an Event of `reason` about `cluster`; its note.
+async fn event_about(env: &Env, cluster: &str, reason: &str) -> Result<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(env.client.clone(), env.n());
+    let events = &events;
+    Ok(pgop_testenv::wait::until(
+        &format!("the {reason} Event about {cluster}"),
+        TIMEOUT,
+        || async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(cluster)
+                })
+                .and_then(|e| e.note)
+                .ok_or_else(|| "none yet".to_string())
+        },
+    )
+    .await?)
+}
+
+/// A replica cluster of site A that cannot follow it: `connection` as given.
+async fn refused_replica(b: &Env, name: &str, connection: serde_json::Value) -> Result {
+    b.create(
+        name,
+        json!({
+            "replicas": 1,
+            "storage": {"size": "1Gi"},
+            "externalClusters": [{"name": "site-a", "connection": connection}],
+            "replica": {"source": "site-a"},
+        }),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_as_a_replica()
 -> Result {
@@ -105,8 +154,19 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
         }),
     )
     .await?;
-    b.wait_ready("db", 2).await?;
+    let ready = b.wait_ready("db", 2).await?;
     let designated = b.current_primary("db").await?;
+    let status = ready.status.clone().unwrap_or_default();
+    let report = status.replica.clone().ok_or("no status.replica")?;
+    assert_eq!(
+        (report.source.as_str(), report.designated_primary.as_deref()),
+        ("site-a", Some(designated.as_str()))
+    );
+    b.wait_cluster("db", "ReplicaFollowing True", TIMEOUT, |s| {
+        following(s).is_some_and(|(status, _)| status == "True")
+            && s.replica.as_ref().is_some_and(|r| r.streaming)
+    })
+    .await?;
     let status = pg_status(&b, &designated).await?;
     assert_eq!(
         serde_json::to_value(status.role)?,
@@ -158,6 +218,43 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
         .batch_execute("insert into t select generate_series(201, 300)")
         .await?;
     rows_everywhere(&b, "db", &password, "t", 300).await?;
+
+    // Sources that refuse: each named by the condition and an Event, nothing cloned,
+    // nothing crash-looping.
+    let closed = std::net::TcpListener::bind((source_ip.as_str(), 0))?;
+    let closed_port = closed.local_addr()?.port();
+    drop(closed);
+    refused_replica(
+        &b,
+        "unreachable",
+        json!({"host": source_ip, "port": closed_port, "user": "streaming_replica",
+               "sslMode": "verify-ca", "caSecret": {"name": "site-a-ca"},
+               "clientCertificateSecret": {"name": "site-a-replication"}}),
+    )
+    .await?;
+    // No client certificate: site A wants one from its replication user.
+    refused_replica(
+        &b,
+        "no-certificate",
+        json!({"host": source_ip, "user": "streaming_replica", "sslMode": "verify-ca",
+               "caSecret": {"name": "site-a-ca"}}),
+    )
+    .await?;
+    for (name, reason) in [
+        ("unreachable", "SourceUnreachable"),
+        ("no-certificate", "SourceAuthenticationFailed"),
+    ] {
+        b.wait_cluster(name, &format!("ReplicaFollowing {reason}"), TIMEOUT, |s| {
+            following(s).is_some_and(|(status, r)| status == "False" && r == reason)
+        })
+        .await?;
+        let note = event_about(&b, name, "ReplicaNotFollowing").await?;
+        assert!(note.contains("site-a"), "{note}");
+        let cluster = b.clusters_v1beta1().get(name).await?;
+        let status = cluster.status.unwrap_or_default();
+        assert_ne!(status.phase, Some(pgop_api::cluster::ClusterPhase::Ready));
+        assert!(status.current_primary.is_none() || status.replica.is_some_and(|r| !r.streaming));
+    }
     b.stop().await?;
     a.stop().await
 }

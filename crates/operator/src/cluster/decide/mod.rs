@@ -33,6 +33,7 @@ pub mod nodes;
 mod ordinary;
 #[cfg(test)]
 mod passes;
+pub mod replica;
 mod requests;
 pub mod roles;
 pub mod rolling;
@@ -185,6 +186,7 @@ mod tests {
             ("decide/nodes.rs", include_str!("nodes.rs")),
             ("decide/ordinary.rs", include_str!("ordinary.rs")),
             ("decide/passes.rs", include_str!("passes.rs")),
+            ("decide/replica.rs", include_str!("replica.rs")),
             ("decide/requests.rs", include_str!("requests.rs")),
             ("decide/roles.rs", include_str!("roles.rs")),
             ("decide/rolling.rs", include_str!("rolling.rs")),

@@ -92,9 +92,12 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
         &mut status,
         now,
     );
+    super::replica::set_replica(defaulted, probes, cluster.status.as_ref(), &mut status, now);
     // Each condition with an Event: its type, the status that is bad, the Events' reasons
     // when it turns bad and when it turns good again.
-    use pgop_api::conditions::{CONFIGURATION_APPLIED, INSTANCES_SCHEDULED, ROLLOUT_BLOCKED};
+    use pgop_api::conditions::{
+        CONFIGURATION_APPLIED, INSTANCES_SCHEDULED, REPLICA_FOLLOWING, ROLLOUT_BLOCKED,
+    };
     let conditions = [
         (
             CONFIGURATION_APPLIED,
@@ -106,6 +109,11 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
             INSTANCES_SCHEDULED,
             false,
             ("InstancesUnschedulable", "InstancesScheduled"),
+        ),
+        (
+            REPLICA_FOLLOWING,
+            false,
+            ("ReplicaNotFollowing", "ReplicaFollowing"),
         ),
     ]
     .map(|(type_, bad_when, reasons)| {
