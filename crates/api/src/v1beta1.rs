@@ -878,7 +878,7 @@ mod tests {
             g.maybe(
                 v,
                 "replica",
-                |g| json!({"source": source, "enabled": g.coin()}),
+                |g| json!({"source": source, "enabled": g.coin(), "maxLagSeconds": g.int(1, 86400)}),
             );
         }
     }

@@ -714,6 +714,11 @@ const BAD: &[Case] = &[
         "spec.replica.source",
     ),
     case(
+        "a replica bound of 0 seconds",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}]\nreplica: {source: a, maxLagSeconds: 0}",
+        "spec.replica.maxLagSeconds",
+    ),
+    case(
         "a replica cluster restored from a backup",
         "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}]\nreplica: {source: a}\nbootstrap: {recovery: {backup: b}}",
         "spec.bootstrap.recovery",
@@ -798,7 +803,7 @@ externalClusters:
     store: {s3: {bucket: site-a-backups, credentialsSecret: {name: site-a-s3}}, cluster: db}
   - name: old-vm
     connection: {host: 10.0.3.7, port: 5433, dbname: shop, user: app, sslMode: require}
-replica: {source: site-a}
+replica: {source: site-a, maxLagSeconds: 60}
 "#;
 
 fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {
