@@ -185,6 +185,33 @@ pub struct ReplicaStatus {
     /// What the source (or libpq) said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal_message: Option<String>,
+    /// When the designated primary last heard from the source (RFC 3339): while it does
+    /// not stream, the source's commits since then are not here. Like the lag and the
+    /// positions, the last known value stays while the source does not answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_message_at: Option<String>,
+    /// The promotion asked for with `spec.replica.enabled: false`, once pgop approved it
+    /// (`spec.replica.promotionMaxLagSeconds` checked): the designated primary is then
+    /// promoted. Kept as the record of what the cluster had when it stopped following.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promotion: Option<ReplicaPromotion>,
+}
+
+/// A replica cluster's promotion (`status.replica.promotion`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaPromotion {
+    /// When pgop approved it.
+    pub approved_at: Time,
+    /// Whether it was promoted while not streaming from the source (a site lost): the
+    /// source's commits after `lastMessageAt` are not in this cluster.
+    pub forced: bool,
+    /// The lag last recorded (whole seconds; unset: never known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_lag_seconds: Option<i64>,
+    /// When the designated primary first answered as a writable primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
 }
 
 impl ReplicaStatus {
@@ -197,6 +224,7 @@ impl ReplicaStatus {
             replayed_lsn: None,
             lag_bytes: None,
             lag_seconds: None,
+            last_message_at: None,
             ..self.clone()
         }
     }

@@ -79,6 +79,12 @@ pub const DATABASES_APPLIED: &str = "DatabasesApplied";
 /// with an Event. Absent on a cluster that is no replica cluster.
 pub const REPLICA_FOLLOWING: &str = "ReplicaFollowing";
 
+/// A replica cluster's promotion (`spec.replica.enabled: false`): False with reason
+/// `PromotionRefused` (and an Event) while `spec.replica.promotionMaxLagSeconds` or a
+/// cluster with no data of the source refuses it, `Promoting` once approved, True
+/// (`Promoted`) once its designated primary takes writes. Absent until asked.
+pub const REPLICA_PROMOTED: &str = "ReplicaPromoted";
+
 /// Condition status `True`.
 pub const TRUE: &str = "True";
 /// Condition status `False`.

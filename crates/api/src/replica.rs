@@ -15,9 +15,11 @@ use serde::{Deserialize, Serialize};
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaSpec {
-    /// Follow the source (the default). A cluster created with `false` is an ordinary
-    /// cluster. In this version neither this nor `source` may change once the cluster
-    /// exists: promotion and demotion are not built yet (docs/replica.md).
+    /// Follow the source (the default). Set to `false` on a replica cluster to promote it
+    /// (a site lost, or the source retired): its designated primary is promoted and the
+    /// cluster takes writes, once pgop has checked `promotionMaxLagSeconds` (see
+    /// `status.replica.promotion`). A cluster created with `false` is an ordinary cluster.
+    /// Never set back to `true` in this version (demotion is not built: docs/replica.md).
     #[serde(default = "default_enabled")]
     pub enabled: bool,
 
@@ -34,6 +36,15 @@ pub struct ReplicaSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 86400))]
     pub max_lag_seconds: Option<i32>,
+
+    /// Refuse a promotion (`enabled: false`) while the last lag pgop recorded
+    /// (`status.replica.lagSeconds`) is above this many seconds (0 to 86400), or unknown:
+    /// the promotion would lose more acknowledged commits of the source than the user
+    /// accepts. Refused with the ReplicaPromoted condition False (`PromotionRefused`) and
+    /// an Event; raise or remove it to promote anyway. Unset: no bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub promotion_max_lag_seconds: Option<i32>,
 }
 
 fn default_enabled() -> bool {
@@ -46,9 +57,14 @@ impl ReplicaSpec {
         replica.is_some_and(|r| r.enabled)
     }
 
-    /// What may not change once the cluster exists in this version: whether it follows,
-    /// and what.
-    pub fn fixed(replica: Option<&ReplicaSpec>) -> Option<(bool, &str)> {
-        replica.map(|r| (r.enabled, r.source.as_str()))
+    /// Whether `old` may become `new` on a cluster that exists in this version: the same
+    /// source, followed as before, or promoted (`enabled` from `true` to `false`); the
+    /// bounds may change. Never added, removed, re-pointed or demoted.
+    pub fn may_become(old: Option<&ReplicaSpec>, new: Option<&ReplicaSpec>) -> bool {
+        match (old, new) {
+            (None, None) => true,
+            (Some(o), Some(n)) => o.source == n.source && (o.enabled == n.enabled || !n.enabled),
+            _ => false,
+        }
     }
 }

@@ -875,11 +875,10 @@ mod tests {
         if let Some(source) = followable
             && v["bootstrap"].get("recovery").is_none()
         {
-            g.maybe(
-                v,
-                "replica",
-                |g| json!({"source": source, "enabled": g.coin(), "maxLagSeconds": g.int(1, 86400)}),
-            );
+            g.maybe(v, "replica", |g| {
+                json!({"source": source, "enabled": g.coin(), "maxLagSeconds": g.int(1, 86400),
+                        "promotionMaxLagSeconds": g.int(0, 86400)})
+            });
         }
     }
 

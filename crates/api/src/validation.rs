@@ -194,7 +194,7 @@ pub fn transition_errors(
     });
     use crate::replica::ReplicaSpec;
     errors.check(
-        ReplicaSpec::fixed(old.replica.as_ref()) == ReplicaSpec::fixed(new.replica.as_ref()),
+        ReplicaSpec::may_become(old.replica.as_ref(), new.replica.as_ref()),
         "spec.replica",
         || MSG_REPLICA_IMMUTABLE.to_string(),
     );
@@ -252,7 +252,7 @@ pub const MSG_WAL_STORAGE_REMOVED: &str = "may not be removed once set: the inst
 pub const MSG_BOOTSTRAP_IMMUTABLE: &str = "may not change after the cluster is created: it is read only once, to make the first instance's data (create a new cluster to bootstrap differently)";
 
 /// `spec.replica` added, removed or changed on a cluster that exists.
-pub const MSG_REPLICA_IMMUTABLE: &str = "may not be added or removed, nor its enabled or source changed, after the cluster is created in this version: promoting a replica cluster and demoting a primary one are not built yet (docs/replica.md); maxLagSeconds may change";
+pub const MSG_REPLICA_IMMUTABLE: &str = "may not be added or removed, nor its source changed, nor enabled set back to true, after the cluster is created in this version: a replica cluster may be promoted (enabled: false), but demoting a primary cluster is not built yet (docs/replica.md); the bounds may change";
 
 /// `spec.storage.size` below the size the volumes have.
 pub fn msg_storage_shrink(wanted: &str, current: &str) -> String {
@@ -903,6 +903,9 @@ fn validate_replica(
     );
     if let Some(max) = replica.max_lag_seconds {
         errors.range("spec.replica.maxLagSeconds", max, 1, Some(86400));
+    }
+    if let Some(max) = replica.promotion_max_lag_seconds {
+        errors.range("spec.replica.promotionMaxLagSeconds", max, 0, Some(86400));
     }
     errors.check(
         !replica.enabled || spec.bootstrap.as_ref().is_none_or(|b| b.recovery.is_none()),
@@ -1687,9 +1690,22 @@ externalClusters:
             "{entries}replica: {{source: site-a, enabled: false}}\nbootstrap: {{recovery: {{backup: b}}}}"
         ));
         assert_eq!(validate(&ordinary), Ok(()));
-        // Neither added, removed nor changed on a cluster that exists.
+        // Neither added, removed, re-pointed nor demoted on a cluster that exists; promoted.
         let plain = spec(entries);
-        for (old, new) in [(&plain, &good), (&good, &plain), (&good, &ordinary)] {
+        let promoted = spec(&format!(
+            "{entries}replica: {{source: site-a, enabled: false}}"
+        ));
+        let elsewhere = spec(&format!(
+            "{entries}- name: site-b\n  connection: {{host: db.site-b, user: streaming_replica, sslMode: require}}\nreplica: {{source: site-b}}"
+        ));
+        assert_eq!(validate(&elsewhere), Ok(()));
+        assert_eq!(validate_update(&good, &promoted, None), Ok(()));
+        for (old, new) in [
+            (&plain, &good),
+            (&good, &plain),
+            (&promoted, &good),
+            (&good, &elsewhere),
+        ] {
             let errors = validate_update(old, new, None).err().unwrap_or_default();
             assert!(
                 errors
@@ -1708,6 +1724,13 @@ externalClusters:
             "{entries}replica: {{source: site-a, maxLagSeconds: 0}}"
         ));
         assert_eq!(fields(validate(&unbounded)), ["spec.replica.maxLagSeconds"]);
+        let negative = spec(&format!(
+            "{entries}replica: {{source: site-a, promotionMaxLagSeconds: -1}}"
+        ));
+        assert_eq!(
+            fields(validate(&negative)),
+            ["spec.replica.promotionMaxLagSeconds"]
+        );
     }
 
     #[test]

@@ -803,7 +803,7 @@ externalClusters:
     store: {s3: {bucket: site-a-backups, credentialsSecret: {name: site-a-s3}}, cluster: db}
   - name: old-vm
     connection: {host: 10.0.3.7, port: 5433, dbname: shop, user: app, sslMode: require}
-replica: {source: site-a, maxLagSeconds: 60}
+replica: {source: site-a, maxLagSeconds: 60, promotionMaxLagSeconds: 30}
 "#;
 
 fn manifest(name: &str, spec_yaml: &str) -> Result<Value> {
@@ -1119,6 +1119,13 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
             lag_seconds: Some(3),
             refusal_reason: Some("SourceUnreachable".into()),
             refusal_message: Some("connection refused".into()),
+            last_message_at: Some("2026-12-03T10:00:00.123456Z".into()),
+            promotion: Some(pgop_api::cluster_status::ReplicaPromotion {
+                approved_at: now.clone(),
+                forced: true,
+                last_lag_seconds: Some(3),
+                completed_at: None,
+            }),
         }),
     };
     let patch = json!({

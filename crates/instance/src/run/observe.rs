@@ -96,8 +96,10 @@ pub(super) async fn observe(
             .crashed_at()
             .or(memory.crashed_before_start)
             .is_some_and(|at| at.elapsed() < super::crash_hold_off(cluster)),
-        replica_cluster: pgop_api::replica::ReplicaSpec::follows(cluster.spec.replica.as_ref()),
+        replica_cluster: replica_cluster(cluster),
         follows_source,
+        cloned_from_source: cluster.spec.replica.is_some()
+            && cluster.status.as_ref().is_some_and(|s| s.replica.is_some()),
     };
     Ok(Seen {
         status,
@@ -107,6 +109,21 @@ pub(super) async fn observe(
         stalled,
         observed,
     })
+}
+
+/// Whether the cluster follows its source now: `spec.replica` enabled, or its promotion
+/// asked for (`enabled: false`) but not yet approved by the operator
+/// (`status.replica.promotion`).
+pub(super) fn replica_cluster(cluster: &PostgresCluster) -> bool {
+    let Some(replica) = cluster.spec.replica.as_ref() else {
+        return false;
+    };
+    replica.enabled
+        || cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.replica.as_ref())
+            .is_some_and(|r| r.promotion.is_none())
 }
 
 /// The primary's address for `primary`: the one observed when it is the primary the status

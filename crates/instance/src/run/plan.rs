@@ -35,6 +35,9 @@ pub struct Observed {
     pub replica_cluster: bool,
     /// A running designated primary already follows the source the spec names.
     pub follows_source: bool,
+    /// The cluster's data came from an outside source (`status.replica` exists: it is or
+    /// was a replica cluster): never initdb, even once promoted.
+    pub cloned_from_source: bool,
 }
 
 /// The one role change of this pass.
@@ -142,7 +145,8 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
             Action::Wait
         } else if !usable {
             // Another instance holds the cluster's data: initdb would fork a new cluster.
-            if current.is_none_or(|c| c == me) {
+            // A cluster whose data is a source's is never initdb'd either.
+            if current.is_none_or(|c| c == me) && !observed.cloned_from_source {
                 Action::BootstrapPrimary
             } else {
                 Action::Wait
@@ -155,7 +159,8 @@ pub fn plan(me: &str, status: &PostgresClusterStatus, observed: &Observed) -> Pl
                 _ if observed.held_off => Action::Wait,
                 _ => Action::StartPrimary,
             }
-        } else if observed.role == PgRole::Replica {
+        } else if observed.role.in_recovery() {
+            // A standby, or a promoted replica cluster's designated primary.
             Action::Promote
         } else {
             Action::Keep
@@ -286,6 +291,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
             held_off: false,
             replica_cluster: false,
             follows_source: false,
+            cloned_from_source: false,
         }
     }
 
@@ -300,6 +306,7 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         held_off: false,
         replica_cluster: false,
         follows_source: false,
+        cloned_from_source: false,
     };
 
     #[test]
@@ -606,6 +613,22 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
                 primary: "demo-2".into()
             }
         );
+    }
+
+    #[test]
+    fn a_promoted_replica_clusters_designated_primary_is_promoted_and_never_initdbs() {
+        let s = status(TWO);
+        let mut o = observed(DataState::Ready, true, true, PgRole::DesignatedPrimary);
+        o.cloned_from_source = true;
+        let p = plan("demo-1", &s, &o);
+        assert_eq!(p.action, Action::Promote);
+        assert!(p.action.needs_lease());
+        let mut empty = EMPTY;
+        empty.cloned_from_source = true;
+        assert_eq!(plan("demo-1", &s, &empty).action, Action::Wait);
+        // Its standbys follow it as they did.
+        let standby = observed(DataState::Ready, true, true, PgRole::Replica);
+        assert_eq!(plan("demo-2", &s, &standby).action, Action::Keep);
     }
 
     #[test]

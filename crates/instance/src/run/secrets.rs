@@ -99,7 +99,12 @@ pub(super) async fn replica_source(
     settings: &Settings,
     cluster: &PostgresCluster,
 ) -> Result<Option<crate::external::Source>, Error> {
-    let Some(replica) = cluster.spec.replica.as_ref().filter(|r| r.enabled) else {
+    let Some(replica) = cluster
+        .spec
+        .replica
+        .as_ref()
+        .filter(|_| super::observe::replica_cluster(cluster))
+    else {
         return Ok(None);
     };
     let unusable = |message: String| Error::ReplicaSource {

@@ -55,13 +55,15 @@ async fn http_get(url: &str) -> Result<String> {
     Ok(body.to_string())
 }
 
-/// ReplicaFollowing of `cluster`: its status and reason.
+/// Condition `type_` of a cluster's status: its status and reason.
+fn condition(status: &pgop_api::PostgresClusterStatus, type_: &str) -> Option<(String, String)> {
+    pgop_api::conditions::find_condition(&status.conditions, type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// ReplicaFollowing of a cluster: its status and reason.
 fn following(status: &pgop_api::PostgresClusterStatus) -> Option<(String, String)> {
-    pgop_api::conditions::find_condition(
-        &status.conditions,
-        pgop_api::conditions::REPLICA_FOLLOWING,
-    )
-    .map(|c| (c.status.clone(), c.reason.clone()))
+    condition(status, pgop_api::conditions::REPLICA_FOLLOWING)
 }
 
 /// Waits for an Event of `reason` about `cluster`; its note.
@@ -255,6 +257,75 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
         assert_ne!(status.phase, Some(pgop_api::cluster::ClusterPhase::Ready));
         assert!(status.current_primary.is_none() || status.replica.is_some_and(|r| !r.streaming));
     }
-    b.stop().await?;
-    a.stop().await
+    // Promoting one that never cloned anything is refused: it would be an empty database.
+    b.patch(
+        "unreachable",
+        json!({"spec": {"replica": {"enabled": false}}}),
+    )
+    .await?;
+    b.wait_cluster(
+        "unreachable",
+        "ReplicaPromoted PromotionRefused",
+        TIMEOUT,
+        |s| {
+            condition(s, pgop_api::conditions::REPLICA_PROMOTED)
+                .is_some_and(|(status, r)| status == "False" && r == "PromotionRefused")
+        },
+    )
+    .await?;
+    event_about(&b, "unreachable", "ReplicaPromotionRefused").await?;
+
+    // Site A is lost: its operator, node (every PostgreSQL killed) and control plane
+    // stopped. Site B is promoted without streaming (forced), and takes writes.
+    a.stop().await?;
+    let decided = std::time::Instant::now();
+    b.patch("db", json!({"spec": {"replica": {"enabled": false}}}))
+        .await?;
+    // Until its manager sets the cluster's own passwords (right after the promotion),
+    // site A's (replicated) ones log in; then only site B's Secrets'.
+    let own = b.password("db").await?;
+    let written = loop {
+        let rw = b.rw("db");
+        let mut done = false;
+        for p in [&password, &own] {
+            if let Some(rw) = &rw
+                && let Ok(c) = connect_within(rw, p, std::time::Duration::from_millis(500)).await
+                && c.batch_execute("insert into t values (301)").await.is_ok()
+            {
+                done = true;
+                break;
+            }
+        }
+        if done {
+            break decided.elapsed();
+        }
+        assert!(
+            decided.elapsed() < TIMEOUT,
+            "no write through -rw after the promotion"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    println!("site loss: promotion asked -> first write through -rw: {written:?}");
+    let promoted = b
+        .wait_cluster("db", "ReplicaPromoted True", TIMEOUT, |s| {
+            condition(s, pgop_api::conditions::REPLICA_PROMOTED)
+                .is_some_and(|(status, _)| status == "True")
+        })
+        .await?;
+    let status = promoted.status.unwrap_or_default();
+    let promotion = status
+        .replica
+        .clone()
+        .and_then(|r| r.promotion)
+        .ok_or("no status.replica.promotion")?;
+    assert!(promotion.forced, "{promotion:?}");
+    assert!(promotion.completed_at.is_some(), "{promotion:?}");
+    assert!(condition(&status, pgop_api::conditions::REPLICA_FOLLOWING).is_none());
+    event_about(&b, "db", "ReplicaPromotionStarted").await?;
+    event_about(&b, "db", "ReplicaPromoted").await?;
+    // Every commit site A acknowledged before it was lost is here (it was caught up), and
+    // the standby follows the new primary.
+    b.wait_ready("db", 2).await?;
+    rows_everywhere(&b, "db", &own, "t", 301).await?;
+    b.stop().await
 }

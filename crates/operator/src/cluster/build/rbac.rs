@@ -88,7 +88,8 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
     // The Secrets of the entry a replica cluster follows (its password, client
     // certificate and authority), which every instance may need: any of them may become
     // the designated primary. No other entry's.
-    if let Some(replica) = spec.replica.as_ref().filter(|r| r.enabled)
+    // (Also while a promotion waits for pgop's approval: it follows until then.)
+    if let Some(replica) = spec.replica.as_ref()
         && let Some(entry) = spec
             .external_clusters
             .iter()

@@ -4,16 +4,19 @@
 
 use crate::cluster::world::Probe;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::EventType;
 use pgop_api::PostgresClusterStatus;
-use pgop_api::cluster_status::ReplicaStatus;
-use pgop_api::conditions::{REPLICA_FOLLOWING, new_condition, set_condition};
+use pgop_api::cluster_status::{ReplicaPromotion, ReplicaStatus};
+use pgop_api::conditions::{REPLICA_FOLLOWING, REPLICA_PROMOTED, new_condition, set_condition};
 use pgop_api::instance_status::PgRole;
+use pgop_api::replica::ReplicaSpec;
 use pgop_api::v1beta1::PostgresCluster;
 use std::collections::BTreeMap;
 
-/// Sets `status.replica` and ReplicaFollowing for a replica cluster (nothing for another
-/// cluster). `old` is the status before this pass: while `status`'s positions are held
-/// back (`positionsObservedAt` unchanged), so are the replica's.
+/// Sets `status.replica`, ReplicaFollowing and ReplicaPromoted for a replica cluster, and
+/// for one promoted from it (nothing for another cluster). `old` is the status before this
+/// pass: while `status`'s positions are held back (`positionsObservedAt` unchanged), so
+/// are the replica's.
 pub fn set_replica(
     cluster: &PostgresCluster,
     probes: &BTreeMap<String, Probe>,
@@ -21,14 +24,63 @@ pub fn set_replica(
     status: &mut PostgresClusterStatus,
     now: &Time,
 ) {
-    let Some(replica) = cluster.spec.replica.as_ref().filter(|r| r.enabled) else {
+    let Some(replica) = cluster.spec.replica.as_ref() else {
         return;
     };
+    let previous = old.and_then(|s| s.replica.as_ref());
     let designated = status.current_primary.clone();
     let reported = designated
         .as_ref()
         .and_then(|d| probes.get(d))
         .and_then(Probe::status);
+    match previous.and_then(|p| p.promotion.as_ref()) {
+        // Created as an ordinary cluster: nothing to follow, nothing to promote.
+        None if !replica.enabled && previous.is_none() => return,
+        None => {}
+        Some(promotion) => {
+            let mut promotion = promotion.clone();
+            if promotion.completed_at.is_none()
+                && reported.is_some_and(|s| s.role == PgRole::Primary)
+            {
+                promotion.completed_at = Some(now.clone());
+            }
+            let done = promotion.completed_at.is_some();
+            status.replica = previous.map(|p| ReplicaStatus {
+                streaming: false,
+                promotion: Some(promotion),
+                ..p.clone()
+            });
+            status.conditions.retain(|c| c.type_ != REPLICA_FOLLOWING);
+            let who = designated.as_deref().unwrap_or("(none)");
+            let (reason, message) = if done {
+                (
+                    "Promoted",
+                    format!(
+                        "{who} was promoted: the cluster takes writes and no longer follows {}",
+                        replica.source
+                    ),
+                )
+            } else {
+                (
+                    "Promoting",
+                    format!(
+                        "{who} is being promoted: the cluster stops following {}",
+                        replica.source
+                    ),
+                )
+            };
+            set(
+                status,
+                cluster,
+                REPLICA_PROMOTED,
+                done,
+                reason,
+                message,
+                now,
+            );
+            return;
+        }
+    }
     let pg = reported.filter(|s| s.role == PgRole::DesignatedPrimary);
     let upstream = pg.and_then(|s| s.upstream.as_ref());
     // Also before the first clone: the manager asks the source first.
@@ -48,8 +100,22 @@ pub fn set_replica(
             .map(|s| s.max(0.0).floor() as i64),
         refusal_reason: refusal.map(|r| r.reason.clone()),
         refusal_message: refusal.map(|r| r.message.clone()),
+        last_message_at: upstream.and_then(|u| u.last_message_at.clone()),
+        promotion: None,
     };
-    let previous = old.and_then(|s| s.replica.as_ref());
+    // While the source does not answer (no WAL receiver), what was last known of it stays.
+    if let Some(previous) = previous {
+        let r = &mut report;
+        r.source_end_lsn = r.source_end_lsn.take().or(previous.source_end_lsn.clone());
+        r.lag_bytes = r.lag_bytes.or(previous.lag_bytes);
+        r.lag_seconds = r.lag_seconds.or(previous.lag_seconds);
+        r.last_message_at = r
+            .last_message_at
+            .take()
+            .or(previous.last_message_at.clone());
+        r.received_lsn = r.received_lsn.take().or(previous.received_lsn.clone());
+        r.replayed_lsn = r.replayed_lsn.take().or(previous.replayed_lsn.clone());
+    }
     let held_back = old.is_some_and(|o| o.positions_observed_at == status.positions_observed_at);
     if let Some(previous) = previous
         && held_back
@@ -98,11 +164,137 @@ pub fn set_replica(
             _ => (true, "Streaming", format!("{who} streams from {source}")),
         },
     };
+    // A promotion asked for (`enabled: false`) and not approved yet: approved, or refused
+    // (the cluster then goes on following).
+    if !replica.enabled {
+        match promotion_refused(replica, &report) {
+            Some(why) => {
+                let message = format!("the promotion of this replica cluster is refused: {why}");
+                set(
+                    status,
+                    cluster,
+                    REPLICA_PROMOTED,
+                    false,
+                    "PromotionRefused",
+                    message,
+                    now,
+                );
+            }
+            None => {
+                report.promotion = Some(ReplicaPromotion {
+                    approved_at: now.clone(),
+                    forced: !report.streaming,
+                    last_lag_seconds: report.lag_seconds,
+                    completed_at: None,
+                });
+                let message = format!(
+                    "{who} is being promoted: the cluster stops following {source}{}",
+                    if report.streaming {
+                        String::new()
+                    } else {
+                        format!(
+                            " while not streaming from it (forced): the source's commits after {} are not here",
+                            report
+                                .last_message_at
+                                .as_deref()
+                                .unwrap_or("its last message")
+                        )
+                    }
+                );
+                set(
+                    status,
+                    cluster,
+                    REPLICA_PROMOTED,
+                    false,
+                    "Promoting",
+                    message,
+                    now,
+                );
+                status.replica = Some(report);
+                status.conditions.retain(|c| c.type_ != REPLICA_FOLLOWING);
+                return;
+            }
+        }
+    }
     status.replica = Some(report);
+    set(status, cluster, REPLICA_FOLLOWING, ok, reason, message, now);
+}
+
+/// The Event of a change of ReplicaPromoted: `ReplicaPromotionRefused` (a Warning, again
+/// when its message changes), `ReplicaPromotionStarted` (a Warning when forced),
+/// `ReplicaPromoted`.
+pub fn promotion_event(
+    old: Option<&PostgresClusterStatus>,
+    new: &PostgresClusterStatus,
+) -> Option<(EventType, &'static str, String)> {
+    use pgop_api::conditions::find_condition;
+    let before = old.and_then(|s| find_condition(&s.conditions, REPLICA_PROMOTED));
+    let after = find_condition(&new.conditions, REPLICA_PROMOTED)?;
+    if before.is_some_and(|b| b.reason == after.reason && b.message == after.message) {
+        return None;
+    }
+    let forced = new
+        .replica
+        .as_ref()
+        .and_then(|r| r.promotion.as_ref())
+        .is_some_and(|p| p.forced);
+    match after.reason.as_str() {
+        "PromotionRefused" => Some((
+            EventType::Warning,
+            "ReplicaPromotionRefused",
+            after.message.clone(),
+        )),
+        "Promoting" if before.is_none_or(|b| b.reason != after.reason) => Some((
+            if forced {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            "ReplicaPromotionStarted",
+            after.message.clone(),
+        )),
+        "Promoted" if before.is_none_or(|b| b.reason != after.reason) => {
+            Some((EventType::Normal, "ReplicaPromoted", after.message.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Why a promotion may not happen now (`None`: it may): nothing of the source here, or
+/// a lag above `promotionMaxLagSeconds` (or none ever recorded while it asks for one).
+fn promotion_refused(replica: &ReplicaSpec, report: &ReplicaStatus) -> Option<String> {
+    if report.received_lsn.is_none() {
+        return Some(
+            "nothing of the source was ever cloned here: a promotion would start an empty database"
+                .into(),
+        );
+    }
+    let bound = replica.promotion_max_lag_seconds?;
+    match report.lag_seconds {
+        Some(lag) if lag <= i64::from(bound) => None,
+        Some(lag) => Some(format!(
+            "the lag last recorded, {lag} s, is above spec.replica.promotionMaxLagSeconds ({bound} s); raise or remove it to promote anyway"
+        )),
+        None => Some(format!(
+            "no lag behind the source was ever recorded, and spec.replica.promotionMaxLagSeconds asks for at most {bound} s; raise or remove it to promote anyway"
+        )),
+    }
+}
+
+/// Sets condition `type_` of `status`.
+fn set(
+    status: &mut PostgresClusterStatus,
+    cluster: &PostgresCluster,
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+    now: &Time,
+) {
     set_condition(
         &mut status.conditions,
         new_condition(
-            REPLICA_FOLLOWING,
+            type_,
             ok,
             reason,
             message,
@@ -258,5 +450,131 @@ mod tests {
         status.positions_observed_at = Some(at(60));
         set_replica(&c, &probes, Some(&old), &mut status, &at(60));
         assert_eq!(status.replica.as_ref().and_then(|r| r.lag_seconds), Some(4));
+    }
+
+    /// A pass of set_replica over `old` with the designated primary reporting `probe`.
+    fn pass(
+        c: &PostgresCluster,
+        old: &PostgresClusterStatus,
+        probe: Probe,
+        at_second: i64,
+    ) -> PostgresClusterStatus {
+        let mut status = old.clone();
+        status.positions_observed_at = Some(at(at_second));
+        let probes: BTreeMap<String, Probe> = [("db-1".to_string(), probe)].into();
+        set_replica(c, &probes, Some(old), &mut status, &at(at_second));
+        status
+    }
+
+    fn condition_of(s: &PostgresClusterStatus, type_: &str) -> Option<(String, String)> {
+        find_condition(&s.conditions, type_).map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    #[test]
+    fn a_promotion_is_approved_within_the_bound_refused_beyond_it_and_recorded() {
+        let following = cluster("replica: {source: site-a}");
+        // It streamed with 2 s of lag, then the source went away.
+        let streamed = super::tests::following(&following, Some(designated(true, Some(2.0), None)));
+        let lost = pass(
+            &following,
+            &streamed,
+            designated(false, None, Some("SourceUnreachable")),
+            30,
+        );
+        let r = lost.replica.clone().expect("status.replica");
+        assert_eq!(
+            (r.streaming, r.lag_seconds),
+            (false, Some(2)),
+            "the last known lag stays"
+        );
+
+        // Bound 1 s: refused, and it goes on following.
+        let strict =
+            cluster("replica: {source: site-a, enabled: false, promotionMaxLagSeconds: 1}");
+        let refused = pass(
+            &strict,
+            &lost,
+            designated(false, None, Some("SourceUnreachable")),
+            60,
+        );
+        assert_eq!(
+            condition_of(&refused, REPLICA_PROMOTED),
+            Some(("False".into(), "PromotionRefused".into()))
+        );
+        assert!(
+            refused
+                .replica
+                .as_ref()
+                .is_some_and(|r| r.promotion.is_none())
+        );
+        assert!(condition_of(&refused, REPLICA_FOLLOWING).is_some());
+        let event = promotion_event(Some(&lost), &refused).expect("an Event");
+        assert_eq!(
+            (event.0, event.1),
+            (EventType::Warning, "ReplicaPromotionRefused")
+        );
+
+        // Bound 5 s: approved, forced (not streaming), the last lag recorded.
+        let loose = cluster("replica: {source: site-a, enabled: false, promotionMaxLagSeconds: 5}");
+        let approved = pass(
+            &loose,
+            &refused,
+            designated(false, None, Some("SourceUnreachable")),
+            90,
+        );
+        let promotion = approved
+            .replica
+            .as_ref()
+            .and_then(|r| r.promotion.clone())
+            .expect("approved");
+        assert!(promotion.forced);
+        assert_eq!(promotion.last_lag_seconds, Some(2));
+        assert_eq!(
+            condition_of(&approved, REPLICA_PROMOTED),
+            Some(("False".into(), "Promoting".into()))
+        );
+        assert!(condition_of(&approved, REPLICA_FOLLOWING).is_none());
+        let event = promotion_event(Some(&refused), &approved).expect("an Event");
+        assert_eq!(
+            (event.0, event.1),
+            (EventType::Warning, "ReplicaPromotionStarted")
+        );
+
+        // The designated primary answers as a writable primary: done.
+        let mut primary = PgStatus::stopped("db-1", false);
+        primary.role = PgRole::Primary;
+        primary.running = true;
+        let done = pass(&loose, &approved, Probe::Status(Box::new(primary)), 95);
+        let promotion = done.replica.as_ref().and_then(|r| r.promotion.clone());
+        assert_eq!(promotion.and_then(|p| p.completed_at), Some(at(95)));
+        assert_eq!(
+            condition_of(&done, REPLICA_PROMOTED),
+            Some(("True".into(), "Promoted".into()))
+        );
+        let event = promotion_event(Some(&approved), &done).expect("an Event");
+        assert_eq!((event.0, event.1), (EventType::Normal, "ReplicaPromoted"));
+        assert!(promotion_event(Some(&done), &done).is_none());
+    }
+
+    #[test]
+    fn nothing_cloned_is_never_promoted_and_an_ordinary_cluster_has_no_promotion() {
+        let c = cluster("replica: {source: site-a, enabled: false}");
+        let mut never = PostgresClusterStatus {
+            current_primary: Some("db-1".into()),
+            replica: Some(ReplicaStatus {
+                source: "site-a".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        never.positions_observed_at = Some(at(0));
+        let s = pass(&c, &never, Probe::Unreachable("no IP".into()), 10);
+        assert_eq!(
+            condition_of(&s, REPLICA_PROMOTED),
+            Some(("False".into(), "PromotionRefused".into()))
+        );
+        let ordinary = PostgresClusterStatus::default();
+        let s = pass(&c, &ordinary, designated(true, Some(0.0), None), 10);
+        assert!(s.replica.is_none() && condition_of(&s, REPLICA_PROMOTED).is_none());
     }
 }

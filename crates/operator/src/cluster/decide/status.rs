@@ -135,6 +135,7 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
         now,
     );
     let resumed = hibernation_event(cluster.status.as_ref(), &status);
+    let promotion = super::replica::promotion_event(cluster.status.as_ref(), &status);
     let instance_events = status::instance_events(cluster.status.as_ref(), &status);
     let refused: Vec<(&str, String)> = [&status::ROLES, &status::DATABASES]
         .into_iter()
@@ -145,7 +146,7 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
     if let Some((kind, reason, message)) = upgrade_event {
         notes.push(Note::new(kind, reason, message));
     }
-    for (kind, reason, message) in conditions.into_iter().flatten() {
+    for (kind, reason, message) in conditions.into_iter().flatten().chain(promotion) {
         notes.push(Note::new(kind, reason, message));
     }
     if let Some((reason, message)) = resumed {
