@@ -295,7 +295,8 @@ fn inputs(client: &kube::Client, settings: &Settings) -> Inputs {
 /// operator's status writes of LSNs, readiness, conditions, backup times) wakes nothing.
 /// The whole spec and generation; the uid (the Lease's ownerReference); of the status,
 /// what [`plan()`] and [`reconcile`] read: the primaries named, the instances' names, the
-/// phase, the recovery source and the rolling restart. The manager reads no annotation or
+/// phase, the recovery source, the rolling restart, and whether the cluster was a replica
+/// cluster and its promotion approved (not its lag). The manager reads no annotation or
 /// label of its cluster (the restart annotation reaches it as `status.restartRequested`).
 pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
     #[derive(serde::Serialize)]
@@ -308,6 +309,7 @@ pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
         restart_instance: &'a Option<String>,
         restart_requested: &'a Option<pgop_api::cluster::RestartRequest>,
         instance_restarts: &'a [pgop_api::cluster::InstanceRestart],
+        replica: Option<bool>,
     }
     #[derive(serde::Serialize)]
     struct Concerns<'a> {
@@ -329,6 +331,7 @@ pub fn cluster_concerns(cluster: &PostgresCluster) -> u64 {
             restart_instance: &s.restart_instance,
             restart_requested: &s.restart_requested,
             instance_restarts: &s.instance_restarts,
+            replica: s.replica.as_ref().map(|r| r.promotion.is_some()),
         }),
     })
 }
@@ -1095,6 +1098,27 @@ status:
         assert!(moves(
             |v| v["status"]["instances"][1]["name"] = "demo-3".into()
         ));
+        // A replica cluster's record, then its promotion approved (a lag alone is not).
+        let replica = serde_json::json!({"source": "site-a", "lagSeconds": 1});
+        assert!(moves(|v| v["status"]["replica"] = replica.clone()));
+        let mut approved = replica.clone();
+        approved["promotion"] =
+            serde_json::json!({"approvedAt": "2026-01-01T00:00:00Z", "forced": true});
+        let lagging = serde_json::json!({"source": "site-a", "lagSeconds": 9});
+        let before = cluster(CLUSTER);
+        let with = |r: &serde_json::Value| {
+            let mut v = serde_json::to_value(&before).expect("json");
+            v["status"]["replica"] = r.clone();
+            serde_json::from_value::<PostgresCluster>(v).expect("a cluster")
+        };
+        assert_eq!(
+            cluster_concerns(&with(&replica)),
+            cluster_concerns(&with(&lagging))
+        );
+        assert_ne!(
+            cluster_concerns(&with(&replica)),
+            cluster_concerns(&with(&approved))
+        );
         assert!(moves(
             |v| v["spec"]["postgresql"] = serde_json::json!({"parameters": {"work_mem": "8MB"}})
         ));
