@@ -47,8 +47,13 @@ enum Command {
         #[arg(short = 'o', long, default_value = "text")]
         output: Output,
     },
-    /// Switch the primary over to INSTANCE (the `switchover-to` annotation).
-    Promote { cluster: String, instance: String },
+    /// Switch the primary over to INSTANCE (the `switchover-to` annotation); without
+    /// INSTANCE, promote a replica cluster (`spec.replica.enabled: false`: it stops
+    /// following its source and takes writes, once pgop has checked it).
+    Promote {
+        cluster: String,
+        instance: Option<String>,
+    },
     /// Restart every instance one at a time, standbys first, or only INSTANCE.
     Restart {
         cluster: String,
@@ -210,7 +215,33 @@ async fn execute(
                 Output::Text => status::render(&view, out, colour)?,
             }
         }
-        Command::Promote { cluster, instance } => {
+        Command::Promote {
+            cluster,
+            instance: None,
+        } => {
+            let c = find(client, ns, &cluster).await?;
+            if !c.spec.replica.as_ref().is_some_and(|r| r.enabled) {
+                return Err(format!(
+                    "{cluster} is no replica cluster (spec.replica.enabled): name the INSTANCE to switch over to"
+                )
+                .into());
+            }
+            clusters
+                .patch(
+                    &cluster,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replica": {"enabled": false}}})),
+                )
+                .await?;
+            writeln!(
+                out,
+                "promotion of replica cluster {cluster} requested; `kubectl pgop status {cluster} -n {ns}` follows it (ReplicaPromoted)"
+            )?;
+        }
+        Command::Promote {
+            cluster,
+            instance: Some(instance),
+        } => {
             let c = find(client, ns, &cluster).await?;
             let instance = member(&c, &instance)?;
             let status = c.status.as_ref();

@@ -51,6 +51,9 @@ pub struct View {
     primary_since: Option<String>,
     primary_for_seconds: Option<i64>,
     instances: Vec<InstanceView>,
+    /// A replica cluster (`spec.replica`), or one promoted from it: what it follows and how.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replica: Option<ReplicaView>,
     /// The PgBouncer poolers (`spec.poolers`): none when the cluster has none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     poolers: Vec<PoolerView>,
@@ -92,6 +95,25 @@ struct InstanceView {
     message: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     down_since: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReplicaView {
+    /// The entry of `spec.externalClusters` followed, and its `host:port`.
+    source: String,
+    source_address: Option<String>,
+    /// `following`, `not following`, `promoting` or `promoted`.
+    state: String,
+    /// ReplicaFollowing's (or, once asked, ReplicaPromoted's) reason and message.
+    reason: Option<String>,
+    message: Option<String>,
+    lag_seconds: Option<i64>,
+    lag_bytes: Option<i64>,
+    last_message_at: Option<String>,
+    /// Once promoted: whether it was forced (not streaming), and when it completed.
+    forced: Option<bool>,
+    promoted_at: Option<String>,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -198,6 +220,7 @@ pub fn view(c: &PostgresCluster, backups: &[PostgresBackup], now: Timestamp) -> 
         primary_since: since.map(|t| t.to_string()),
         primary_for_seconds: since.map(|t| (now - t).get_seconds()).map(|s| s.max(0)),
         instances,
+        replica: replica_view(c, &status),
         poolers: c
             .spec
             .poolers
@@ -256,6 +279,62 @@ pub fn view(c: &PostgresCluster, backups: &[PostgresBackup], now: Timestamp) -> 
             })
             .collect(),
     }
+}
+
+/// What a replica cluster follows and how (`None` for a cluster that never was one).
+fn replica_view(
+    c: &PostgresCluster,
+    status: &pgop_api::PostgresClusterStatus,
+) -> Option<ReplicaView> {
+    let spec = c.spec.replica.as_ref()?;
+    let report = status.replica.as_ref();
+    if !spec.enabled && report.is_none() {
+        return None;
+    }
+    let condition = |t: &str| pgop_api::conditions::find_condition(&status.conditions, t);
+    let promotion = report.and_then(|r| r.promotion.as_ref());
+    let (state, shown) = match promotion {
+        Some(p) if p.completed_at.is_some() => (
+            "promoted",
+            condition(pgop_api::conditions::REPLICA_PROMOTED),
+        ),
+        Some(_) => (
+            "promoting",
+            condition(pgop_api::conditions::REPLICA_PROMOTED),
+        ),
+        None => {
+            let following = condition(pgop_api::conditions::REPLICA_FOLLOWING);
+            let state = if following.is_some_and(|f| f.status == pgop_api::conditions::TRUE) {
+                "following"
+            } else {
+                "not following"
+            };
+            // A promotion asked for and refused says so first.
+            let refused = condition(pgop_api::conditions::REPLICA_PROMOTED);
+            (state, refused.or(following))
+        }
+    };
+    let address = c
+        .spec
+        .external_clusters
+        .iter()
+        .find(|e| e.name == spec.source)
+        .and_then(|e| e.connection.as_ref())
+        .map(|k| format!("{}:{}", k.host, k.port));
+    Some(ReplicaView {
+        source: spec.source.clone(),
+        source_address: address,
+        state: state.to_string(),
+        reason: shown.map(|k| k.reason.clone()),
+        message: shown.map(|k| k.message.clone()),
+        lag_seconds: report.and_then(|r| r.lag_seconds),
+        lag_bytes: report.and_then(|r| r.lag_bytes),
+        last_message_at: report.and_then(|r| r.last_message_at.clone()),
+        forced: promotion.map(|p| p.forced),
+        promoted_at: promotion
+            .and_then(|p| p.completed_at.as_ref())
+            .map(|t| t.0.to_string()),
+    })
 }
 
 /// When each certificate of the cluster expires: the `database.example.com/not-after`
@@ -353,6 +432,41 @@ pub fn render(v: &View, out: &mut impl Write, colour: bool) -> std::io::Result<(
         )?,
         (Some(p), _, _) => writeln!(out, "{} {p}", paint("Primary", BOLD, colour))?,
         _ => writeln!(out, "{} none", paint("Primary", BOLD, colour))?,
+    }
+    if let Some(r) = &v.replica {
+        // The status is anybody's to write: every word escaped before the terminal.
+        let state_colour = match r.state.as_str() {
+            "following" | "promoted" => GREEN,
+            "promoting" => YELLOW,
+            _ => RED,
+        };
+        let address = r
+            .source_address
+            .as_deref()
+            .map(|a| format!(" ({})", printable(a, 270)))
+            .unwrap_or_default();
+        let lag = match (r.lag_seconds, r.lag_bytes) {
+            (Some(s), Some(b)) => format!(", lag {} ({})", human(s), bytes(b.max(0) as u64)),
+            (Some(s), None) => format!(", lag {}", human(s)),
+            _ => String::new(),
+        };
+        writeln!(
+            out,
+            "{} {}{address}: {}{lag}",
+            paint("Replica of", BOLD, colour),
+            printable(&r.source, 80),
+            paint(&r.state, state_colour, colour),
+        )?;
+        if let (Some(reason), Some(message)) = (&r.reason, &r.message)
+            && r.state != "following"
+        {
+            writeln!(
+                out,
+                "  {}: {}",
+                printable(reason, 40),
+                printable(message, MAX_DOWN_MESSAGE)
+            )?;
+        }
     }
     writeln!(out)?;
     writeln!(out, "{}", paint("Instances", BOLD, colour))?;
@@ -497,12 +611,14 @@ pub fn render(v: &View, out: &mut impl Write, colour: bool) -> std::io::Result<(
         "REASON".to_string(),
         "MESSAGE".to_string(),
     ]];
+    // Messages quote PostgreSQL and outside servers (a replica cluster's source): escaped
+    // like every other word of the status.
     for k in &v.conditions {
         rows.push([
-            k.type_.clone(),
-            k.status.clone(),
-            k.reason.clone(),
-            k.message.clone(),
+            printable(&k.type_, 80),
+            printable(&k.status, 20),
+            printable(&k.reason, 80),
+            printable(&k.message, MAX_DOWN_MESSAGE),
         ]);
     }
     table(&rows, out)
@@ -632,5 +748,61 @@ mod tests {
             coloured.contains("(\x1b[33min 15 days\x1b[0m)"),
             "{coloured}"
         );
+    }
+
+    #[test]
+    fn a_replica_cluster_shows_what_it_follows_and_why_not() {
+        let cluster = |status: serde_json::Value| -> PostgresCluster {
+            serde_json::from_value(json!({
+                "apiVersion": "database.example.com/v1beta1", "kind": "PostgresCluster",
+                "metadata": {"name": "shop", "namespace": "dr"},
+                "spec": {"instances": 2, "storage": {"size": "1Gi"},
+                    "externalClusters": [{"name": "site-a", "connection":
+                        {"host": "db-rw.site-a.example.com", "user": "streaming_replica",
+                         "sslMode": "require"}}],
+                    "replica": {"source": "site-a"}},
+                "status": status,
+            }))
+            .expect("cluster")
+        };
+        let now: Timestamp = "2026-12-07T10:00:00Z".parse().expect("time");
+        let text = |c: &PostgresCluster| {
+            let mut out = Vec::new();
+            render(&view(c, &[], now), &mut out, false).expect("render");
+            String::from_utf8(out).expect("utf-8")
+        };
+        let following = cluster(json!({"currentPrimary": "shop-1",
+            "replica": {"source": "site-a", "designatedPrimary": "shop-1", "streaming": true,
+                        "lagSeconds": 2, "lagBytes": 2048},
+            "conditions": [{"type": "ReplicaFollowing", "status": "True", "reason": "Streaming",
+                "message": "shop-1 streams from site-a", "lastTransitionTime": "2026-12-07T09:00:00Z"}]}));
+        let shown = text(&following);
+        assert!(
+            shown.contains(
+                "Replica of site-a (db-rw.site-a.example.com:5432): following, lag 2s (2.0 KiB)"
+            ),
+            "{shown}"
+        );
+        let refused = cluster(json!({"currentPrimary": "shop-1",
+            "replica": {"source": "site-a", "designatedPrimary": "shop-1",
+                        "refusalReason": "SourceAuthenticationFailed"},
+            "conditions": [{"type": "ReplicaFollowing", "status": "False",
+                "reason": "SourceAuthenticationFailed",
+                "message": "site-a refuses shop-1: FATAL: certificate \u{1b}[2J required",
+                "lastTransitionTime": "2026-12-07T09:00:00Z"}]}));
+        let shown = text(&refused);
+        assert!(
+            shown.contains("Replica of site-a (db-rw.site-a.example.com:5432): not following"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("  SourceAuthenticationFailed: site-a refuses shop-1"),
+            "{shown}"
+        );
+        assert!(!shown.contains('\x1b'), "{shown}");
+        // An ordinary cluster has no such line.
+        let mut plain = following.clone();
+        plain.spec.replica = None;
+        assert!(!text(&plain).contains("Replica of"));
     }
 }

@@ -169,6 +169,11 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
             && s.replica.as_ref().is_some_and(|r| r.streaming)
     })
     .await?;
+    let screen = kubectl_pgop_status(&b, "db").await?;
+    assert!(
+        screen.contains(&format!("Replica of site-a ({source_ip}:5432): following")),
+        "{screen}"
+    );
     let status = pg_status(&b, &designated).await?;
     assert_eq!(
         serde_json::to_value(status.role)?,
@@ -279,8 +284,11 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     // stopped. Site B is promoted without streaming (forced), and takes writes.
     a.stop().await?;
     let decided = std::time::Instant::now();
-    b.patch("db", json!({"spec": {"replica": {"enabled": false}}}))
-        .await?;
+    let said = kubectl_pgop(&b, &["promote", "db"]).await?;
+    assert!(
+        said.contains("promotion of replica cluster db requested"),
+        "{said}"
+    );
     // Until its manager sets the cluster's own passwords (right after the promotion),
     // site A's (replicated) ones log in; then only site B's Secrets'.
     let own = b.password("db").await?;
@@ -321,6 +329,9 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     assert!(promotion.forced, "{promotion:?}");
     assert!(promotion.completed_at.is_some(), "{promotion:?}");
     assert!(condition(&status, pgop_api::conditions::REPLICA_FOLLOWING).is_none());
+    let screen = kubectl_pgop_status(&b, "db").await?;
+    assert!(screen.contains("Replica of site-a"), "{screen}");
+    assert!(screen.contains(": promoted"), "{screen}");
     event_about(&b, "db", "ReplicaPromotionStarted").await?;
     event_about(&b, "db", "ReplicaPromoted").await?;
     // Every commit site A acknowledged before it was lost is here (it was caught up), and

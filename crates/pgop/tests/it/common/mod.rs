@@ -467,8 +467,19 @@ impl Env {
 
 /// `kubectl pgop status NAME` through the pgop binary; its output.
 pub async fn kubectl_pgop_status(env: &Env, name: &str) -> Result<String> {
+    kubectl_pgop(env, &["status", name]).await
+}
+
+/// `kubectl pgop ARGS -n <the test's namespace>` through the pgop binary; its output.
+pub async fn kubectl_pgop(env: &Env, args: &[&str]) -> Result<String> {
     let kubeconfig = env.plane.kubeconfig().to_path_buf();
-    let args = ["kubectl", "status", name, "-n", env.n()].map(String::from);
+    let args: Vec<String> = ["kubectl"]
+        .iter()
+        .chain(args)
+        .chain(["-n", env.n()].iter())
+        .map(|s| s.to_string())
+        .collect();
+    let shown = args[1..].join(" ");
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_pgop"))
             .args(args)
@@ -479,7 +490,7 @@ pub async fn kubectl_pgop_status(env: &Env, name: &str) -> Result<String> {
     .await??;
     if !out.status.success() {
         return Err(format!(
-            "kubectl pgop status failed: {}",
+            "kubectl pgop {shown} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         )
         .into());
