@@ -132,6 +132,13 @@ async fn kubectl_pgop_subcommands_report_and_act_on_a_running_cluster() -> Resul
         err.contains("\"shop-7\" is not an instance of shop; its instances: "),
         "{err}"
     );
+    // Without an instance, promote is for a replica cluster only.
+    let (ok, _, err) = run(&env, &bin, &["promote", name, "-n", n]).await?;
+    assert!(!ok);
+    assert!(
+        err.contains("shop is no replica cluster (spec.replica.enabled): name the INSTANCE"),
+        "{err}"
+    );
 
     // promote: a switchover to the standby (by its serial).
     let serial = standby.trim_start_matches("shop-");
