@@ -66,6 +66,19 @@ impl Server {
         }
     }
 
+    /// What an entry of the replication user needs: the server's authority and the
+    /// user's client certificate, no password.
+    fn with_certificate(&self) -> Credentials {
+        Credentials {
+            password: None,
+            ca_pem: Some(self.ca.clone()),
+            client: Some((
+                self.replication.cert_pem.clone(),
+                self.replication.key_pem.clone(),
+            )),
+        }
+    }
+
     fn connection(&self, host: &str, user: &str, ssl_mode: &str) -> ExternalConnection {
         serde_yaml::from_str(&format!(
             "{{host: {host}, port: {}, user: {user}, sslMode: {ssl_mode}}}",
@@ -132,14 +145,7 @@ fn assert_refused<T: std::fmt::Debug>(result: Result<T, Refusal>, reason: &str, 
 async fn an_entry_is_identified_over_verified_tls_and_each_refusal_is_told_apart() -> TestResult {
     let server = Server::start().await;
     let system = server.system_identifier().await;
-    let with_certificate = Credentials {
-        password: None,
-        ca_pem: Some(server.ca.clone()),
-        client: Some((
-            server.replication.cert_pem.clone(),
-            server.replication.key_pem.clone(),
-        )),
-    };
+    let with_certificate = server.with_certificate();
 
     // The replication user with its client certificate, the certificate verified for the
     // host name: the server's identity, the same system as the server's own.
@@ -278,14 +284,7 @@ async fn a_designated_primary_follows_the_source_its_standbys_cascade_and_a_fail
     .await?;
     // What a replica cluster of a pgop cluster writes: the source's replication user, its
     // client certificate, the name its server certificate carries, verified.
-    let with_certificate = Credentials {
-        password: None,
-        ca_pem: Some(server.ca.clone()),
-        client: Some((
-            server.replication.cert_pem.clone(),
-            server.replication.key_pem.clone(),
-        )),
-    };
+    let with_certificate = server.with_certificate();
     let full = server.connection("localhost", "streaming_replica", "verify-full");
 
     // The replica cluster's first instance: cloned from the source, following it.

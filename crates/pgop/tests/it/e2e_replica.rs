@@ -7,28 +7,8 @@
 use crate::common;
 
 use common::*;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
 use pgop_api::instance_status::PgStatus;
 use serde_json::json;
-
-/// A Secret of site A, as the user copies it to site B: its data under `name`.
-async fn copy_secret(from: &Env, to: &Env, source: &str, name: &str, keys: &[&str]) -> Result {
-    let original = Api::<Secret>::namespaced(from.client.clone(), from.n())
-        .get(source)
-        .await?;
-    let data = original.data.unwrap_or_default();
-    let mut copied = Vec::new();
-    for key in keys {
-        let value = data.get(*key).ok_or(format!("{source} has no {key}"))?;
-        copied.push((*key, String::from_utf8(value.0.clone())?));
-    }
-    let pairs: Vec<(&str, &str)> = copied.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Api::<Secret>::namespaced(to.client.clone(), to.n())
-        .create(&PostParams::default(), &secret(name, &pairs))
-        .await?;
-    Ok(())
-}
 
 /// The instance's `/pg/status`, as its manager serves it on the Pod's address.
 async fn pg_status(env: &Env, pod: &str) -> Result<PgStatus> {
@@ -66,40 +46,14 @@ fn following(status: &pgop_api::PostgresClusterStatus) -> Option<(String, String
     condition(status, pgop_api::conditions::REPLICA_FOLLOWING)
 }
 
-/// Waits for an Event of `reason` about `cluster`; its note.
-async fn event_about(env: &Env, cluster: &str, reason: &str) -> Result<String> {
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(env.client.clone(), env.n());
-    let events = &events;
-    Ok(pgop_testenv::wait::until(
-        &format!("the {reason} Event about {cluster}"),
-        TIMEOUT,
-        || async move {
-            let list = events
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            list.items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some(reason)
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(cluster)
-                })
-                .and_then(|e| e.note)
-                .ok_or_else(|| "none yet".to_string())
-        },
-    )
-    .await?)
-}
-
-/// A replica cluster of site A that cannot follow it: `connection` as given.
-async fn refused_replica(b: &Env, name: &str, connection: serde_json::Value) -> Result {
+/// A replica cluster of site A that cannot follow it: its `site-a` entry as given.
+async fn refused_replica(b: &Env, name: &str, entry: serde_json::Value) -> Result {
     b.create(
         name,
         json!({
             "replicas": 1,
             "storage": {"size": "1Gi"},
-            "externalClusters": [{"name": "site-a", "connection": connection}],
+            "externalClusters": [entry],
             "replica": {"source": "site-a"},
         }),
     )
@@ -126,36 +80,9 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
         )
         .await?;
 
-    // Site A's authority and replication certificate, copied to site B.
-    copy_secret(&a, &b, "db-app", "site-a-ca", &["ca.crt"]).await?;
-    copy_secret(
-        &a,
-        &b,
-        "db-replication-tls",
-        "site-a-replication",
-        &["tls.crt", "tls.key"],
-    )
-    .await?;
-    b.create(
-        "db",
-        json!({
-            "replicas": 2,
-            "storage": {"size": "1Gi"},
-            "externalClusters": [{
-                "name": "site-a",
-                "connection": {
-                    "host": source_ip,
-                    "user": "streaming_replica",
-                    // The address is not a name A's certificate carries: its authority only.
-                    "sslMode": "verify-ca",
-                    "caSecret": {"name": "site-a-ca"},
-                    "clientCertificateSecret": {"name": "site-a-replication"},
-                },
-            }],
-            "replica": {"source": "site-a"},
-        }),
-    )
-    .await?;
+    // Site A's authority and replication certificate copied to site B, and a replica
+    // cluster of 2 instances following site A's primary at its address.
+    assert_eq!(sites::follow(&a, &b, "db", 2).await?, source_ip);
     let ready = b.wait_ready("db", 2).await?;
     let designated = b.current_primary("db").await?;
     let status = ready.status.clone().unwrap_or_default();
@@ -231,22 +158,15 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     let closed = std::net::TcpListener::bind((source_ip.as_str(), 0))?;
     let closed_port = closed.local_addr()?.port();
     drop(closed);
-    refused_replica(
-        &b,
-        "unreachable",
-        json!({"host": source_ip, "port": closed_port, "user": "streaming_replica",
-               "sslMode": "verify-ca", "caSecret": {"name": "site-a-ca"},
-               "clientCertificateSecret": {"name": "site-a-replication"}}),
-    )
-    .await?;
+    let mut closed = sites::site_a(&source_ip);
+    closed["connection"]["port"] = json!(closed_port);
+    refused_replica(&b, "unreachable", closed).await?;
     // No client certificate: site A wants one from its replication user.
-    refused_replica(
-        &b,
-        "no-certificate",
-        json!({"host": source_ip, "user": "streaming_replica", "sslMode": "verify-ca",
-               "caSecret": {"name": "site-a-ca"}}),
-    )
-    .await?;
+    let mut no_certificate = sites::site_a(&source_ip);
+    if let Some(c) = no_certificate["connection"].as_object_mut() {
+        c.remove("clientCertificateSecret");
+    }
+    refused_replica(&b, "no-certificate", no_certificate).await?;
     for (name, reason) in [
         ("unreachable", "SourceUnreachable"),
         ("no-certificate", "SourceAuthenticationFailed"),
@@ -255,7 +175,9 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
             following(s).is_some_and(|(status, r)| status == "False" && r == reason)
         })
         .await?;
-        let note = event_about(&b, name, "ReplicaNotFollowing").await?;
+        let note = b
+            .wait_event_about("ReplicaNotFollowing", Some(name))
+            .await?;
         assert!(note.contains("site-a"), "{note}");
         let cluster = b.clusters_v1beta1().get(name).await?;
         let status = cluster.status.unwrap_or_default();
@@ -278,7 +200,8 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
         },
     )
     .await?;
-    event_about(&b, "unreachable", "ReplicaPromotionRefused").await?;
+    b.wait_event_about("ReplicaPromotionRefused", Some("unreachable"))
+        .await?;
 
     // Site A is lost: its operator, node (every PostgreSQL killed) and control plane
     // stopped. Site B is promoted without streaming (forced), and takes writes.
@@ -332,8 +255,9 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     let screen = kubectl_pgop_status(&b, "db").await?;
     assert!(screen.contains("Replica of site-a"), "{screen}");
     assert!(screen.contains(": promoted"), "{screen}");
-    event_about(&b, "db", "ReplicaPromotionStarted").await?;
-    event_about(&b, "db", "ReplicaPromoted").await?;
+    b.wait_event_about("ReplicaPromotionStarted", Some("db"))
+        .await?;
+    b.wait_event_about("ReplicaPromoted", Some("db")).await?;
     // Every commit site A acknowledged before it was lost is here (it was caught up), and
     // the standby follows the new primary.
     b.wait_ready("db", 2).await?;

@@ -84,8 +84,13 @@ pub(crate) fn passwords() -> Credentials {
 }
 
 fn build() -> Children {
+    build_of(&fixture())
+}
+
+/// The children of `cluster` with the fixture's instances, passwords and settings.
+fn build_of(cluster: &PostgresCluster) -> Children {
     children(
-        &fixture(),
+        cluster,
         &instances(),
         &passwords(),
         &Settings::default(),
@@ -364,14 +369,7 @@ fn services_select_by_role_and_the_app_secret_names_the_initdb_owner() {
 fn the_cluster_image_overrides_the_operator_default() {
     let mut cluster = fixture();
     cluster.spec.image = Some("registry.example/pgop:custom".into());
-    let c = children(
-        &cluster,
-        &instances(),
-        &passwords(),
-        &Settings::default(),
-        &Budgets::new(3, false, true),
-    )
-    .expect("builds");
+    let c = build_of(&cluster);
     let image = c.pods[0]
         .spec
         .as_ref()
@@ -890,14 +888,7 @@ replica: {source: site-a}
     .expect("spec parses");
     cluster.spec.external_clusters = extra.external_clusters;
     cluster.spec.replica = extra.replica;
-    let built = children(
-        &cluster,
-        &instances(),
-        &passwords(),
-        &Settings::default(),
-        &Budgets::new(3, false, true),
-    )
-    .expect("builds");
+    let built = build_of(&cluster);
     let secrets: Vec<String> = built
         .role
         .rules

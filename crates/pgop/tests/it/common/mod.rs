@@ -16,6 +16,7 @@ pub mod pg;
 pub mod pg18;
 mod requests;
 mod secrets;
+pub mod sites;
 mod sql;
 
 // Each test module (and each benchmark) uses its own subset of these too.
@@ -429,23 +430,36 @@ impl Env {
 
     /// Waits for an Event of `reason` in the test's namespace; its note.
     pub async fn wait_event(&self, reason: &str) -> Result<String> {
+        self.wait_event_about(reason, None).await
+    }
+
+    /// Waits for an Event of `reason` in the test's namespace, about the object named
+    /// `about` when given; its note.
+    pub async fn wait_event_about(&self, reason: &str, about: Option<&str>) -> Result<String> {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), self.n());
         let events = &events;
-        Ok(
-            wait::until(&format!("the {reason} Event"), TIMEOUT, || async move {
-                let list = events
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                list.items
-                    .into_iter()
-                    .find(|e| e.reason.as_deref() == Some(reason))
-                    .and_then(|e| e.note)
-                    .ok_or_else(|| "none yet".to_string())
-            })
-            .await?,
-        )
+        let what = match about {
+            Some(name) => format!("the {reason} Event about {name}"),
+            None => format!("the {reason} Event"),
+        };
+        Ok(wait::until(&what, TIMEOUT, || async move {
+            let list = events
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && about.is_none_or(|name| {
+                            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                        })
+                })
+                .and_then(|e| e.note)
+                .ok_or_else(|| "none yet".to_string())
+        })
+        .await?)
     }
 
     pub async fn delete_pod(&self, pod: &str) -> Result {

@@ -1,0 +1,64 @@
+//! Two sites for replica clusters: site B's cluster follows site A's, reaching it at its
+//! primary's Pod address (a loopback address the harness owns) with site A's authority and
+//! replication certificate, copied to site B as a user would copy them.
+
+use super::{Env, Result, secret};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+/// Secret `source` of site `from`, copied to site `to` as `name` (only `keys`).
+pub async fn copy_secret(from: &Env, to: &Env, source: &str, name: &str, keys: &[&str]) -> Result {
+    let original = Api::<Secret>::namespaced(from.client.clone(), from.n())
+        .get(source)
+        .await?;
+    let data = original.data.unwrap_or_default();
+    let mut copied = Vec::new();
+    for key in keys {
+        let value = data.get(*key).ok_or(format!("{source} has no {key}"))?;
+        copied.push((*key, String::from_utf8(value.0.clone())?));
+    }
+    let pairs: Vec<(&str, &str)> = copied.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Api::<Secret>::namespaced(to.client.clone(), to.n())
+        .create(&PostParams::default(), &secret(name, &pairs))
+        .await?;
+    Ok(())
+}
+
+/// The `site-a` entry of `spec.externalClusters` for a source at `host`: site A's
+/// replication user with its certificate (`site-a-replication`), verified against its
+/// authority (`site-a-ca`) only, since an address is no name its certificate carries.
+pub fn site_a(host: &str) -> serde_json::Value {
+    json!({"name": "site-a", "connection": {
+        "host": host, "user": "streaming_replica", "sslMode": "verify-ca",
+        "caSecret": {"name": "site-a-ca"},
+        "clientCertificateSecret": {"name": "site-a-replication"}}})
+}
+
+/// Creates in site `b` a replica cluster `name` of `instances` that follows the ready
+/// cluster `name` of site `a` (its Secrets copied first), and waits until it is Ready.
+/// Returns the address of site A's primary.
+pub async fn follow(a: &Env, b: &Env, name: &str, instances: i32) -> Result<String> {
+    let source = a.pod_ip(&a.current_primary(name).await?).await?;
+    copy_secret(a, b, &format!("{name}-app"), "site-a-ca", &["ca.crt"]).await?;
+    copy_secret(
+        a,
+        b,
+        &format!("{name}-replication-tls"),
+        "site-a-replication",
+        &["tls.crt", "tls.key"],
+    )
+    .await?;
+    b.create(
+        name,
+        json!({
+            "replicas": instances,
+            "storage": {"size": "1Gi"},
+            "externalClusters": [site_a(&source)],
+            "replica": {"source": "site-a"},
+        }),
+    )
+    .await?;
+    b.wait_ready(name, instances).await?;
+    Ok(source)
+}
