@@ -95,6 +95,8 @@ pub enum Error {
     UpstreamWalGone,
     #[error("refusing to restart: {0}")]
     RestartRefused(String),
+    #[error("the replica cluster's source cannot be cloned now: {0}")]
+    SourceRefuses(String),
     #[error("failed to set a role's password from the cluster's Secret")]
     SetPassword(#[source] tokio_postgres::Error),
     #[error("failed to set up the poolers' password look-up")]
@@ -667,7 +669,7 @@ impl Instance {
         };
         // A standby whose upstream removed the WAL it needs never gets consistent: it
         // would wait here for the whole start timeout, and again at every start.
-        let standby = matches!(self.desired().mode, Mode::Standby { .. });
+        let standby = self.desired().mode.is_standby();
         let wal_gone = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -714,8 +716,58 @@ impl Instance {
                     .map_err(Error::ProbePrimary)?;
                 self.clone_locked(&upstream).await
             }
+            (Err(Error::UpstreamWalGone), Mode::DesignatedPrimary { source }) => {
+                tracing::warn!(
+                    source = %source.name(),
+                    "the replica cluster's source no longer has the WAL this designated primary needs: cloning it afresh"
+                );
+                self.clone_source_locked(&source, true).await
+            }
             (started, _) => started,
         }
+    }
+
+    /// A running designated primary whose source removed WAL it still needs: cloned afresh
+    /// from the source ([`Instance::clone_source_locked`]).
+    pub async fn reclone_from_source(&self, source: &crate::external::Source) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.clone_source_locked(source, true).await
+    }
+
+    /// Clones `source` into PGDATA and starts as its designated primary. With `ask_first`
+    /// (PGDATA holds data: a re-clone), the source must answer a replication connection
+    /// first: the data is only thrown away for a source that can be cloned. A designated
+    /// primary holds nothing of its own (it takes no writes), so a re-clone loses nothing.
+    async fn clone_source_locked(
+        &self,
+        source: &crate::external::Source,
+        ask_first: bool,
+    ) -> Result<(), Error> {
+        let o = &self.options;
+        let app = config::replica_application_name(&o.layout.instance);
+        if ask_first {
+            source
+                .identify(&o.binaries, o.run_as, &app, Duration::from_secs(10))
+                .await
+                .map_err(|r| Error::SourceRefuses(r.to_string()))?;
+            self.supervisor.stop().await.map_err(Error::StopPostgres)?;
+        }
+        self.desired().mode = Mode::DesignatedPrimary {
+            source: source.clone(),
+        };
+        bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
+        bootstrap::clone::base_backup_from_source(
+            &o.binaries,
+            o.run_as,
+            &o.layout.pgdata,
+            &source.conninfo(&app),
+        )
+        .await
+        .map_err(Error::Bootstrap)?;
+        self.write_config()?;
+        bootstrap::finish(&o.layout.pgdata).map_err(Error::Bootstrap)?;
+        self.supervisor.forget_upstream_wal_gone();
+        self.start_locked().await
     }
 
     /// The mode the configuration is rendered for.
@@ -973,22 +1025,7 @@ impl Instance {
         source: &crate::external::Source,
     ) -> Result<(), Error> {
         let _op = self.ops.lock().await;
-        let o = &self.options;
-        self.desired().mode = Mode::DesignatedPrimary {
-            source: source.clone(),
-        };
-        bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
-        bootstrap::clone::base_backup_from_source(
-            &o.binaries,
-            o.run_as,
-            &o.layout.pgdata,
-            &source.conninfo(&config::replica_application_name(&o.layout.instance)),
-        )
-        .await
-        .map_err(Error::Bootstrap)?;
-        self.write_config()?;
-        bootstrap::finish(&o.layout.pgdata).map_err(Error::Bootstrap)?;
-        self.start_locked().await
+        self.clone_source_locked(source, false).await
     }
 
     /// Validates and applies the spec's parameters and pg_hba rules: refused ones are

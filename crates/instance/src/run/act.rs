@@ -195,6 +195,13 @@ pub(super) async fn act(
                 .await
                 .map_err(manage)?;
         }
+        Action::RecloneSource => {
+            let source = source()?;
+            tracing::warn!(source = %source.name(), "the source removed WAL this designated primary still needs (it has no slot there): cloning it afresh");
+            memory.wal_gone_since = None;
+            instance.reclone_from_source(source).await.map_err(manage)?;
+            tracing::info!("re-cloned from the source");
+        }
         Action::FollowSource => {
             let source = source()?;
             tracing::info!(source = %source.name(), "following the replica cluster's source as its designated primary (never promoted)");

@@ -68,8 +68,10 @@ pub(super) async fn observe(
     let diverged = super::confirmed(diverged, &mut memory.diverged_since, Instant::now());
     // A standby that does not stream because the primary removed WAL it still needs (its
     // slot was made after that WAL, or the standby was down long): it can only be cloned.
+    // So can a designated primary whose source did (it has no slot there).
+    let designated = matches!(instance.mode(), Mode::DesignatedPrimary { .. });
     let upstream_wal_gone = super::confirmed(
-        stalled && instance.upstream_wal_gone(),
+        (stalled || (designated && !pg.streaming)) && instance.upstream_wal_gone(),
         &mut memory.wal_gone_since,
         Instant::now(),
     );

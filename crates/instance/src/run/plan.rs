@@ -63,6 +63,9 @@ pub enum Action {
     /// A running standby the status names the primary of a replica cluster: re-pointed at
     /// the source (a reload), never promoted.
     FollowSource,
+    /// A running designated primary whose source removed WAL it still needs: cloned from
+    /// the source afresh (it holds nothing of its own).
+    RecloneSource,
     /// No usable data: clone `primary`.
     Clone { primary: String },
     /// A former primary: pg_rewind (or re-clone) onto `primary`, then stream from it.
@@ -90,6 +93,7 @@ impl Action {
                 | Action::CloneSource
                 | Action::StartDesignated
                 | Action::FollowSource
+                | Action::RecloneSource
         )
     }
 }
@@ -260,6 +264,9 @@ fn designated(me: &str, current: Option<&str>, observed: &Observed) -> Action {
     }
     match observed.role {
         PgRole::Primary | PgRole::Stopped => Action::Wait,
+        PgRole::DesignatedPrimary if observed.follows_source && observed.upstream_wal_gone => {
+            Action::RecloneSource
+        }
         PgRole::Replica | PgRole::DesignatedPrimary if observed.follows_source => Action::Keep,
         PgRole::Replica | PgRole::DesignatedPrimary => Action::FollowSource,
     }
@@ -584,6 +591,12 @@ instances: [{name: demo-1, serial: 1}, {name: demo-2, serial: 2}]
         assert_eq!(plan("demo-1", &s, &o).action, Action::Keep);
         o.follows_source = false;
         assert_eq!(plan("demo-1", &s, &o).action, Action::FollowSource);
+        // Its source removed WAL it needs (confirmed): cloned afresh, by the Lease holder.
+        o.follows_source = true;
+        o.upstream_wal_gone = true;
+        let p = plan("demo-1", &s, &o);
+        assert_eq!(p.action, Action::RecloneSource);
+        assert!(p.action.needs_lease());
     }
 
     #[test]

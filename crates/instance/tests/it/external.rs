@@ -12,6 +12,7 @@ use crate::tls::server_tls;
 use pgop_api::external::ExternalConnection;
 use pgop_api::instance_status::PgRole;
 use pgop_instance::Instance;
+use pgop_instance::config::Mode;
 use pgop_instance::external::{Credentials, Refusal, Source, prepare};
 use std::sync::Arc;
 use std::time::Duration;
@@ -352,5 +353,54 @@ async fn a_designated_primary_follows_the_source_its_standbys_cascade_and_a_fail
     let status = standby.instance.status().await;
     assert_eq!(status.role, PgRole::DesignatedPrimary);
     assert!(status.in_recovery && status.streaming);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_designated_primary_whose_source_removed_its_wal_is_cloned_afresh() -> TestResult {
+    let server = Server::start().await;
+    let app = server.instance.endpoint().connect_to("app").await?;
+    app.batch_execute(
+        "CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 10)",
+    )
+    .await?;
+    let full = server.connection("localhost", "streaming_replica", "verify-full");
+    let source = server.prepare("site-a", &full, &server.with_certificate());
+    let designated = Node::new("replica-1");
+    designated.instance.bootstrap_designated(&source).await?;
+    has_rows("the clone's rows", &designated.instance, 10).await;
+    designated.instance.stop().await?;
+
+    // Meanwhile the source writes and checkpoints past the WAL the designated primary
+    // needs next, and removes it (it keeps no slot for it).
+    for round in 0..4 {
+        app.batch_execute(&format!(
+            "INSERT INTO t SELECT generate_series({}, {}); SELECT pg_switch_wal(); CHECKPOINT",
+            11 + round * 1000,
+            10 + (round + 1) * 1000
+        ))
+        .await?;
+    }
+    server.sql("CHECKPOINT").await;
+
+    // Started again (consistent at once: it stopped cleanly), its WAL receiver is told
+    // the WAL it needs was removed; the manager sees it, and clones it afresh.
+    designated
+        .instance
+        .start_as(Mode::DesignatedPrimary {
+            source: source.clone(),
+        })
+        .await?;
+    eventually(
+        "the source's \"requested WAL segment has already been removed\"",
+        Duration::from_secs(60),
+        || async { designated.instance.upstream_wal_gone().then_some(()) },
+    )
+    .await;
+    assert!(!designated.instance.status().await.streaming);
+    designated.instance.reclone_from_source(&source).await?;
+    has_rows("the rows after the re-clone", &designated.instance, 4010).await;
+    let status = designated.instance.status().await;
+    assert_eq!(status.role, PgRole::DesignatedPrimary);
     Ok(())
 }
