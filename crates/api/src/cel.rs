@@ -51,6 +51,8 @@ pub const MSG_EXTERNAL_CLUSTER_HAS_SOURCE: &str = "at least one of connection or
 pub const MSG_VERIFIED_TLS_NEEDS_CA: &str = "caSecret is required with sslMode verify-ca and verify-full: the authority the server's certificate is checked against";
 /// `spec.replica.source` that names no entry of `spec.externalClusters` with a connection.
 pub const MSG_REPLICA_SOURCE_IS_ENTRY: &str = "must name an entry of spec.externalClusters that has a connection: the server the replica cluster follows";
+/// `spec.replica.source` naming an entry whose store is a volume.
+pub const MSG_REPLICA_STORE_IS_S3: &str = "must name an entry whose store, if it has one, is s3: a volume store is not mounted in the instances";
 /// `spec.replica` with `spec.bootstrap.recovery`.
 pub const MSG_REPLICA_WITHOUT_RECOVERY: &str = "may not be set with spec.replica: a replica cluster's first instance is cloned from its source";
 /// A PostgresBackup's spec changed.
@@ -535,6 +537,17 @@ pub fn replica_source_is_entry() -> Rule {
          self.externalClusters.exists(e, e.name == self.replica.source && has(e.connection)))",
     )
     .message(MSG_REPLICA_SOURCE_IS_ENTRY)
+    .field_path(".replica.source")
+    .reason(Reason::FieldValueInvalid)
+}
+
+/// spec: the store of the entry a replica cluster follows is S3 (read by its instances).
+pub fn replica_store_is_s3() -> Rule {
+    Rule::new(
+        "!has(self.replica) || !has(self.externalClusters) || \
+         self.externalClusters.all(e, e.name != self.replica.source || !has(e.store) || has(e.store.s3))",
+    )
+    .message(MSG_REPLICA_STORE_IS_S3)
     .field_path(".replica.source")
     .reason(Reason::FieldValueInvalid)
 }

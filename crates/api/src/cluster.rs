@@ -91,6 +91,7 @@ pub use crate::reserved::{MAX_CLUSTER_NAME_LENGTH, MAX_PARAMETERS, MAX_REPLICAS}
 )]
 #[x_kube(validation = cel::synchronous_below_replicas())]
 #[x_kube(validation = cel::replica_source_is_entry())]
+#[x_kube(validation = cel::replica_store_is_s3())]
 #[x_kube(validation = cel::replica_without_recovery())]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresClusterSpec {

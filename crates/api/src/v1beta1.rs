@@ -96,6 +96,7 @@ pub const API_VERSION: &str = crate::constants::CLUSTER_OWNER_API_VERSION;
 )]
 #[x_kube(validation = cel::standbys_below_instances())]
 #[x_kube(validation = cel::replica_source_is_entry())]
+#[x_kube(validation = cel::replica_store_is_s3())]
 #[x_kube(validation = cel::replica_without_recovery())]
 #[serde(rename_all = "camelCase")]
 pub struct PostgresClusterSpec {

@@ -901,6 +901,14 @@ fn validate_replica(
         "spec.replica.source",
         || cel::MSG_REPLICA_SOURCE_IS_ENTRY.to_string(),
     );
+    errors.check(
+        spec.external_clusters
+            .iter()
+            .filter(|e| e.name == replica.source)
+            .all(|e| e.store.as_ref().is_none_or(|s| s.s3.is_some())),
+        "spec.replica.source",
+        || cel::MSG_REPLICA_STORE_IS_S3.to_string(),
+    );
     if let Some(max) = replica.max_lag_seconds {
         errors.range("spec.replica.maxLagSeconds", max, 1, Some(86400));
     }
@@ -1681,6 +1689,25 @@ externalClusters:
                 validate(&bad)
             );
         }
+        // A connection with an S3 store is followed (the store for WAL the server no
+        // longer has); with a volume store it is not: no instance mounts that volume.
+        let both = |store: &str| {
+            spec(&format!(
+                "storage: {{size: 1Gi}}\nexternalClusters:\n- name: site-a\n  connection: {{host: db, user: streaming_replica, sslMode: require}}\n  store: {{{store}, cluster: db}}\nreplica: {{source: site-a}}"
+            ))
+        };
+        assert_eq!(
+            validate(&both("s3: {bucket: site-a, credentialsSecret: {name: s3}}")),
+            Ok(())
+        );
+        let volume = validate(&both("volume: {claimName: wal}"));
+        assert!(
+            volume
+                .as_ref()
+                .err()
+                .is_some_and(|e| e.iter().any(|e| e.message == cel::MSG_REPLICA_STORE_IS_S3)),
+            "{volume:?}"
+        );
         let restored = spec(&format!(
             "{entries}replica: {{source: site-a}}\nbootstrap: {{recovery: {{backup: b}}}}"
         ));

@@ -152,7 +152,7 @@ pub enum Mode {
     /// (`spec.replica`), streaming over the entry's connection without a slot (the source
     /// is not pgop's to create one on).
     DesignatedPrimary {
-        source: crate::external::Source,
+        source: Box<crate::external::Source>,
     },
 }
 
@@ -236,6 +236,10 @@ pub fn owned_parameters(
                 source.conninfo(&replica_application_name(&layout.instance)),
             ));
             params.push(("primary_slot_name", String::new()));
+            // The entry's store, for WAL the source no longer has.
+            if let Some(command) = source.restore_command() {
+                params.push(("restore_command", command));
+            }
         }
     }
     // WAL archiving to the backup store (spec.backup.store). A standby archives too

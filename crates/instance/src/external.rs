@@ -121,6 +121,10 @@ pub struct Source {
     passfile: Option<PathBuf>,
     ca: Option<PathBuf>,
     client: Option<(PathBuf, PathBuf)>,
+    /// The entry's store, when WAL the server no longer has is to be read from it: the
+    /// store's configuration file (written by the caller at [`Source::store_config_path`])
+    /// and the `pgop` binary `restore_command` runs.
+    archive: Option<(PathBuf, PathBuf)>,
 }
 
 /// The files of entry `name` under `dir`: `<dir>/pgop-external-<name>/`.
@@ -200,6 +204,7 @@ pub fn prepare(
         passfile,
         ca,
         client,
+        archive: None,
     })
 }
 
@@ -216,6 +221,40 @@ impl Source {
     /// The entry's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Where the configuration of the entry's store belongs: in the entry's directory
+    /// (0700), as `store.json`.
+    pub fn store_config_path(&self) -> PathBuf {
+        self.home.join("store.json")
+    }
+
+    /// The same source, with WAL it no longer has read from the entry's store: a
+    /// configuration already written at `store_config`, read by `pgop_binary instance
+    /// wal-restore` as PostgreSQL's `restore_command` (PostgreSQL's standby loop tries
+    /// streaming first, then the archive).
+    pub fn with_archive(mut self, store_config: PathBuf, pgop_binary: PathBuf) -> Self {
+        self.archive = Some((store_config, pgop_binary));
+        self
+    }
+
+    /// Whether WAL is also read from the entry's store.
+    pub fn has_archive(&self) -> bool {
+        self.archive.is_some()
+    }
+
+    /// `'<pgop>' instance wal-restore --store-config '<file>' %f %p`, quoted for the shell
+    /// with `%` doubled where PostgreSQL would substitute it; `None` without a store.
+    pub fn restore_command(&self) -> Option<String> {
+        let (config, pgop) = self.archive.as_ref()?;
+        let arg = |p: &Path| {
+            pgop_backup::restore::shell_quote(&p.display().to_string().replace('%', "%%"))
+        };
+        Some(format!(
+            "{} instance wal-restore --store-config {} %f %p",
+            arg(pgop),
+            arg(config)
+        ))
     }
 
     /// The connection string PostgreSQL's programs get: host, port, database, user, the

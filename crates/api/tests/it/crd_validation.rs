@@ -714,6 +714,11 @@ const BAD: &[Case] = &[
         "spec.replica.source",
     ),
     case(
+        "a replica of an entry whose store is a volume",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}, store: {volume: {claimName: wal}, cluster: db}}]\nreplica: {source: a}",
+        "spec.replica.source",
+    ),
+    case(
         "a replica bound of 0 seconds",
         "storage: {size: 1Gi}\nexternalClusters: [{name: a, connection: {host: db, user: app, sslMode: require}}]\nreplica: {source: a, maxLagSeconds: 0}",
         "spec.replica.maxLagSeconds",

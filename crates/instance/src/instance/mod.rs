@@ -669,7 +669,11 @@ impl Instance {
         };
         // A standby whose upstream removed the WAL it needs never gets consistent: it
         // would wait here for the whole start timeout, and again at every start.
-        let standby = self.desired().mode.is_standby();
+        // (A designated primary that reads its source's store fetches such WAL there.)
+        let standby = match &self.desired().mode {
+            Mode::DesignatedPrimary { source } => !source.has_archive(),
+            mode => mode.is_standby(),
+        };
         let wal_gone = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -753,7 +757,7 @@ impl Instance {
             self.supervisor.stop().await.map_err(Error::StopPostgres)?;
         }
         self.desired().mode = Mode::DesignatedPrimary {
-            source: source.clone(),
+            source: Box::new(source.clone()),
         };
         bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
         bootstrap::clone::base_backup_from_source(
@@ -1213,7 +1217,7 @@ impl Instance {
     pub async fn follow_source(&self, source: &crate::external::Source) -> Result<(), Error> {
         let _op = self.ops.lock().await;
         self.desired().mode = Mode::DesignatedPrimary {
-            source: source.clone(),
+            source: Box::new(source.clone()),
         };
         self.write_config()?;
         self.supervisor.forget_upstream_wal_gone();

@@ -191,7 +191,9 @@ pub(super) async fn act(
             let source = source()?.clone();
             tracing::info!(source = %source.name(), "starting as the designated primary, following the source");
             instance
-                .start_as(Mode::DesignatedPrimary { source })
+                .start_as(Mode::DesignatedPrimary {
+                    source: Box::new(source),
+                })
                 .await
                 .map_err(manage)?;
         }

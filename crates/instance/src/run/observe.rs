@@ -69,7 +69,9 @@ pub(super) async fn observe(
     // A standby that does not stream because the primary removed WAL it still needs (its
     // slot was made after that WAL, or the standby was down long): it can only be cloned.
     // So can a designated primary whose source did (it has no slot there).
-    let designated = matches!(instance.mode(), Mode::DesignatedPrimary { .. });
+    // (Not one that reads its source's store: PostgreSQL fetches that WAL there.)
+    let designated =
+        matches!(instance.mode(), Mode::DesignatedPrimary { source } if !source.has_archive());
     let upstream_wal_gone = super::confirmed(
         (stalled || (designated && !pg.streaming)) && instance.upstream_wal_gone(),
         &mut memory.wal_gone_since,
@@ -82,7 +84,7 @@ pub(super) async fn observe(
     // made ready (a Secret gone), what runs is left as it is.
     let mode = instance.mode();
     let follows_source = match (source, &mode) {
-        (Ok(Some(s)), Mode::DesignatedPrimary { source }) => s == source,
+        (Ok(Some(s)), Mode::DesignatedPrimary { source }) => s == source.as_ref(),
         (Err(_), Mode::DesignatedPrimary { .. }) => true,
         _ => false,
     };

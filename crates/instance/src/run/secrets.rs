@@ -138,15 +138,36 @@ pub(super) async fn replica_source(
         secrets.get(name).map(|s| s.as_ref())
     })
     .map_err(unusable)?;
-    crate::external::prepare(
+    let source = crate::external::prepare(
         &settings.socket_dir,
         &replica.source,
         connection,
         &credentials,
         settings.run_as,
     )
-    .map(Some)
-    .map_err(|e| unusable(e.to_string()))
+    .map_err(|e| unusable(e.to_string()))?;
+    // The entry's store (S3), for WAL the source no longer has.
+    let store = cluster
+        .spec
+        .external_clusters
+        .iter()
+        .find(|e| e.name == replica.source)
+        .and_then(|e| e.store.as_ref())
+        .filter(|s| s.s3.is_some());
+    let Some(store) = store else {
+        return Ok(Some(source));
+    };
+    let config = store_config(inputs, settings, &store.backup_store(), &store.cluster)
+        .await
+        .map_err(|e| unusable(format!("store: {}", crate::error_chain(&e))))?;
+    let path = source.store_config_path();
+    let owner = settings.run_as.map(|u| (u.uid, u.gid));
+    config
+        .write(&path, owner)
+        .map_err(|e| unusable(format!("store: {e}")))?;
+    Ok(Some(
+        source.with_archive(path, settings.pgop_binary.clone()),
+    ))
 }
 
 /// The cluster's Secrets, retried until the operator has created them.

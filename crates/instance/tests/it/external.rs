@@ -388,7 +388,7 @@ async fn a_designated_primary_whose_source_removed_its_wal_is_cloned_afresh() ->
     designated
         .instance
         .start_as(Mode::DesignatedPrimary {
-            source: source.clone(),
+            source: Box::new(source.clone()),
         })
         .await?;
     eventually(

@@ -264,3 +264,164 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     rows_everywhere(&b, "db", &own, "t", 301).await?;
     b.stop().await
 }
+
+/// One row of `sql` on `host` as text.
+async fn one(host: &str, password: &str, sql: &str) -> Result<String> {
+    Ok(connect(host, password)
+        .await?
+        .query_one(sql, &[])
+        .await?
+        .get::<_, String>(0))
+}
+
+#[tokio::test]
+async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_store() -> Result {
+    use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
+    let _serial = SERIAL.lock().await;
+    let a = start("store-a").await?;
+    let b = start("store-b").await?;
+    let s3 = S3Server::start(&a.plane.dir().join("s3"))?;
+    let store = json!({"s3": {"bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
+        "path": "site-a", "credentialsSecret": {"name": "s3"}}});
+    for env in [&a, &b] {
+        let keys = secret(
+            "s3",
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ],
+        );
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.client.clone(), env.n())
+            .create(&Default::default(), &keys)
+            .await?;
+    }
+    // The superuser over the network: the test switches WAL files and checkpoints.
+    a.create(
+        "db",
+        json!({"replicas": 1, "storage": {"size": "1Gi"}, "backup": {"store": store},
+               "credentials": {"superuserAccess": true}}),
+    )
+    .await?;
+    a.wait_ready("db", 1).await?;
+    let password = a.password("db").await?;
+    let source = a.pod_ip(&a.current_primary("db").await?).await?;
+    connect(&source, &password)
+        .await?
+        .batch_execute(
+            "create table t(id int primary key); insert into t select generate_series(1, 100)",
+        )
+        .await?;
+    sites::copy_secret(&a, &b, "db-app", "site-a-ca", &["ca.crt"]).await?;
+    sites::copy_secret(
+        &a,
+        &b,
+        "db-replication-tls",
+        "site-a-replication",
+        &["tls.crt", "tls.key"],
+    )
+    .await?;
+    // The entry: site A's server, and its store (the same bucket and path, cluster `db`).
+    let mut entry = sites::site_a(&source);
+    let mut entry_store = store.clone();
+    entry_store["cluster"] = json!("db");
+    entry["store"] = entry_store;
+    b.create(
+        "db",
+        json!({"replicas": 1, "storage": {"size": "1Gi"}, "externalClusters": [entry],
+               "replica": {"source": "site-a"}}),
+    )
+    .await?;
+    b.wait_ready("db", 1).await?;
+    rows_everywhere(&b, "db", &password, "t", 100).await?;
+    let designated = b.current_primary("db").await?;
+    let replica_ip = b.pod_ip(&designated).await?;
+    let needed = one(
+        &source,
+        &password,
+        &format!(
+            "select pg_walfile_name('{}')",
+            one(
+                &replica_ip,
+                &password,
+                "select pg_last_wal_replay_lsn()::text"
+            )
+            .await?
+        ),
+    )
+    .await?;
+
+    // Site B's designated primary is stopped (fenced) while site A writes, switches WAL
+    // files and checkpoints past it: site A removes the WAL it needs (it keeps no slot for
+    // it), after archiving it.
+    b.patch("db", json!({"spec": {"fencedInstances": [designated]}}))
+        .await?;
+    b.wait_cluster("db", "the designated primary fenced", TIMEOUT, |s| {
+        s.instances.iter().any(|i| i.fenced && !i.ready)
+    })
+    .await?;
+    let su_password = String::from_utf8(
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(a.client.clone(), a.n())
+            .get("db-superuser")
+            .await?
+            .data
+            .and_then(|d| d.get("password").cloned())
+            .ok_or("no superuser password")?
+            .0,
+    )?;
+    let su = connect_to(
+        &source,
+        "app",
+        "postgres",
+        &su_password,
+        std::time::Duration::from_secs(5),
+    )
+    .await?;
+    for round in 0..4 {
+        su.batch_execute(&format!(
+            "insert into t select generate_series({}, {}); select pg_switch_wal(); checkpoint",
+            101 + round * 1000,
+            100 + (round + 1) * 1000
+        ))
+        .await?;
+    }
+    pgop_testenv::wait::until(
+        "site A removed the WAL site B needs (archived)",
+        TIMEOUT,
+        || async {
+            let row = su
+                .query_one(
+                    "select (select count(*) from pg_ls_waldir() where name = $1)::int, \
+                        coalesce(last_archived_wal, '') >= $1 from pg_stat_archiver",
+                    &[&needed],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let (kept, archived): (i32, bool) = (row.get(0), row.get(1));
+            (kept == 0 && archived)
+                .then_some(())
+                .ok_or(format!("{needed}: in pg_wal {kept}, archived {archived}"))
+        },
+    )
+    .await?;
+    // Started again, site B reads it from site A's store, then streams again: the same
+    // data directory (a re-clone would make a new one), every row.
+    use std::os::unix::fs::MetadataExt;
+    let pgdata = b.claim_dir(&designated).await?.join("pgdata");
+    let inode = std::fs::metadata(&pgdata)?.ino();
+    b.patch("db", json!({"spec": {"fencedInstances": []}}))
+        .await?;
+    rows_everywhere(&b, "db", &password, "t", 4100).await?;
+    b.wait_cluster("db", "following again", TIMEOUT, |s| {
+        following(s).is_some_and(|(status, _)| status == "True")
+    })
+    .await?;
+    assert_eq!(b.current_primary("db").await?, designated);
+    assert_eq!(
+        std::fs::metadata(&pgdata)?.ino(),
+        inode,
+        "the data directory was made anew: re-cloned, not restored from the store"
+    );
+    drop(s3);
+    b.stop().await?;
+    a.stop().await
+}

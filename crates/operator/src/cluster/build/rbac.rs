@@ -86,7 +86,7 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
         }
     }
     // The Secrets of the entry a replica cluster follows (its password, client
-    // certificate and authority), which every instance may need: any of them may become
+    // certificate, authority and store's keys), which every instance may need: any of them may become
     // the designated primary. No other entry's.
     // (Also while a promotion waits for pgop's approval: it follows until then.)
     if let Some(replica) = spec.replica.as_ref()
@@ -95,8 +95,8 @@ pub fn role(c: &Common, cluster_object: &PostgresCluster) -> Role {
             .iter()
             .find(|e| e.name == replica.source)
     {
-        for (field, name) in entry.secrets() {
-            if field.starts_with("connection.") && !secrets.iter().any(|s| s == name) {
+        for (_, name) in entry.secrets() {
+            if !secrets.iter().any(|s| s == name) {
                 secrets.push(name.to_string());
             }
         }
