@@ -311,27 +311,10 @@ async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_
             "create table t(id int primary key); insert into t select generate_series(1, 100)",
         )
         .await?;
-    sites::copy_secret(&a, &b, "db-app", "site-a-ca", &["ca.crt"]).await?;
-    sites::copy_secret(
-        &a,
-        &b,
-        "db-replication-tls",
-        "site-a-replication",
-        &["tls.crt", "tls.key"],
-    )
-    .await?;
     // The entry: site A's server, and its store (the same bucket and path, cluster `db`).
-    let mut entry = sites::site_a(&source);
     let mut entry_store = store.clone();
     entry_store["cluster"] = json!("db");
-    entry["store"] = entry_store;
-    b.create(
-        "db",
-        json!({"replicas": 1, "storage": {"size": "1Gi"}, "externalClusters": [entry],
-               "replica": {"source": "site-a"}}),
-    )
-    .await?;
-    b.wait_ready("db", 1).await?;
+    sites::follow_with(&a, &b, "db", 1, json!({"store": entry_store})).await?;
     rows_everywhere(&b, "db", &password, "t", 100).await?;
     let designated = b.current_primary("db").await?;
     let replica_ip = b.pod_ip(&designated).await?;

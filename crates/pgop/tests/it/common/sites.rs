@@ -39,6 +39,17 @@ pub fn site_a(host: &str) -> serde_json::Value {
 /// cluster `name` of site `a` (its Secrets copied first), and waits until it is Ready.
 /// Returns the address of site A's primary.
 pub async fn follow(a: &Env, b: &Env, name: &str, instances: i32) -> Result<String> {
+    follow_with(a, b, name, instances, json!({})).await
+}
+
+/// [`follow`] with `extra` fields in the `site-a` entry (a `store`, say).
+pub async fn follow_with(
+    a: &Env,
+    b: &Env,
+    name: &str,
+    instances: i32,
+    extra: serde_json::Value,
+) -> Result<String> {
     let source = a.pod_ip(&a.current_primary(name).await?).await?;
     copy_secret(a, b, &format!("{name}-app"), "site-a-ca", &["ca.crt"]).await?;
     copy_secret(
@@ -49,12 +60,16 @@ pub async fn follow(a: &Env, b: &Env, name: &str, instances: i32) -> Result<Stri
         &["tls.crt", "tls.key"],
     )
     .await?;
+    let mut entry = site_a(&source);
+    if let (Some(entry), Some(extra)) = (entry.as_object_mut(), extra.as_object()) {
+        entry.extend(extra.clone());
+    }
     b.create(
         name,
         json!({
             "replicas": instances,
             "storage": {"size": "1Gi"},
-            "externalClusters": [site_a(&source)],
+            "externalClusters": [entry],
             "replica": {"source": "site-a"},
         }),
     )
