@@ -57,6 +57,22 @@ impl ReplicaSpec {
         replica.is_some_and(|r| r.enabled)
     }
 
+    /// Whether the cluster follows its source now: `spec.replica` enabled, or its promotion
+    /// asked for (`enabled: false`) but not yet approved by the operator
+    /// (`status.replica.promotion`).
+    pub fn follows_now(
+        replica: Option<&ReplicaSpec>,
+        status: Option<&crate::cluster::PostgresClusterStatus>,
+    ) -> bool {
+        let Some(replica) = replica else {
+            return false;
+        };
+        replica.enabled
+            || status
+                .and_then(|s| s.replica.as_ref())
+                .is_some_and(|r| r.promotion.is_none())
+    }
+
     /// Whether `old` may become `new` on a cluster that exists in this version: the same
     /// source, followed as before, or promoted (`enabled` from `true` to `false`); the
     /// bounds may change. Never added, removed, re-pointed or demoted.
@@ -66,5 +82,31 @@ impl ReplicaSpec {
             (Some(o), Some(n)) => o.source == n.source && (o.enabled == n.enabled || !n.enabled),
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReplicaSpec;
+    use crate::cluster::PostgresClusterStatus;
+
+    #[test]
+    fn a_cluster_follows_until_its_promotion_is_approved() {
+        let spec = |yaml: &str| -> ReplicaSpec { serde_yaml::from_str(yaml).expect("spec") };
+        let status =
+            |yaml: &str| -> PostgresClusterStatus { serde_yaml::from_str(yaml).expect("status") };
+        let following = spec("{source: site-a}");
+        let promoting = spec("{source: site-a, enabled: false}");
+        let recorded = status("{replica: {source: site-a}}");
+        let approved = status(
+            "{replica: {source: site-a, promotion: {approvedAt: '2026-12-07T10:00:00Z', forced: true}}}",
+        );
+        assert!(ReplicaSpec::follows_now(Some(&following), None));
+        // Asked, not yet approved: it still follows; approved: no longer.
+        assert!(ReplicaSpec::follows_now(Some(&promoting), Some(&recorded)));
+        assert!(!ReplicaSpec::follows_now(Some(&promoting), Some(&approved)));
+        // Created with enabled: false, or no replica at all: an ordinary cluster.
+        assert!(!ReplicaSpec::follows_now(Some(&promoting), None));
+        assert!(!ReplicaSpec::follows_now(None, Some(&recorded)));
     }
 }

@@ -119,15 +119,10 @@ pub(super) async fn observe(
 /// asked for (`enabled: false`) but not yet approved by the operator
 /// (`status.replica.promotion`).
 pub(super) fn replica_cluster(cluster: &PostgresCluster) -> bool {
-    let Some(replica) = cluster.spec.replica.as_ref() else {
-        return false;
-    };
-    replica.enabled
-        || cluster
-            .status
-            .as_ref()
-            .and_then(|s| s.replica.as_ref())
-            .is_some_and(|r| r.promotion.is_none())
+    pgop_api::replica::ReplicaSpec::follows_now(
+        cluster.spec.replica.as_ref(),
+        cluster.status.as_ref(),
+    )
 }
 
 /// The primary's address for `primary`: the one observed when it is the primary the status

@@ -155,6 +155,24 @@ async fn reconcile_backup(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Res
         tracing::debug!(backup = %name, cluster = %cluster_name, "the cluster is not managed here");
         return Ok(Action::requeue(NOT_MANAGED_RECHECK));
     }
+    if let Some(replica) = cluster.spec.replica.as_ref().filter(|_| {
+        pgop_api::replica::ReplicaSpec::follows_now(
+            cluster.spec.replica.as_ref(),
+            cluster.status.as_ref(),
+        )
+    }) {
+        return fail(
+            &ctx,
+            &backup,
+            status,
+            format!(
+                "PostgresCluster {cluster_name} is a replica cluster following {}: it takes no backups of its own until it is promoted (back up its source instead)",
+                replica.source
+            ),
+        )
+        .await;
+    }
+
     if cluster
         .spec
         .backup
@@ -172,7 +190,6 @@ async fn reconcile_backup(backup: Arc<PostgresBackup>, ctx: Arc<Context>) -> Res
         )
         .await;
     }
-
     // Pending -> Running: choose the instance once and keep it.
     let method = backup.spec.method.unwrap_or_default();
     let what = match method {

@@ -153,6 +153,28 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
         .await?;
     rows_everywhere(&b, "db", &password, "t", 300).await?;
 
+    // A replica cluster takes no backups while it follows: its WAL is its source's.
+    let backup: pgop_api::PostgresBackup = serde_json::from_value(json!({
+        "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresBackup",
+        "metadata": {"name": "db-now"}, "spec": {"cluster": {"name": "db"}}}))?;
+    let backups: kube::Api<pgop_api::PostgresBackup> =
+        kube::Api::namespaced(b.client.clone(), b.n());
+    backups.create(&Default::default(), &backup).await?;
+    let backups = &backups;
+    let error = pgop_testenv::wait::until("the backup refused", TIMEOUT, || async move {
+        let b = backups.get("db-now").await.map_err(|e| e.to_string())?;
+        let s = b.status.unwrap_or_default();
+        match (s.phase, s.error) {
+            (Some(pgop_api::backup::BackupPhase::Failed), Some(e)) => Ok(e),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    assert!(
+        error.contains("is a replica cluster following site-a"),
+        "{error}"
+    );
+
     // Sources that refuse: each named by the condition and an Event, nothing cloned,
     // nothing crash-looping.
     let closed = std::net::TcpListener::bind((source_ip.as_str(), 0))?;

@@ -187,11 +187,17 @@ pub(in crate::cluster) fn ordinary(
         });
     let requests = requests(cluster, &roles, &rollout);
 
-    // Step 9: the scheduled backups due now; only a serving cluster takes them.
-    let serving = matches!(
-        decided.status.phase,
-        Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+    // Step 9: the scheduled backups due now; only a serving cluster takes them, and not a
+    // replica cluster while it follows its source (its WAL is the source's to archive).
+    let following = pgop_api::replica::ReplicaSpec::follows_now(
+        cluster.spec.replica.as_ref(),
+        Some(&decided.status),
     );
+    let serving = !following
+        && matches!(
+            decided.status.phase,
+            Some(ClusterPhase::Ready | ClusterPhase::Degraded)
+        );
     let (scheduled, next_firing) = match &world.reads.backups {
         Some(backups) if serving => due_backups(&defaulted, backups, now.0),
         _ => (Vec::new(), None),
