@@ -203,10 +203,21 @@ pub struct UpstreamState {
 #[serde(rename_all = "camelCase")]
 pub struct SourceRefusal {
     /// `SourceUnreachable`, `SourceTLSRefused`, `SourceAuthenticationFailed`,
-    /// `SourceNoReplication`, `SourceRefused` or `SystemIdentifierMismatch`.
+    /// `SourceNoReplication`, `SourceRefused`, `SourceWalGone` or
+    /// `SystemIdentifierMismatch`.
     pub reason: String,
     /// What the source (or libpq) said, printable, at most 1024 bytes.
     pub message: String,
+}
+
+impl SourceRefusal {
+    /// A refusal for `reason`, its message made printable and cut to 1024 bytes.
+    pub fn new(reason: &str, message: &str) -> Self {
+        Self {
+            reason: reason.to_string(),
+            message: printable(message, 1024),
+        }
+    }
 }
 
 /// Why an instance is not ready ([`PgStatus::down`]).

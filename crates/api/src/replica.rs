@@ -52,11 +52,6 @@ fn default_enabled() -> bool {
 }
 
 impl ReplicaSpec {
-    /// Whether a cluster with this `spec.replica` follows its source.
-    pub fn follows(replica: Option<&ReplicaSpec>) -> bool {
-        replica.is_some_and(|r| r.enabled)
-    }
-
     /// Whether the cluster follows its source now: `spec.replica` enabled, or its promotion
     /// asked for (`enabled: false`) but not yet approved by the operator
     /// (`status.replica.promotion`).

@@ -1674,7 +1674,10 @@ externalClusters:
 "#;
         let good = spec(&format!("{entries}replica: {{source: site-a}}"));
         assert_eq!(validate(&good), Ok(()));
-        assert!(crate::replica::ReplicaSpec::follows(good.replica.as_ref()));
+        assert!(crate::replica::ReplicaSpec::follows_now(
+            good.replica.as_ref(),
+            None
+        ));
         for (replica, field) in [
             ("{source: site-b}", "spec.replica.source"),
             // A store alone is not followed in this version.

@@ -110,6 +110,9 @@ pub enum Error {
     },
 }
 
+/// How long the manager's question to a source ([`Source::identify`]) may take.
+pub const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// An entry made ready to connect to: its files written, its connection known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {

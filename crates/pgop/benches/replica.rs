@@ -30,10 +30,7 @@ const PGBENCH: &str = "/usr/lib/postgresql/15/bin/pgbench";
 async fn sites(round: usize, instances: i32) -> Result<(Env, Env, String, String)> {
     let a = start(&format!("bench-a{round}")).await?;
     let b = start(&format!("bench-b{round}")).await?;
-    a.create("db", json!({"replicas": 1, "storage": {"size": "1Gi"}}))
-        .await?;
-    a.wait_ready("db", 1).await?;
-    let password = a.password("db").await?;
+    let (password, _) = sites::source(&a, "db", json!({})).await?;
     let source = sites::follow(&a, &b, "db", instances).await?;
     Ok((a, b, source, password))
 }

@@ -751,7 +751,12 @@ impl Instance {
         let app = config::replica_application_name(&o.layout.instance);
         if ask_first {
             source
-                .identify(&o.binaries, o.run_as, &app, Duration::from_secs(10))
+                .identify(
+                    &o.binaries,
+                    o.run_as,
+                    &app,
+                    crate::external::IDENTIFY_TIMEOUT,
+                )
                 .await
                 .map_err(|r| Error::SourceRefuses(r.to_string()))?;
             self.supervisor.stop().await.map_err(Error::StopPostgres)?;
@@ -1201,24 +1206,26 @@ impl Instance {
 
     /// A running standby follows another primary (reload: `primary_conninfo` is reloadable).
     pub async fn follow(&self, upstream: &Upstream) -> Result<(), Error> {
-        let _op = self.ops.lock().await;
-        self.desired().mode = Mode::Standby {
+        self.repoint(Mode::Standby {
             upstream: upstream.clone(),
-        };
-        self.write_config()?;
-        self.supervisor.forget_upstream_wal_gone();
-        let client = self.endpoint().connect().await.map_err(Error::Connect)?;
-        config::reload(&client).await.map_err(Error::ApplyConfig)
+        })
+        .await
     }
 
     /// A running standby becomes (or stays) the designated primary of a replica cluster:
     /// it follows the outside `source` (a reload: `primary_conninfo` and
     /// `primary_slot_name` are reloadable). Never `pg_promote()`.
     pub async fn follow_source(&self, source: &crate::external::Source) -> Result<(), Error> {
-        let _op = self.ops.lock().await;
-        self.desired().mode = Mode::DesignatedPrimary {
+        self.repoint(Mode::DesignatedPrimary {
             source: Box::new(source.clone()),
-        };
+        })
+        .await
+    }
+
+    /// A running standby follows another upstream: the configuration for `mode`, reloaded.
+    async fn repoint(&self, mode: Mode) -> Result<(), Error> {
+        let _op = self.ops.lock().await;
+        self.desired().mode = mode;
         self.write_config()?;
         self.supervisor.forget_upstream_wal_gone();
         let client = self.endpoint().connect().await.map_err(Error::Connect)?;

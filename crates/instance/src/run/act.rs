@@ -167,14 +167,14 @@ pub(super) async fn act(
                     &options.binaries,
                     options.run_as,
                     &app,
-                    super::SOURCE_IDENTIFY_TIMEOUT,
+                    crate::external::IDENTIFY_TIMEOUT,
                 )
                 .await;
             if let Err(refusal) = asked {
-                instance.set_source_refusal(Some(crate::status::SourceRefusal {
-                    reason: refusal.reason().to_string(),
-                    message: pgop_api::instance_status::printable(refusal.message(), 1024),
-                }));
+                instance.set_source_refusal(Some(crate::status::SourceRefusal::new(
+                    refusal.reason(),
+                    refusal.message(),
+                )));
                 let result: Result<(), Error> = Err(Error::ReplicaSource {
                     source_name: source.name().to_string(),
                     message: format!("{}: {}", refusal.reason(), refusal.message()),

@@ -100,8 +100,6 @@ const STREAM_RECHECK: Duration = Duration::from_secs(2);
 /// How often a designated primary that does not stream from its source asks the source
 /// again why (one replication connection each time).
 const SOURCE_RECHECK: Duration = Duration::from_secs(5);
-/// How long that question may take.
-const SOURCE_IDENTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -827,16 +825,11 @@ async fn source_refusal(
     if pg.streaming {
         return None;
     }
-    let refusal = |reason: &str, message: String| SourceRefusal {
-        reason: reason.to_string(),
-        message: pgop_api::instance_status::printable(&message, 1024),
-    };
     if instance.upstream_wal_gone() {
-        return Some(refusal(
+        return Some(SourceRefusal::new(
             "SourceWalGone",
             "the source no longer has the WAL this instance needs (\"requested WAL segment has \
-             already been removed\"): its store, or a new clone, is needed"
-                .into(),
+             already been removed\"): its store, or a new clone, is needed",
         ));
     }
     let app = crate::config::replica_application_name(&settings.pod_name);
@@ -845,15 +838,15 @@ async fn source_refusal(
             &settings.binaries,
             settings.run_as,
             &app,
-            SOURCE_IDENTIFY_TIMEOUT,
+            crate::external::IDENTIFY_TIMEOUT,
         )
         .await
     {
-        Err(r) => Some(refusal(r.reason(), r.message().to_string())),
+        Err(r) => Some(SourceRefusal::new(r.reason(), r.message())),
         Ok(identity) if pg.system_identifier.as_ref() != Some(&identity.system_identifier) => {
-            Some(refusal(
+            Some(SourceRefusal::new(
                 "SystemIdentifierMismatch",
-                format!(
+                &format!(
                     "the source is database system {}, this instance's data is of {}: it is \
                      not the server this cluster was cloned from",
                     identity.system_identifier,

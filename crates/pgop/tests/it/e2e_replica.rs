@@ -68,17 +68,8 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     let b = start("site-b").await?;
     // The same cluster name in both sites, as a user would have it: the source must never
     // take the replica cluster's designated primary for one of its own standbys.
-    a.create("db", json!({"replicas": 1, "storage": {"size": "1Gi"}}))
-        .await?;
-    a.wait_ready("db", 1).await?;
-    let password = a.password("db").await?;
-    let source_ip = a.pod_ip(&a.current_primary("db").await?).await?;
-    connect(&source_ip, &password)
-        .await?
-        .batch_execute(
-            "create table t(id int primary key); insert into t select generate_series(1, 100)",
-        )
-        .await?;
+    let (password, source_ip) = sites::source(&a, "db", json!({})).await?;
+    seed(&source_ip, &password).await?;
 
     // Site A's authority and replication certificate copied to site B, and a replica
     // cluster of 2 instances following site A's primary at its address.
@@ -287,6 +278,17 @@ async fn e2e_a_replica_cluster_in_another_site_follows_cascades_and_fails_over_a
     b.stop().await
 }
 
+/// Table `t` with rows 1 to 100 on site A's primary at `host`.
+async fn seed(host: &str, password: &str) -> Result {
+    connect(host, password)
+        .await?
+        .batch_execute(
+            "create table t(id int primary key); insert into t select generate_series(1, 100)",
+        )
+        .await?;
+    Ok(())
+}
+
 /// One row of `sql` on `host` as text.
 async fn one(host: &str, password: &str, sql: &str) -> Result<String> {
     Ok(connect(host, password)
@@ -318,21 +320,9 @@ async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_
             .await?;
     }
     // The superuser over the network: the test switches WAL files and checkpoints.
-    a.create(
-        "db",
-        json!({"replicas": 1, "storage": {"size": "1Gi"}, "backup": {"store": store},
-               "credentials": {"superuserAccess": true}}),
-    )
-    .await?;
-    a.wait_ready("db", 1).await?;
-    let password = a.password("db").await?;
-    let source = a.pod_ip(&a.current_primary("db").await?).await?;
-    connect(&source, &password)
-        .await?
-        .batch_execute(
-            "create table t(id int primary key); insert into t select generate_series(1, 100)",
-        )
-        .await?;
+    let spec = json!({"backup": {"store": store}, "credentials": {"superuserAccess": true}});
+    let (password, source) = sites::source(&a, "db", spec).await?;
+    seed(&source, &password).await?;
     // The entry: site A's server, and its store (the same bucket and path, cluster `db`).
     let mut entry_store = store.clone();
     entry_store["cluster"] = json!("db");

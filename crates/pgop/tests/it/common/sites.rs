@@ -7,6 +7,18 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
+/// Creates cluster `name` of one instance in site `a` with `spec` (storage added), waits
+/// until it is Ready, and returns its application password and its primary's address.
+pub async fn source(a: &Env, name: &str, mut spec: serde_json::Value) -> Result<(String, String)> {
+    spec["replicas"] = json!(1);
+    spec["storage"] = json!({"size": "1Gi"});
+    a.create(name, spec).await?;
+    a.wait_ready(name, 1).await?;
+    let password = a.password(name).await?;
+    let ip = a.pod_ip(&a.current_primary(name).await?).await?;
+    Ok((password, ip))
+}
+
 /// Secret `source` of site `from`, copied to site `to` as `name` (only `keys`).
 pub async fn copy_secret(from: &Env, to: &Env, source: &str, name: &str, keys: &[&str]) -> Result {
     let original = Api::<Secret>::namespaced(from.client.clone(), from.n())
