@@ -256,13 +256,12 @@ fn remove_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-/// Trees of runs whose process is gone (named `PREFIX<pid>-...`).
+/// Trees of runs whose process is gone (named `PREFIX<pid>-...`), found in every
+/// hierarchy: a dead run's node holder, killed by the directory sweep while it was still
+/// removing its tree (`rmdir` answered EBUSY in the first hierarchy, the later ones went),
+/// once left `blkio/<tree>` alone, where a sweep that looked in `freezer/` only never saw it.
 pub fn sweep_dead() {
-    let Ok(entries) = std::fs::read_dir(Path::new(ROOT).join("freezer")) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
+    for name in existing(PREFIX) {
         let Some(pid) = name
             .strip_prefix(PREFIX)
             .and_then(|rest| rest.split('-').next())

@@ -452,4 +452,35 @@ fn the_sweep_kills_and_removes_the_cgroup_trees_of_dead_runs() {
     assert!(cgroup::existing(&name).is_empty(), "the sweep left {name}");
     let status = orphan.wait().expect("the orphan ended");
     assert!(!status.success(), "killed, not exited: {status}");
+
+    // What a holder killed half-way through its own clean-up leaves: the tree in one
+    // hierarchy only (the first it tried, where rmdir answered EBUSY), not in `freezer/`.
+    let partial = format!("{}{dead}-0-node-1", cgroup::PREFIX);
+    let tree = cgroup::Tree::create(&partial).expect("a cgroup tree");
+    std::mem::forget(tree);
+    let mut kept = None;
+    for entry in std::fs::read_dir("/sys/fs/cgroup")
+        .expect("cgroup root")
+        .flatten()
+    {
+        let dir = entry.path().join(&partial);
+        if entry.path().is_symlink() || !dir.exists() {
+            continue;
+        }
+        if kept.is_none() && !entry.path().ends_with("freezer") {
+            kept = Some(dir);
+            continue;
+        }
+        std::fs::remove_dir(dir.join("system")).expect("rmdir system");
+        std::fs::remove_dir(&dir).expect("rmdir");
+    }
+    let kept = kept.expect("a hierarchy other than the freezer");
+    assert!(kept.exists());
+    assert_eq!(cgroup::existing(&partial), vec![partial.clone()]);
+    cgroup::sweep_dead();
+    assert!(
+        cgroup::existing(&partial).is_empty(),
+        "the sweep left {}",
+        kept.display()
+    );
 }
