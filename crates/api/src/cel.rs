@@ -50,7 +50,7 @@ pub const MSG_EXTERNAL_CLUSTER_HAS_SOURCE: &str = "at least one of connection or
 /// A connection that verifies the server's certificate without an authority to verify it with.
 pub const MSG_VERIFIED_TLS_NEEDS_CA: &str = "caSecret is required with sslMode verify-ca and verify-full: the authority the server's certificate is checked against";
 /// `spec.replica.source` that names no entry of `spec.externalClusters` with a connection.
-pub const MSG_REPLICA_SOURCE_IS_ENTRY: &str = "must name an entry of spec.externalClusters that has a connection: the server the replica cluster follows";
+pub const MSG_REPLICA_SOURCE_IS_ENTRY: &str = "must name an entry of spec.externalClusters that has a connection or a store: the server, or the store, the replica cluster follows";
 /// `spec.replica.source` naming an entry whose store is a volume.
 pub const MSG_REPLICA_STORE_IS_S3: &str = "must name an entry whose store, if it has one, is s3: a volume store is not mounted in the instances";
 /// `spec.replica` with `spec.bootstrap.recovery`.
@@ -534,7 +534,8 @@ pub fn verified_tls_needs_ca() -> Rule {
 pub fn replica_source_is_entry() -> Rule {
     Rule::new(
         "!has(self.replica) || (has(self.externalClusters) && \
-         self.externalClusters.exists(e, e.name == self.replica.source && has(e.connection)))",
+         self.externalClusters.exists(e, e.name == self.replica.source && \
+         (has(e.connection) || has(e.store))))",
     )
     .message(MSG_REPLICA_SOURCE_IS_ENTRY)
     .field_path(".replica.source")

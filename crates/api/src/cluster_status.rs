@@ -160,9 +160,19 @@ pub struct ReplicaStatus {
     /// The instance that follows it (the others follow that one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub designated_primary: Option<String>,
+    /// How it follows: `streaming` (the entry's connection), `archive` (its store alone,
+    /// by `restore_command`) or `streamingWithArchive` (streaming, and the store for WAL
+    /// the server no longer has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
     /// Whether the designated primary streams from the source now.
     #[serde(default)]
     pub streaming: bool,
+    /// The last WAL segment restored from the source's store, and when (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restored_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_restored_at: Option<String>,
     /// The end of the source's WAL as it last told the designated primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_end_lsn: Option<String>,
@@ -179,7 +189,7 @@ pub struct ReplicaStatus {
     pub lag_seconds: Option<i64>,
     /// While it does not stream: why the source refuses it (`SourceUnreachable`,
     /// `SourceTLSRefused`, `SourceAuthenticationFailed`, `SourceNoReplication`,
-    /// `SourceRefused`, `SourceWalGone`, `SystemIdentifierMismatch`).
+    /// `SourceRefused`, `SourceWalGone`, `SystemIdentifierMismatch`, `ArchiveGap`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal_reason: Option<String>,
     /// What the source (or libpq) said.
@@ -225,6 +235,8 @@ impl ReplicaStatus {
             lag_bytes: None,
             lag_seconds: None,
             last_message_at: None,
+            last_restored_wal: None,
+            last_restored_at: None,
             ..self.clone()
         }
     }

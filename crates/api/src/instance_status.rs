@@ -192,6 +192,16 @@ pub struct UpstreamState {
     /// When the last message from the upstream arrived (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_message_at: Option<String>,
+    /// Seconds since the time of the last commit replayed here
+    /// (`pg_last_xact_replay_timestamp()`), whatever the upstream says; unset before any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_commit_age_seconds: Option<f64>,
+    /// A designated primary that reads its source's store: the last WAL segment
+    /// `restore_command` restored from it, and when (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_wal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<String>,
     /// A designated primary that does not stream: why its source refuses it, as the
     /// manager's own connection to it was answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,8 +213,8 @@ pub struct UpstreamState {
 #[serde(rename_all = "camelCase")]
 pub struct SourceRefusal {
     /// `SourceUnreachable`, `SourceTLSRefused`, `SourceAuthenticationFailed`,
-    /// `SourceNoReplication`, `SourceRefused`, `SourceWalGone` or
-    /// `SystemIdentifierMismatch`.
+    /// `SourceNoReplication`, `SourceRefused`, `SourceWalGone`,
+    /// `SystemIdentifierMismatch` or `ArchiveGap`.
     pub reason: String,
     /// What the source (or libpq) said, printable, at most 1024 bytes.
     pub message: String,

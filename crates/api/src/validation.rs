@@ -897,7 +897,7 @@ fn validate_replica(
     errors.check(
         spec.external_clusters
             .iter()
-            .any(|e| e.name == replica.source && e.connection.is_some()),
+            .any(|e| e.name == replica.source && (e.connection.is_some() || e.store.is_some())),
         "spec.replica.source",
         || cel::MSG_REPLICA_SOURCE_IS_ENTRY.to_string(),
     );

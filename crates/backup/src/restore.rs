@@ -186,6 +186,52 @@ pub async fn restore(
     }
 }
 
+/// Unpacks the store's newest completed base backup into `pgdata` (absent or empty) for a
+/// server that is to run as a standby of the store (a replica cluster that follows its
+/// source's store): the files only, owned by PostgreSQL's OS user, no recovery run here
+/// and no configuration written (the caller writes its own, with `standby.signal`). On
+/// failure `pgdata` is emptied again.
+pub async fn unpack_newest(
+    config: &StoreConfig,
+    tools: &PgTools,
+    pgdata: &Path,
+) -> Result<Manifest, Error> {
+    let store = Store::open(config)?;
+    let (backups, _) = base::list(&store).await?;
+    // Listed oldest first (as `choose` reads them).
+    let backup = backups.last().cloned().ok_or_else(|| Error::NoBackup {
+        store: format!("{store:?}"),
+        target: None,
+    })?;
+    prepare_dir(pgdata, tools.run_as)?;
+    let unpacked = async {
+        tracing::info!(backup = %backup.backup_id, "unpacking the store's newest base backup for a standby");
+        unpack(&store, &backup, pgdata).await?;
+        if let Some((uid, gid)) = tools.run_as {
+            chown_tree(pgdata, uid, gid).map_err(|source| Error::Io {
+                path: pgdata.to_path_buf(),
+                source,
+            })?;
+        }
+        for leftover in [
+            "standby.signal",
+            "recovery.signal",
+            "postmaster.pid",
+            "postmaster.opts",
+        ] {
+            let _ = std::fs::remove_file(pgdata.join(leftover));
+        }
+        Ok::<_, Error>(())
+    };
+    match unpacked.await {
+        Ok(()) => Ok(backup),
+        Err(err) => {
+            empty_dir(pgdata);
+            Err(err)
+        }
+    }
+}
+
 fn choose(
     backups: &[Manifest],
     options: &RestoreOptions,

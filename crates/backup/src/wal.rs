@@ -85,6 +85,25 @@ impl WalName {
         })
     }
 
+    /// The segment after this one on its timeline, for 16 MiB segments (pgop's): `None`
+    /// for a history file or a suffixed name.
+    pub fn next(&self) -> Option<Self> {
+        let (log, seg) = self.position?;
+        if self.name.len() != 24 {
+            return None;
+        }
+        let (log, seg) = if seg >= 0xFF {
+            (log.checked_add(1)?, 0)
+        } else {
+            (log, seg + 1)
+        };
+        Some(Self {
+            timeline: self.timeline,
+            position: Some((log, seg)),
+            name: format!("{:08X}{log:08X}{seg:08X}", self.timeline),
+        })
+    }
+
     /// The object's key relative to the cluster's root.
     pub fn key(&self) -> String {
         format!("wal/{:08X}/{}.gz", self.timeline, self.name)
@@ -230,7 +249,18 @@ mod tests {
         assert_eq!(seg.position, Some((0xA, 0xFF)));
         assert_eq!(seg.key(), "wal/00000001/000000010000000A000000FF.gz");
         assert_eq!(WalName::from_key(&seg.key()), Some(seg.clone()));
+        assert_eq!(
+            seg.next().map(|n| n.name),
+            Some("000000010000000B00000000".to_string())
+        );
+        assert_eq!(
+            WalName::parse("000000020000000A00000003")
+                .and_then(|w| w.next())
+                .map(|n| n.name),
+            Some("000000020000000A00000004".to_string())
+        );
         let hist = WalName::parse("00000002.history").expect("history");
+        assert_eq!(hist.next(), None);
         assert_eq!((hist.timeline, hist.position), (2, None));
         assert!(WalName::parse("000000010000000000000003.partial").is_some());
         assert!(WalName::parse("000000010000000000000003.00000028.backup").is_some());

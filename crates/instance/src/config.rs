@@ -231,9 +231,13 @@ pub fn owned_parameters(
             params.push(("primary_slot_name", sql::slot_name(&layout.instance)));
         }
         Mode::DesignatedPrimary { source } => {
+            // Empty for an entry with a store only: PostgreSQL then reads WAL from the
+            // store alone (restore_command, retried every wal_retrieve_retry_interval).
             params.push((
                 "primary_conninfo",
-                source.conninfo(&replica_application_name(&layout.instance)),
+                source
+                    .conninfo(&replica_application_name(&layout.instance))
+                    .unwrap_or_default(),
             ));
             params.push(("primary_slot_name", String::new()));
             // The entry's store, for WAL the source no longer has.

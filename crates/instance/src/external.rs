@@ -117,7 +117,8 @@ pub const IDENTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
     name: String,
-    connection: ExternalConnection,
+    /// `None`: the entry has a store only, which is all the cluster follows.
+    connection: Option<ExternalConnection>,
     /// The entry's directory: files it does not have are named there too, as files that
     /// do not exist, so that libpq never falls back to `~/.postgresql` or `~/.pgpass`.
     home: PathBuf,
@@ -202,13 +203,132 @@ pub fn prepare(
     };
     Ok(Source {
         name: name.to_string(),
-        connection: connection.clone(),
+        connection: Some(connection.clone()),
         home: home.clone(),
         passfile,
         ca,
         client,
         archive: None,
     })
+}
+
+/// An entry with a store and no connection (`spec.replica` follows its store alone): its
+/// directory made (0700, PostgreSQL's OS user's) for the store's configuration and the
+/// record `restore_command` keeps ([`ArchiveRecord`]).
+pub fn prepare_store_only(dir: &Path, name: &str, run_as: Option<RunAs>) -> Result<Source, Error> {
+    if name.len() > pgop_api::external::MAX_EXTERNAL_NAME_LENGTH
+        || !pgop_api::formats::is_dns_label(name)
+    {
+        return Err(Error::Unusable {
+            name: name.to_string(),
+            message: "the name is no DNS label".into(),
+        });
+    }
+    let home = directory(dir, name);
+    let write_error = |source| Error::Write {
+        name: name.to_string(),
+        path: home.clone(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&home)
+        .map_err(write_error)?;
+    if let Some(user) = run_as {
+        user.chown(&home).map_err(write_error)?;
+    }
+    Ok(Source {
+        name: name.to_string(),
+        connection: None,
+        home,
+        passfile: None,
+        ca: None,
+        client: None,
+        archive: None,
+    })
+}
+
+/// What `restore_command` (`pgop instance wal-restore --record FILE`) last did for a
+/// designated primary that reads its source's store, kept in the entry's directory as
+/// JSON and read by the manager for `/pg/status`: the last segment restored, and the one
+/// the store did not have, with whether a later segment of the same timeline is there
+/// (a gap: WAL is missing from the store, which recovery cannot step over).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveRecord {
+    /// The last WAL segment restored from the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<String>,
+    /// When (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<String>,
+    /// The segment asked for since, which the store does not have (yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
+    /// Since when it has been asked for and missing (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_since: Option<String>,
+    /// A later segment of the same timeline is in the store while `missing` is not.
+    #[serde(default)]
+    pub later_present: bool,
+}
+
+impl ArchiveRecord {
+    /// The record at `path`; the default when there is none or it cannot be read.
+    pub fn read(path: &Path) -> Self {
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    /// Writes it to `path` (a temporary file renamed over it, so a reader never sees half).
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, path)
+    }
+
+    /// After segment `name` was restored at `now`: no longer missing.
+    pub fn restored(mut self, name: &str, now: &str) -> Self {
+        self.restored = Some(name.to_string());
+        self.restored_at = Some(now.to_string());
+        self.missing = None;
+        self.missing_since = None;
+        self.later_present = false;
+        self
+    }
+
+    /// After segment `name` was asked for at `now` and not found (`later_present`: a later
+    /// one of its timeline was): the first time it went missing is kept.
+    pub fn missed(mut self, name: &str, later_present: bool, now: &str) -> Self {
+        if self.missing.as_deref() != Some(name) {
+            self.missing = Some(name.to_string());
+            self.missing_since = Some(now.to_string());
+        }
+        self.later_present = later_present;
+        self
+    }
+
+    /// A gap: a segment missing while a later one is there, for at least `confirm` by
+    /// `now` (the archiver uploads a few segments in parallel when it is behind, so a
+    /// later one may briefly arrive first).
+    pub fn gap(&self, now: jiff::Timestamp, confirm: Duration) -> Option<&str> {
+        let since = self
+            .missing_since
+            .as_deref()?
+            .parse::<jiff::Timestamp>()
+            .ok()?;
+        let long = now.duration_since(since).as_secs()
+            >= i64::try_from(confirm.as_secs()).unwrap_or(i64::MAX);
+        (self.later_present && long)
+            .then_some(self.missing.as_deref())
+            .flatten()
+    }
 }
 
 /// A libpq password file's line for `user` and `password` on any host, port and database
@@ -232,6 +352,30 @@ impl Source {
         self.home.join("store.json")
     }
 
+    /// Where `restore_command` keeps its [`ArchiveRecord`]: `archive.json` beside it.
+    pub fn archive_record_path(&self) -> PathBuf {
+        self.home.join("archive.json")
+    }
+
+    /// What `restore_command` last did ([`ArchiveRecord`]); `None` without a store.
+    pub fn archive_record(&self) -> Option<ArchiveRecord> {
+        self.archive
+            .as_ref()
+            .map(|_| ArchiveRecord::read(&self.archive_record_path()))
+    }
+
+    /// Whether the entry has a connection (else it is followed through its store alone).
+    pub fn has_connection(&self) -> bool {
+        self.connection.is_some()
+    }
+
+    /// The store's configuration file and the `pgop` binary, when it has a store.
+    pub fn archive(&self) -> Option<(&Path, &Path)> {
+        self.archive
+            .as_ref()
+            .map(|(c, p)| (c.as_path(), p.as_path()))
+    }
+
     /// The same source, with WAL it no longer has read from the entry's store: a
     /// configuration already written at `store_config`, read by `pgop_binary instance
     /// wal-restore` as PostgreSQL's `restore_command` (PostgreSQL's standby loop tries
@@ -246,17 +390,19 @@ impl Source {
         self.archive.is_some()
     }
 
-    /// `'<pgop>' instance wal-restore --store-config '<file>' %f %p`, quoted for the shell
-    /// with `%` doubled where PostgreSQL would substitute it; `None` without a store.
+    /// `'<pgop>' instance wal-restore --store-config '<file>' --record '<file>' %f %p`,
+    /// quoted for the shell with `%` doubled where PostgreSQL would substitute it; `None`
+    /// without a store.
     pub fn restore_command(&self) -> Option<String> {
         let (config, pgop) = self.archive.as_ref()?;
         let arg = |p: &Path| {
             pgop_backup::restore::shell_quote(&p.display().to_string().replace('%', "%%"))
         };
         Some(format!(
-            "{} instance wal-restore --store-config {} %f %p",
+            "{} instance wal-restore --store-config {} --record {} %f %p",
             arg(pgop),
-            arg(config)
+            arg(config),
+            arg(&self.archive_record_path())
         ))
     }
 
@@ -270,8 +416,9 @@ impl Source {
     /// reads as "none". A home directory's certificate is never sent to the outside server,
     /// and `require` never checks the server's certificate, even against an authority
     /// `caSecret` names.
-    pub fn conninfo(&self, application_name: &str) -> String {
-        let c = &self.connection;
+    /// `None` for an entry without a connection.
+    pub fn conninfo(&self, application_name: &str) -> Option<String> {
+        let c = self.connection.as_ref()?;
         let file = |p: &Path| conninfo_value(&p.display().to_string());
         let none = |what: &str| file(&self.home.join(format!("no-{what}")));
         let ca = match &self.ca {
@@ -300,6 +447,7 @@ impl Source {
             "connect_timeout=5".to_string(),
         ]
         .join(" ")
+        .into()
     }
 
     /// Asks the server who it is over a replication connection (what a standby of it
@@ -312,12 +460,14 @@ impl Source {
         application_name: &str,
         timeout: Duration,
     ) -> Result<Identity, Refusal> {
+        let Some(conninfo) = self.conninfo(application_name) else {
+            return Err(Refusal::Other(
+                "the entry has no connection, only a store".into(),
+            ));
+        };
         let mut cmd = binaries::command(binaries, "psql", run_as);
         cmd.args(["-X", "-A", "-t", "-F", "|", "-v", "ON_ERROR_STOP=1", "-d"])
-            .arg(format!(
-                "{} replication=database",
-                self.conninfo(application_name)
-            ))
+            .arg(format!("{conninfo} replication=database"))
             .args(["-c", "IDENTIFY_SYSTEM", "-c", "SHOW server_version_num"])
             // Whatever the environment says, only the files above.
             .env_remove("PGPASSWORD")
@@ -468,6 +618,44 @@ impl std::fmt::Display for Refusal {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_archive_record_keeps_the_first_miss_and_calls_a_gap_only_when_confirmed() {
+        let t = |s: &str| s.parse::<jiff::Timestamp>().expect("time");
+        let r =
+            ArchiveRecord::default().restored("000000010000000000000005", "2027-01-15T08:00:00Z");
+        assert_eq!(r.restored.as_deref(), Some("000000010000000000000005"));
+        // The end of the store: missing, nothing later.
+        let r = r.missed("000000010000000000000006", false, "2027-01-15T08:00:01Z");
+        assert_eq!(
+            r.gap(t("2027-01-15T09:00:00Z"), Duration::from_secs(30)),
+            None
+        );
+        // A later one arrives: a gap once it has lasted 30 s since the first miss.
+        let r = r.missed("000000010000000000000006", true, "2027-01-15T08:00:20Z");
+        assert_eq!(r.missing_since.as_deref(), Some("2027-01-15T08:00:01Z"));
+        assert_eq!(
+            r.gap(t("2027-01-15T08:00:21Z"), Duration::from_secs(30)),
+            None
+        );
+        assert_eq!(
+            r.gap(t("2027-01-15T08:00:31Z"), Duration::from_secs(30)),
+            Some("000000010000000000000006")
+        );
+        // Restored after all: no gap, no miss.
+        let r = r.restored("000000010000000000000006", "2027-01-15T08:01:00Z");
+        assert_eq!((r.missing.as_deref(), r.later_present), (None, false));
+        // Written and read back whole; an unreadable file reads as nothing recorded.
+        let dir = std::env::temp_dir().join(format!("pgop-archive-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("archive.json");
+        let r = r.missed("000000010000000000000007", false, "2027-01-15T08:02:00Z");
+        r.write(&path).expect("write");
+        assert_eq!(ArchiveRecord::read(&path), r);
+        std::fs::write(&path, "{not json").expect("write");
+        assert_eq!(ArchiveRecord::read(&path), ArchiveRecord::default());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     fn connection(yaml: &str) -> ExternalConnection {
         serde_yaml::from_str(yaml).expect("a connection")
     }
@@ -492,7 +680,7 @@ mod tests {
         )
         .expect("prepared");
         let home = directory(&dir, "site-a");
-        let conninfo = source.conninfo("db-1 'x");
+        let conninfo = source.conninfo("db-1 'x").expect("a connection");
         assert_eq!(
             conninfo,
             format!(
@@ -536,7 +724,7 @@ mod tests {
         .expect("prepared");
         let home = directory(&dir, "bare");
         assert_eq!(
-            bare.conninfo("db-1"),
+            bare.conninfo("db-1").expect("a connection"),
             format!(
                 "host='10.0.3.7' port=5432 dbname='postgres' user='app' sslmode=require \
                  sslrootcert='{h}/no-authority' sslcert='{h}/no-client-certificate' \

@@ -135,7 +135,8 @@ async fn upstream(client: &Client) -> Result<UpstreamState, Error> {
                          ELSE EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())
                     END::float8,
                     to_char(r.last_msg_receipt_time AT TIME ZONE 'UTC',
-                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')
+                            'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),
+                    EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp())::float8
              FROM (SELECT 1) AS one LEFT JOIN pg_stat_wal_receiver AS r ON true",
             &[],
         )
@@ -147,6 +148,9 @@ async fn upstream(client: &Client) -> Result<UpstreamState, Error> {
         lag_bytes: row.try_get(2).map_err(e)?,
         lag_seconds: row.try_get(3).map_err(e)?,
         last_message_at: row.try_get(4).map_err(e)?,
+        replayed_commit_age_seconds: row.try_get(5).map_err(e)?,
+        restored_wal: None,
+        restored_at: None,
         refusal: None,
     })
 }

@@ -43,6 +43,11 @@ struct WalRestoreArgs {
     /// The backup store configuration (mode 0600).
     #[arg(long, env = "PGOP_BACKUP_STORE_CONFIG")]
     store_config: PathBuf,
+    /// A file to keep what was restored and what the store lacked in
+    /// (`pgop_instance::external::ArchiveRecord`): a replica cluster's designated primary
+    /// that reads its source's store.
+    #[arg(long)]
+    record: Option<PathBuf>,
     /// The WAL file's name (`%f`).
     name: String,
     /// Where to put it (`%p`), relative to the data directory (the working directory).
@@ -169,7 +174,11 @@ async fn wal_restore(args: WalRestoreArgs) -> Result<(), Error> {
         let config = pgop_backup::StoreConfig::read(&args.store_config)?;
         let store = pgop_backup::Store::open(&config)?;
         let cwd = std::env::current_dir()?;
-        Ok::<_, Error>(pgop_backup::wal::restore(&store, &cwd, &args.name, &args.dest).await?)
+        let found = pgop_backup::wal::restore(&store, &cwd, &args.name, &args.dest).await?;
+        if let Some(record) = &args.record {
+            keep_record(&store, record, &args.name, found).await;
+        }
+        Ok::<_, Error>(found)
     };
     match restored.await {
         Ok(true) => Ok(()),
@@ -183,6 +192,41 @@ async fn wal_restore(args: WalRestoreArgs) -> Result<(), Error> {
             );
             std::process::exit(WAL_RESTORE_FAILED)
         }
+    }
+}
+
+/// Records a segment restored, or missing (and whether the next one of its timeline is in
+/// the store: a gap), in `record`. History files and the like are not recorded. A record
+/// that cannot be written is only logged: the WAL is what recovery needs.
+async fn keep_record(
+    store: &pgop_backup::Store,
+    record: &std::path::Path,
+    name: &str,
+    found: bool,
+) {
+    use pgop_backup::wal::WalName;
+    let Some(wal) = WalName::parse(name).filter(|w| w.position.is_some() && w.name.len() == 24)
+    else {
+        return;
+    };
+    let now = jiff::Timestamp::now().to_string();
+    let kept = pgop_instance::external::ArchiveRecord::read(record);
+    let kept = if found {
+        kept.restored(name, &now)
+    } else {
+        let later = match wal.next() {
+            Some(next) => pgop_backup::wal::exists(store, &next)
+                .await
+                .unwrap_or(false),
+            None => false,
+        };
+        kept.missed(name, later, &now)
+    };
+    if let Err(err) = kept.write(record) {
+        eprintln!(
+            "pgop: could not keep the record {}: {err}",
+            record.display()
+        );
     }
 }
 

@@ -704,7 +704,7 @@ const BAD: &[Case] = &[
         "spec.replica.source",
     ),
     case(
-        "a replica of an external store without a connection",
+        "a replica of an entry with a volume store and no connection",
         "storage: {size: 1Gi}\nexternalClusters: [{name: a, store: {volume: {claimName: wal}, cluster: db}}]\nreplica: {source: a}",
         "spec.replica.source",
     ),
@@ -968,6 +968,14 @@ async fn a_valid_manifest_is_accepted_and_defaulted_as_serde_defaults_it() -> Re
     assert_eq!(pgop_api::validation::validate_cluster(&full), Ok(()));
     let created = api.create(&PostParams::default(), &full).await?;
     assert_eq!(created.spec, full.spec);
+    // A replica cluster that follows a store alone (no connection).
+    let store_only: PostgresCluster = serde_json::from_value(manifest(
+        "store-only",
+        "storage: {size: 1Gi}\nexternalClusters: [{name: site-a, store: {s3: {bucket: site-a-backups, credentialsSecret: {name: site-a-s3}}, cluster: db}}]\nreplica: {source: site-a}",
+    )?)?;
+    assert_eq!(pgop_api::validation::validate_cluster(&store_only), Ok(()));
+    let created = api.create(&PostParams::default(), &store_only).await?;
+    assert_eq!(created.spec, store_only.spec);
 
     // The API server applies the schema defaults; serde applies the Rust ones. They agree.
     let minimal: PostgresCluster =
@@ -1116,7 +1124,10 @@ async fn status_scale_and_printer_columns_work_as_the_operator_will_use_them() -
         replica: Some(pgop_api::cluster_status::ReplicaStatus {
             source: "site-a".into(),
             designated_primary: Some("main-1".into()),
+            mode: Some("streamingWithArchive".into()),
             streaming: false,
+            last_restored_wal: Some("000000010000000000000003".into()),
+            last_restored_at: Some("2026-12-03T10:00:01Z".into()),
             source_end_lsn: Some("0/3000060".into()),
             received_lsn: Some("0/3000060".into()),
             replayed_lsn: Some("0/3000000".into()),

@@ -750,29 +750,49 @@ impl Instance {
         let o = &self.options;
         let app = config::replica_application_name(&o.layout.instance);
         if ask_first {
-            source
-                .identify(
-                    &o.binaries,
-                    o.run_as,
-                    &app,
-                    crate::external::IDENTIFY_TIMEOUT,
-                )
-                .await
-                .map_err(|r| Error::SourceRefuses(r.to_string()))?;
+            if source.has_connection() {
+                source
+                    .identify(
+                        &o.binaries,
+                        o.run_as,
+                        &app,
+                        crate::external::IDENTIFY_TIMEOUT,
+                    )
+                    .await
+                    .map_err(|r| Error::SourceRefuses(r.to_string()))?;
+            }
             self.supervisor.stop().await.map_err(Error::StopPostgres)?;
         }
         self.desired().mode = Mode::DesignatedPrimary {
             source: Box::new(source.clone()),
         };
         bootstrap::begin(&o.layout.pgdata, o.run_as).map_err(Error::Bootstrap)?;
-        bootstrap::clone::base_backup_from_source(
-            &o.binaries,
-            o.run_as,
-            &o.layout.pgdata,
-            &source.conninfo(&app),
-        )
-        .await
-        .map_err(Error::Bootstrap)?;
+        match (source.conninfo(&app), source.archive()) {
+            (Some(conninfo), _) => bootstrap::clone::base_backup_from_source(
+                &o.binaries,
+                o.run_as,
+                &o.layout.pgdata,
+                &conninfo,
+            )
+            .await
+            .map_err(Error::Bootstrap)?,
+            // A store alone: its newest base backup, then the WAL after it by
+            // restore_command (the designated primary's configuration).
+            (None, Some((store_config, _))) => {
+                let store = pgop_backup::StoreConfig::read(store_config)
+                    .map_err(|e| Error::SourceRefuses(format!("its store: {e}")))?;
+                let backup =
+                    pgop_backup::restore::unpack_newest(&store, &self.tools(), &o.layout.pgdata)
+                        .await
+                        .map_err(Error::Restore)?;
+                tracing::info!(source = %source.name(), backup = %backup.backup_id, end_lsn = %backup.end_lsn, "unpacked the source's newest base backup from its store");
+            }
+            (None, None) => {
+                return Err(Error::SourceRefuses(
+                    "the entry has neither a connection nor a store".into(),
+                ));
+            }
+        }
         self.write_config()?;
         bootstrap::finish(&o.layout.pgdata).map_err(Error::Bootstrap)?;
         self.supervisor.forget_upstream_wal_gone();
@@ -1363,6 +1383,22 @@ impl Instance {
         // Set on a designated primary only, also before its first clone.
         if let Some(refusal) = self.desired().source_refusal.clone() {
             status.upstream.get_or_insert_with(Default::default).refusal = Some(refusal);
+        }
+        if status.role == PgRole::DesignatedPrimary
+            && let Mode::DesignatedPrimary { source } = &self.desired().mode
+            && let Some(record) = source.archive_record()
+        {
+            let upstream = status.upstream.get_or_insert_with(Default::default);
+            upstream.restored_wal = record.restored.clone();
+            upstream.restored_at = record.restored_at.clone();
+            // A store alone: caught up once the segment after the last restored one is
+            // what the store lacks (and no later one is there); the lag is then the
+            // source's WAL not archived yet, which nothing here can see.
+            if !source.has_connection() && record.missing.is_some() && !record.later_present {
+                upstream.lag_seconds = Some(0.0);
+            } else if !source.has_connection() {
+                upstream.lag_seconds = upstream.replayed_commit_age_seconds;
+            }
         }
         if status.role == PgRole::Primary {
             let d = self.desired();

@@ -177,7 +177,7 @@ impl Instance {
     }
 
     /// PostgreSQL's programs for pgop-backup.
-    fn tools(&self) -> pgop_backup::PgTools {
+    pub(super) fn tools(&self) -> pgop_backup::PgTools {
         pgop_backup::PgTools {
             bin_dir: self.options.binaries.dir().to_path_buf(),
             run_as: self.options.run_as.map(|u| (u.uid, u.gid)),

@@ -162,14 +162,20 @@ pub(super) async fn act(
             // begun); cleared by the first pass of the running designated primary.
             let options = instance.options();
             let app = crate::config::replica_application_name(&options.layout.instance);
-            let asked = source
-                .identify(
-                    &options.binaries,
-                    options.run_as,
-                    &app,
-                    crate::external::IDENTIFY_TIMEOUT,
-                )
-                .await;
+            // An entry with a store alone has no server to ask: its store is read.
+            let asked = if source.has_connection() {
+                source
+                    .identify(
+                        &options.binaries,
+                        options.run_as,
+                        &app,
+                        crate::external::IDENTIFY_TIMEOUT,
+                    )
+                    .await
+                    .map(|_| ())
+            } else {
+                Ok(())
+            };
             if let Err(refusal) = asked {
                 instance.set_source_refusal(Some(crate::status::SourceRefusal::new(
                     refusal.reason(),

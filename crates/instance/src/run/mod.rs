@@ -101,6 +101,11 @@ const STREAM_RECHECK: Duration = Duration::from_secs(2);
 /// again why (one replication connection each time).
 const SOURCE_RECHECK: Duration = Duration::from_secs(5);
 
+/// How long a segment must be missing from a source's store while a later one is there
+/// before it is called a gap: the archiver uploads a few segments at once when it is
+/// behind, so a later one may arrive first for a moment.
+const ARCHIVE_GAP_CONFIRM: Duration = Duration::from_secs(30);
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("failed to read PostgresCluster {name}")]
@@ -823,6 +828,31 @@ async fn source_refusal(
 ) -> Option<crate::status::SourceRefusal> {
     use crate::status::SourceRefusal;
     if pg.streaming {
+        return None;
+    }
+    if let Some(missing) = source
+        .archive_record()
+        .as_ref()
+        .and_then(|r| r.gap(jiff::Timestamp::now(), ARCHIVE_GAP_CONFIRM))
+    {
+        return Some(SourceRefusal::new(
+            "ArchiveGap",
+            &format!(
+                "the store lacks WAL segment {missing} while it holds later ones (for {} s or \
+                 more): recovery cannot step over it{}",
+                ARCHIVE_GAP_CONFIRM.as_secs(),
+                if source.has_connection() {
+                    "; the source is asked for it by streaming"
+                } else {
+                    "; the entry has no connection to stream it from: the source's archiving \
+                     must put it back, or a base backup taken after it must be in the store and \
+                     the replica cluster created again from it"
+                }
+            ),
+        ));
+    }
+    if !source.has_connection() {
+        // A store alone: nothing to ask.
         return None;
     }
     if instance.upstream_wal_gone() {

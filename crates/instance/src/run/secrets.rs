@@ -111,42 +111,55 @@ pub(super) async fn replica_source(
         source_name: replica.source.clone(),
         message,
     };
-    let connection = cluster
+    let entry = cluster
         .spec
         .external_clusters
         .iter()
         .find(|e| e.name == replica.source)
-        .and_then(|e| e.connection.as_ref())
+        .filter(|e| e.connection.is_some() || e.store.is_some())
         .ok_or_else(|| {
-            unusable("no entry of spec.externalClusters with a connection has this name".into())
+            unusable(
+                "no entry of spec.externalClusters with a connection or a store has this name"
+                    .into(),
+            )
         })?;
-    let mut secrets = std::collections::BTreeMap::new();
-    let names = [
-        connection.password_secret.as_ref().map(|s| &s.name),
-        connection.ca_secret.as_ref().map(|s| &s.name),
-        connection
-            .client_certificate_secret
-            .as_ref()
-            .map(|s| &s.name),
-    ];
-    for name in names.into_iter().flatten() {
-        if let Ok(Some(secret)) = inputs.secrets.get(name).await {
-            secrets.insert(name.clone(), secret);
+    let source = match &entry.connection {
+        Some(connection) => {
+            let mut secrets = std::collections::BTreeMap::new();
+            let names = [
+                connection.password_secret.as_ref().map(|s| &s.name),
+                connection.ca_secret.as_ref().map(|s| &s.name),
+                connection
+                    .client_certificate_secret
+                    .as_ref()
+                    .map(|s| &s.name),
+            ];
+            for name in names.into_iter().flatten() {
+                if let Ok(Some(secret)) = inputs.secrets.get(name).await {
+                    secrets.insert(name.clone(), secret);
+                }
+            }
+            let credentials = crate::external::Credentials::from_secrets(connection, |name| {
+                secrets.get(name).map(|s| s.as_ref())
+            })
+            .map_err(unusable)?;
+            crate::external::prepare(
+                &settings.socket_dir,
+                &replica.source,
+                connection,
+                &credentials,
+                settings.run_as,
+            )
+            .map_err(|e| unusable(e.to_string()))?
         }
-    }
-    let credentials = crate::external::Credentials::from_secrets(connection, |name| {
-        secrets.get(name).map(|s| s.as_ref())
-    })
-    .map_err(unusable)?;
-    let source = crate::external::prepare(
-        &settings.socket_dir,
-        &replica.source,
-        connection,
-        &credentials,
-        settings.run_as,
-    )
-    .map_err(|e| unusable(e.to_string()))?;
-    // The entry's store (S3), for WAL the source no longer has.
+        None => crate::external::prepare_store_only(
+            &settings.socket_dir,
+            &replica.source,
+            settings.run_as,
+        )
+        .map_err(|e| unusable(e.to_string()))?,
+    };
+    // The entry's store (S3): for WAL the source no longer has, or all it follows.
     let store = cluster
         .spec
         .external_clusters

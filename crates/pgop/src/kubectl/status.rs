@@ -314,13 +314,20 @@ fn replica_view(
             (state, refused.or(following))
         }
     };
-    let address = c
+    // The server's address, or for an entry with a store alone, where that store is.
+    let entry = c
         .spec
         .external_clusters
         .iter()
-        .find(|e| e.name == spec.source)
-        .and_then(|e| e.connection.as_ref())
-        .map(|k| format!("{}:{}", k.host, k.port));
+        .find(|e| e.name == spec.source);
+    let address = entry.and_then(|e| match (&e.connection, &e.store) {
+        (Some(k), _) => Some(format!("{}:{}", k.host, k.port)),
+        (None, Some(store)) => store.s3.as_ref().map(|s3| match s3.path.as_deref() {
+            Some(path) => format!("its store s3://{}/{path}/{}", s3.bucket, store.cluster),
+            None => format!("its store s3://{}/{}", s3.bucket, store.cluster),
+        }),
+        (None, None) => None,
+    });
     Some(ReplicaView {
         source: spec.source.clone(),
         source_address: address,
@@ -800,6 +807,17 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains('\x1b'), "{shown}");
+        // Following a store alone: where the store is.
+        let mut archive = following.clone();
+        archive.spec.external_clusters = serde_json::from_value(json!([{"name": "site-a",
+            "store": {"cluster": "shop", "s3": {"bucket": "backups", "path": "site-a",
+                "credentialsSecret": {"name": "s3"}}}}]))
+        .expect("entry");
+        let shown = text(&archive);
+        assert!(
+            shown.contains("Replica of site-a (its store s3://backups/site-a/shop): following"),
+            "{shown}"
+        );
         // An ordinary cluster has no such line.
         let mut plain = following.clone();
         plain.spec.replica = None;

@@ -415,6 +415,76 @@ async fn archiving_is_idempotent_and_refuses_different_content_under_the_same_na
     assert!(String::from_utf8_lossy(&out.stderr).contains("corrupt"));
 }
 
+#[tokio::test]
+async fn wal_restore_keeps_a_record_of_what_it_restored_and_of_a_gap() {
+    let dir = TempDir::new("record");
+    let s3 = S3Server::start(&dir.0);
+    let pgop = pgop_binary(&dir.0);
+    let config = s3.config("record");
+    let store = Store::open(&config).expect("open the store");
+    let pgdata = dir.0.join("pgdata");
+    std::fs::create_dir_all(pgdata.join("pg_wal/archive_status")).expect("pg_wal");
+    // Segments 3 and 5 in the store; 4 is not (a gap), nor anything after 5.
+    for name in ["000000010000000000000003", "000000010000000000000005"] {
+        std::fs::write(
+            pgdata.join("pg_wal").join(name),
+            vec![7u8; 16 * 1024 * 1024],
+        )
+        .expect("segment");
+        pgop_backup::wal::archive(&store, &pgdata, &PathBuf::from("pg_wal").join(name))
+            .await
+            .expect("archived");
+    }
+    let config_file = dir.0.join("store.json");
+    config.write(&config_file, None).expect("config file");
+    let record = dir.0.join("archive.json");
+    let restore = |name: &str| {
+        Command::new(&pgop)
+            .args(["instance", "wal-restore", "--store-config"])
+            .arg(&config_file)
+            .arg("--record")
+            .arg(&record)
+            .args([name, "pg_wal/RECOVERYXLOG"])
+            .current_dir(&pgdata)
+            .output()
+            .expect("run pgop")
+    };
+    let read = || pgop_instance::external::ArchiveRecord::read(&record);
+    assert!(restore("000000010000000000000003").status.success());
+    let r = read();
+    assert_eq!(r.restored.as_deref(), Some("000000010000000000000003"));
+    assert!(r.restored_at.is_some() && r.missing.is_none());
+    // History files are not recorded.
+    assert_eq!(restore("00000002.history").status.code(), Some(1));
+    assert_eq!(read(), r);
+    // 4 is missing while 5 is there: a gap (once it lasts).
+    let out = restore("000000010000000000000004");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = read();
+    assert_eq!(r.missing.as_deref(), Some("000000010000000000000004"));
+    assert!(r.later_present, "{r:?}");
+    let since = r.missing_since.clone();
+    assert!(restore("000000010000000000000004").status.code() == Some(1));
+    assert_eq!(read().missing_since, since, "the first miss is kept");
+    // 6 is missing and nothing after it: the end of the store.
+    assert!(restore("000000010000000000000005").status.success());
+    assert_eq!(restore("000000010000000000000006").status.code(), Some(1));
+    let r = read();
+    assert_eq!(
+        (r.restored.as_deref(), r.missing.as_deref(), r.later_present),
+        (
+            Some("000000010000000000000005"),
+            Some("000000010000000000000006"),
+            false
+        )
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn retention_keeps_the_last_backup_and_the_wal_it_needs() {
     let Primary {

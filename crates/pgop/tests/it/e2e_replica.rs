@@ -300,25 +300,11 @@ async fn one(host: &str, password: &str, sql: &str) -> Result<String> {
 
 #[tokio::test]
 async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_store() -> Result {
-    use pgop_testenv::s3::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
     let _serial = SERIAL.lock().await;
     let a = start("store-a").await?;
     let b = start("store-b").await?;
-    let s3 = S3Server::start(&a.plane.dir().join("s3"))?;
-    let store = json!({"s3": {"bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
-        "path": "site-a", "credentialsSecret": {"name": "s3"}}});
-    for env in [&a, &b] {
-        let keys = secret(
-            "s3",
-            &[
-                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
-                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
-            ],
-        );
-        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(env.client.clone(), env.n())
-            .create(&Default::default(), &keys)
-            .await?;
-    }
+    let s3 = pgop_testenv::s3::S3Server::start(&a.plane.dir().join("s3"))?;
+    let store = sites::s3_store(&s3, &[&a, &b]).await?;
     // The superuser over the network: the test switches WAL files and checkpoints.
     let spec = json!({"backup": {"store": store}, "credentials": {"superuserAccess": true}});
     let (password, source) = sites::source(&a, "db", spec).await?;
@@ -354,15 +340,7 @@ async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_
         s.instances.iter().any(|i| i.fenced && !i.ready)
     })
     .await?;
-    let su_password = String::from_utf8(
-        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(a.client.clone(), a.n())
-            .get("db-superuser")
-            .await?
-            .data
-            .and_then(|d| d.get("password").cloned())
-            .ok_or("no superuser password")?
-            .0,
-    )?;
+    let su_password = sites::secret_password(&a, "db-superuser").await?;
     let su = connect_to(
         &source,
         "app",
@@ -416,6 +394,218 @@ async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_
         inode,
         "the data directory was made anew: re-cloned, not restored from the store"
     );
+    drop(s3);
+    b.stop().await?;
+    a.stop().await
+}
+
+#[tokio::test]
+async fn e2e_a_replica_cluster_follows_its_source_through_the_store_alone() -> Result {
+    let _serial = SERIAL.lock().await;
+    let a = start("archive-a").await?;
+    let b = start("archive-b").await?;
+    let s3 = pgop_testenv::s3::S3Server::start(&a.plane.dir().join("s3"))?;
+    let store = sites::s3_store(&s3, &[&a, &b]).await?;
+    // Site A archives to the store and has one base backup there. The superuser over the
+    // network: the test switches WAL files.
+    let spec = json!({"backup": {"store": store}, "credentials": {"superuserAccess": true},
+        "postgresql": {"parameters": {"archive_timeout": "1h"}}});
+    let (password, source) = sites::source(&a, "db", spec).await?;
+    seed(&source, &password).await?;
+    sites::base_backup(&a, "db-base").await?;
+    let su_password = sites::secret_password(&a, "db-superuser").await?;
+    let su = connect_to(
+        &source,
+        "app",
+        "postgres",
+        &su_password,
+        std::time::Duration::from_secs(5),
+    )
+    .await?;
+
+    // Site B knows site A by its store alone: no connection, no certificate.
+    let mut entry_store = store.clone();
+    entry_store["cluster"] = json!("db");
+    b.create(
+        "db",
+        json!({
+            "replicas": 2,
+            "storage": {"size": "1Gi"},
+            "externalClusters": [{"name": "site-a", "store": entry_store}],
+            "replica": {"source": "site-a"},
+        }),
+    )
+    .await?;
+    b.wait_ready("db", 2).await?;
+    rows_everywhere(&b, "db", &password, "t", 100).await?;
+    // Rows written on A reach B once their WAL file is archived (a switch closes it).
+    su.batch_execute("insert into t select generate_series(101, 200)")
+        .await?;
+    su.batch_execute("select pg_switch_wal()").await?;
+    rows_everywhere(&b, "db", &password, "t", 200).await?;
+    let followed = b
+        .wait_cluster("db", "following through the store", TIMEOUT, |s| {
+            following(s).is_some_and(|(status, reason)| status == "True" && reason == "Archive")
+                && s.replica
+                    .as_ref()
+                    .is_some_and(|r| r.last_restored_wal.is_some())
+        })
+        .await?;
+    let report = followed
+        .status
+        .and_then(|s| s.replica)
+        .ok_or("no status.replica")?;
+    assert_eq!(report.mode.as_deref(), Some("archive"));
+    assert!(!report.streaming);
+    let designated = b.current_primary("db").await?;
+    let status = pg_status(&b, &designated).await?;
+    assert_eq!(
+        status.role,
+        pgop_api::instance_status::PgRole::DesignatedPrimary
+    );
+    let upstream = status.upstream.ok_or("no upstream on /pg/status")?;
+    assert!(upstream.restored_wal.is_some(), "{upstream:?}");
+    assert_eq!(upstream.receiver, None, "no WAL receiver: {upstream:?}");
+    let screen = kubectl_pgop_status(&b, "db").await?;
+    assert!(
+        screen.contains("Replica of site-a (its store s3://pgop-test/site-a/db): following"),
+        "{screen}"
+    );
+
+    // A gap in the store. Site A switches WAL files only when told (archive_timeout an
+    // hour): once B has restored the last segment A archived (R), B needs R+1 next, which
+    // A is still writing. B's designated primary fenced, A archives three more segments
+    // (R+1..R+3) and R+1 is taken out of the store. Unfenced, B restores up to the gap
+    // and says so; put back, it goes on.
+    let archived = || async {
+        let row = su
+            .query_one(
+                "select coalesce(last_archived_wal, '') from pg_stat_archiver",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<String, String>(row.get(0))
+    };
+    let restored = archived().await?;
+    pgop_testenv::wait::until("B restored what A archived", TIMEOUT, || async {
+        let status = pg_status(&b, &designated)
+            .await
+            .map_err(|e| e.to_string())?;
+        let at = status.upstream.and_then(|u| u.restored_wal);
+        (at.as_deref() == Some(restored.as_str()))
+            .then_some(())
+            .ok_or(format!("{at:?}, {restored} archived"))
+    })
+    .await?;
+    let next = |name: &str| -> Result<String> {
+        Ok(pgop_backup::WalName::parse(name)
+            .and_then(|w| w.next())
+            .ok_or(format!("no segment after {name}"))?
+            .name)
+    };
+    let first = next(&restored)?;
+    let last = next(&next(&first)?)?;
+    b.patch("db", json!({"spec": {"fencedInstances": [designated]}}))
+        .await?;
+    b.wait_cluster("db", "the designated primary fenced", TIMEOUT, |s| {
+        s.instances.iter().any(|i| i.fenced && !i.ready)
+    })
+    .await?;
+    for round in 0..3 {
+        su.batch_execute(&format!(
+            "insert into t select generate_series({}, {})",
+            201 + round * 100,
+            300 + round * 100
+        ))
+        .await?;
+        su.batch_execute("select pg_switch_wal()").await?;
+    }
+    pgop_testenv::wait::until("site A archived three segments", TIMEOUT, || async {
+        let at = archived().await?;
+        (at >= last).then_some(()).ok_or(at)
+    })
+    .await?;
+    let object = s3.object_file(&format!("site-a/db/pgop-v1/wal/{}/{first}.gz", &first[..8]));
+    let aside = object.with_extension("aside");
+    std::fs::rename(&object, &aside)
+        .map_err(|e| format!("taking {} out of the store: {e}", object.display()))?;
+    b.patch("db", json!({"spec": {"fencedInstances": []}}))
+        .await?;
+    let gap = b
+        .wait_cluster("db", "the gap named", TIMEOUT, |s| {
+            following(s).is_some_and(|(status, reason)| status == "False" && reason == "ArchiveGap")
+        })
+        .await?;
+    let message = pgop_api::conditions::find_condition(
+        &gap.status.unwrap_or_default().conditions,
+        pgop_api::conditions::REPLICA_FOLLOWING,
+    )
+    .map(|c| c.message.clone())
+    .unwrap_or_default();
+    assert!(message.contains(&first), "{message}");
+    let event = b
+        .wait_event_saying("ReplicaNotFollowing", Some("db"), &first)
+        .await?;
+    assert!(
+        event.contains("ArchiveGap") || event.contains("lacks"),
+        "{event}"
+    );
+    std::fs::rename(&aside, &object)?;
+    rows_everywhere(&b, "db", &password, "t", 500).await?;
+    b.wait_cluster("db", "following again", TIMEOUT, |s| {
+        following(s).is_some_and(|(status, _)| status == "True")
+    })
+    .await?;
+
+    // Promoted: caught up with the store (lag 0, published with the positions at most once
+    // a minute), so not forced; writable, its standby following.
+    b.wait_cluster("db", "at the end of the store", TIMEOUT, |s| {
+        s.replica.as_ref().is_some_and(|r| r.lag_seconds == Some(0))
+    })
+    .await?;
+    b.patch("db", json!({"spec": {"replica": {"enabled": false}}}))
+        .await?;
+    let promoted = b
+        .wait_cluster("db", "promoted", TIMEOUT, |s| {
+            s.replica
+                .as_ref()
+                .and_then(|r| r.promotion.as_ref())
+                .is_some_and(|p| p.completed_at.is_some())
+        })
+        .await?;
+    let promotion = promoted
+        .status
+        .and_then(|s| s.replica)
+        .and_then(|r| r.promotion)
+        .ok_or("no promotion")?;
+    assert!(!promotion.forced, "{promotion:?}");
+    // The cluster's own password once its manager set it, site A's until then.
+    let own = b.password("db").await?;
+    let since = std::time::Instant::now();
+    loop {
+        let mut done = false;
+        if let Some(rw) = b.rw("db") {
+            for p in [&own, &password] {
+                if let Ok(c) = connect_within(&rw, p, std::time::Duration::from_millis(500)).await
+                    && c.batch_execute("insert into t values (501)").await.is_ok()
+                {
+                    done = true;
+                    break;
+                }
+            }
+        }
+        if done {
+            break;
+        }
+        assert!(
+            since.elapsed() < TIMEOUT,
+            "no write through -rw after the promotion"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    b.wait_ready("db", 2).await?;
+    rows_everywhere(&b, "db", &own, "t", 501).await?;
     drop(s3);
     b.stop().await?;
     a.stop().await

@@ -87,10 +87,15 @@ pub fn set_replica(
     let refusal = reported
         .and_then(|s| s.upstream.as_ref())
         .and_then(|u| u.refusal.as_ref());
+    let mode = mode_of(cluster, &replica.source);
+    let archive_only = mode == ARCHIVE;
     let mut report = ReplicaStatus {
         source: replica.source.clone(),
         designated_primary: designated.clone(),
+        mode: Some(mode.to_string()),
         streaming: pg.is_some_and(|s| s.streaming),
+        last_restored_wal: upstream.and_then(|u| u.restored_wal.clone()),
+        last_restored_at: upstream.and_then(|u| u.restored_at.clone()),
         source_end_lsn: upstream.and_then(|u| u.end_lsn.clone()),
         received_lsn: pg.and_then(|s| s.received_lsn.clone()),
         replayed_lsn: pg.and_then(|s| s.replayed_lsn.clone()),
@@ -115,6 +120,14 @@ pub fn set_replica(
             .or(previous.last_message_at.clone());
         r.received_lsn = r.received_lsn.take().or(previous.received_lsn.clone());
         r.replayed_lsn = r.replayed_lsn.take().or(previous.replayed_lsn.clone());
+        r.last_restored_wal = r
+            .last_restored_wal
+            .take()
+            .or(previous.last_restored_wal.clone());
+        r.last_restored_at = r
+            .last_restored_at
+            .take()
+            .or(previous.last_restored_at.clone());
     }
     let held_back = old.is_some_and(|o| o.positions_observed_at == status.positions_observed_at);
     if let Some(previous) = previous
@@ -145,6 +158,26 @@ pub fn set_replica(
                 ),
             },
         ),
+        Some(_) if archive_only => match (
+            replica.max_lag_seconds,
+            upstream.and_then(|u| u.lag_seconds),
+        ) {
+            (Some(max), Some(lag)) if lag > f64::from(max) => (
+                false,
+                "LagOverBound",
+                format!(
+                    "{who} restores {source}'s WAL from its store but replays more than spec.replica.maxLagSeconds ({max} s) behind it"
+                ),
+            ),
+            _ => (
+                true,
+                "Archive",
+                format!(
+                    "{who} follows {source} through its store (last WAL restored: {})",
+                    report.last_restored_wal.as_deref().unwrap_or("none yet")
+                ),
+            ),
+        },
         Some(s) if !s.streaming => (
             false,
             "NotStreaming",
@@ -181,9 +214,11 @@ pub fn set_replica(
                 );
             }
             None => {
+                // Through a store alone, caught up with it is as far as it can get.
+                let caught_up = report.streaming || (archive_only && report.lag_seconds == Some(0));
                 report.promotion = Some(ReplicaPromotion {
                     approved_at: now.clone(),
-                    forced: !report.streaming,
+                    forced: !caught_up,
                     last_lag_seconds: report.lag_seconds,
                     completed_at: None,
                 });
@@ -191,6 +226,19 @@ pub fn set_replica(
                     "{who} is being promoted: the cluster stops following {source}{}",
                     if report.streaming {
                         String::new()
+                    } else if archive_only {
+                        format!(
+                            " at the end of what its store holds ({}){}: the source's WAL not archived yet is not here",
+                            report
+                                .last_restored_wal
+                                .as_deref()
+                                .unwrap_or("no WAL restored"),
+                            if caught_up {
+                                ""
+                            } else {
+                                ", not caught up with it (forced)"
+                            }
+                        )
                     } else {
                         format!(
                             " while not streaming from it (forced): the source's commits after {} are not here",
@@ -263,7 +311,7 @@ pub fn promotion_event(
 /// Why a promotion may not happen now (`None`: it may): nothing of the source here, or
 /// a lag above `promotionMaxLagSeconds` (or none ever recorded while it asks for one).
 fn promotion_refused(replica: &ReplicaSpec, report: &ReplicaStatus) -> Option<String> {
-    if report.received_lsn.is_none() {
+    if report.received_lsn.is_none() && report.replayed_lsn.is_none() {
         return Some(
             "nothing of the source was ever cloned here: a promotion would start an empty database"
                 .into(),
@@ -278,6 +326,24 @@ fn promotion_refused(replica: &ReplicaSpec, report: &ReplicaStatus) -> Option<St
         None => Some(format!(
             "no lag behind the source was ever recorded, and spec.replica.promotionMaxLagSeconds asks for at most {bound} s; raise or remove it to promote anyway"
         )),
+    }
+}
+
+/// `status.replica.mode` for an archive-only source.
+const ARCHIVE: &str = "archive";
+
+/// How the cluster follows entry `source`: `streaming` (a connection), `archive` (a store
+/// alone) or `streamingWithArchive` (both).
+fn mode_of(cluster: &PostgresCluster, source: &str) -> &'static str {
+    let entry = cluster
+        .spec
+        .external_clusters
+        .iter()
+        .find(|e| e.name == source);
+    match entry.map(|e| (e.connection.is_some(), e.store.is_some())) {
+        Some((false, true)) => ARCHIVE,
+        Some((true, true)) => "streamingWithArchive",
+        _ => "streaming",
     }
 }
 
@@ -315,6 +381,7 @@ fn reason_of(reason: &str) -> &'static str {
         "SourceRefused",
         "SourceWalGone",
         "SystemIdentifierMismatch",
+        "ArchiveGap",
     ];
     KNOWN
         .iter()
@@ -358,8 +425,106 @@ mod tests {
                 reason: r.into(),
                 message: "connection refused".into(),
             }),
+            ..Default::default()
         });
         Probe::Status(Box::new(s))
+    }
+
+    /// A designated primary that restores from its source's store (no WAL receiver).
+    fn from_store(lag: Option<f64>, restored: &str, refusal: Option<&str>) -> Probe {
+        let mut s = PgStatus::stopped("db-1", false);
+        s.role = PgRole::DesignatedPrimary;
+        s.running = true;
+        s.in_recovery = true;
+        s.replayed_lsn = Some("0/5000000".into());
+        s.upstream = Some(UpstreamState {
+            lag_seconds: lag,
+            restored_wal: Some(restored.into()),
+            restored_at: Some("2027-01-15T08:00:00Z".into()),
+            refusal: refusal.map(|r| SourceRefusal {
+                reason: r.into(),
+                message: "the store lacks WAL segment 000000010000000000000006".into(),
+            }),
+            ..Default::default()
+        });
+        Probe::Status(Box::new(s))
+    }
+
+    fn store_only(replica: &str) -> PostgresCluster {
+        let spec = format!(
+            "storage: {{size: 1Gi}}\nexternalClusters: [{{name: site-a, store: {{cluster: db, s3: {{bucket: b, credentialsSecret: {{name: s3}}}}}}}}]\n{replica}"
+        );
+        PostgresCluster::new("db", serde_yaml::from_str(&spec).expect("spec"))
+    }
+
+    #[test]
+    fn a_cluster_that_follows_a_store_alone_follows_by_archive_and_names_a_gap() {
+        let c = store_only("replica: {source: site-a, maxLagSeconds: 60}");
+        let s = following(
+            &c,
+            Some(from_store(Some(0.0), "000000010000000000000005", None)),
+        );
+        let (status, reason, message) = condition(&s);
+        assert_eq!((status.as_str(), reason.as_str()), ("True", "Archive"));
+        assert!(message.contains("000000010000000000000005"), "{message}");
+        let r = s.replica.clone().expect("status.replica");
+        assert_eq!(r.mode.as_deref(), Some("archive"));
+        assert_eq!(
+            r.last_restored_wal.as_deref(),
+            Some("000000010000000000000005")
+        );
+        assert!(!r.streaming);
+        let s = following(
+            &c,
+            Some(from_store(Some(90.0), "000000010000000000000005", None)),
+        );
+        assert_eq!(condition(&s).1, "LagOverBound");
+        let s = following(
+            &c,
+            Some(from_store(
+                None,
+                "000000010000000000000005",
+                Some("ArchiveGap"),
+            )),
+        );
+        let (status, reason, message) = condition(&s);
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "ArchiveGap"));
+        assert!(message.contains("000000010000000000000006"), "{message}");
+        // The mode of an entry with both is said as such.
+        let both = cluster("replica: {source: site-a}");
+        let s = following(&both, Some(designated(true, Some(0.0), None)));
+        assert_eq!(s.replica.and_then(|r| r.mode).as_deref(), Some("streaming"));
+
+        // Caught up with the store: its promotion is not forced; behind it, it is.
+        let old = following(
+            &c,
+            Some(from_store(Some(0.0), "000000010000000000000005", None)),
+        );
+        let promote = store_only("replica: {source: site-a, enabled: false}");
+        let approved = pass(
+            &promote,
+            &old,
+            from_store(Some(0.0), "000000010000000000000005", None),
+            30,
+        );
+        let promotion = approved
+            .replica
+            .as_ref()
+            .and_then(|r| r.promotion.clone())
+            .expect("approved");
+        assert!(!promotion.forced, "{promotion:?}");
+        let behind = pass(
+            &promote,
+            &old,
+            from_store(Some(20.0), "000000010000000000000005", None),
+            30,
+        );
+        assert!(
+            behind
+                .replica
+                .and_then(|r| r.promotion)
+                .is_some_and(|p| p.forced)
+        );
     }
 
     fn following(c: &PostgresCluster, probe: Option<Probe>) -> PostgresClusterStatus {

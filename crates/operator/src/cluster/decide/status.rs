@@ -117,7 +117,14 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
         ),
     ]
     .map(|(type_, bad_when, reasons)| {
-        condition_event(cluster.status.as_ref(), &status, type_, bad_when, reasons)
+        let event = condition_event(cluster.status.as_ref(), &status, type_, bad_when, reasons)?;
+        // ReplicaFollowing's reasons are told apart (the recorder keeps one series per
+        // action: a source refusing for another reason is a new Event, with its own note).
+        let action = (type_ == REPLICA_FOLLOWING)
+            .then(|| pgop_api::conditions::find_condition(&status.conditions, type_))
+            .flatten()
+            .map(|c| c.reason.clone());
+        Some((event, action))
     });
     status.auto_grow = storage.record.clone();
     status.poolers = build::pooler::status(
@@ -146,7 +153,14 @@ pub(in crate::cluster) fn status(input: StatusInput<'_>, now: &Time) -> StatusDe
     if let Some((kind, reason, message)) = upgrade_event {
         notes.push(Note::new(kind, reason, message));
     }
-    for (kind, reason, message) in conditions.into_iter().flatten().chain(promotion) {
+    for ((kind, reason, message), action) in conditions.into_iter().flatten() {
+        let note = Note::new(kind, reason, message);
+        notes.push(match action {
+            Some(action) => note.action(action),
+            None => note,
+        });
+    }
+    if let Some((kind, reason, message)) = promotion {
         notes.push(Note::new(kind, reason, message));
     }
     if let Some((reason, message)) = resumed {

@@ -177,6 +177,10 @@ pub struct Significant<'a> {
     /// the filesystem to grow (see `decide::storage`). A busy instance moves the share by
     /// a percent now and then, not with every write.
     pub volume: Option<(u64, u64)>,
+    /// Why a replica cluster's source refuses its designated primary (the reason): the
+    /// ReplicaFollowing condition. It may change while nothing else does (a gap found in
+    /// the source's store while the designated primary waits in recovery).
+    pub source_refusal: Option<&'a str>,
 }
 
 /// What of `status` wakes a reconcile when it changes; see [`Significant`] for every field
@@ -202,6 +206,11 @@ pub fn significant(status: &PgStatus) -> Significant<'_> {
         volume: status
             .volume
             .map(|v| (v.capacity_bytes >> 20, v.used_percent())),
+        source_refusal: status
+            .upstream
+            .as_ref()
+            .and_then(|u| u.refusal.as_ref())
+            .map(|r| r.reason.as_str()),
     }
 }
 
@@ -918,6 +927,17 @@ mod tests {
         let mut pending = primary.clone();
         pending.pending_restart = true;
         assert!(changed(&status(&primary), &status(&pending)));
+        // A designated primary's source found refusing it (a gap in its store), nothing
+        // else changed.
+        let mut gap = primary.clone();
+        gap.upstream = Some(pgop_api::instance_status::UpstreamState {
+            refusal: Some(pgop_api::instance_status::SourceRefusal::new(
+                "ArchiveGap",
+                "the store lacks WAL segment 000000010000000000000004",
+            )),
+            ..Default::default()
+        });
+        assert!(changed(&status(&primary), &status(&gap)), "a refusal");
         let down = |why: &str| Probe::Unreachable(why.to_string());
         assert!(!changed(&down("refused"), &down("timed out")), "still down");
         assert!(changed(&status(&primary), &down("refused")));

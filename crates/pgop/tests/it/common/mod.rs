@@ -436,12 +436,22 @@ impl Env {
     /// Waits for an Event of `reason` in the test's namespace, about the object named
     /// `about` when given; its note.
     pub async fn wait_event_about(&self, reason: &str, about: Option<&str>) -> Result<String> {
+        self.wait_event_saying(reason, about, "").await
+    }
+
+    /// [`Env::wait_event_about`] for an Event whose note contains `saying`.
+    pub async fn wait_event_saying(
+        &self,
+        reason: &str,
+        about: Option<&str>,
+        saying: &str,
+    ) -> Result<String> {
         let events: Api<k8s_openapi::api::events::v1::Event> =
             Api::namespaced(self.client.clone(), self.n());
         let events = &events;
         let what = match about {
-            Some(name) => format!("the {reason} Event about {name}"),
-            None => format!("the {reason} Event"),
+            Some(name) => format!("the {reason} Event about {name} saying {saying:?}"),
+            None => format!("the {reason} Event saying {saying:?}"),
         };
         Ok(wait::until(&what, TIMEOUT, || async move {
             let list = events
@@ -455,6 +465,7 @@ impl Env {
                         && about.is_none_or(|name| {
                             e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
                         })
+                        && e.note.as_deref().unwrap_or_default().contains(saying)
                 })
                 .and_then(|e| e.note)
                 .ok_or_else(|| "none yet".to_string())

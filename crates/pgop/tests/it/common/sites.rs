@@ -89,3 +89,59 @@ pub async fn follow_with(
     b.wait_ready(name, instances).await?;
     Ok(source)
 }
+
+/// The store of site A in `s3` (path `site-a`), with its keys as Secret `s3` in each of
+/// `sites`; returned as `spec.backup.store` (add `cluster` for an entry's store).
+pub async fn s3_store(
+    s3: &pgop_testenv::s3::S3Server,
+    sites: &[&Env],
+) -> Result<serde_json::Value> {
+    use pgop_testenv::s3::{ACCESS_KEY, BUCKET, SECRET_KEY};
+    for env in sites {
+        let keys = secret(
+            "s3",
+            &[
+                ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ],
+        );
+        Api::<Secret>::namespaced(env.client.clone(), env.n())
+            .create(&PostParams::default(), &keys)
+            .await?;
+    }
+    Ok(
+        json!({"s3": {"bucket": BUCKET, "endpoint": s3.endpoint(), "region": "us-east-1",
+        "path": "site-a", "credentialsSecret": {"name": "s3"}}}),
+    )
+}
+
+/// The password of Secret `name`'s key `password` in site `env` (the superuser's, say).
+pub async fn secret_password(env: &Env, name: &str) -> Result<String> {
+    let data = Api::<Secret>::namespaced(env.client.clone(), env.n())
+        .get(name)
+        .await?
+        .data
+        .and_then(|d| d.get("password").cloned())
+        .ok_or(format!("{name} has no password"))?;
+    Ok(String::from_utf8(data.0)?)
+}
+
+/// A PostgresBackup `name` of cluster `db` in site `env`, waited for until Completed.
+pub async fn base_backup(env: &Env, name: &str) -> Result {
+    let backup: pgop_api::PostgresBackup = serde_json::from_value(json!({
+        "apiVersion": "database.example.com/v1alpha1", "kind": "PostgresBackup",
+        "metadata": {"name": name}, "spec": {"cluster": {"name": "db"}}}))?;
+    let backups: kube::Api<pgop_api::PostgresBackup> =
+        kube::Api::namespaced(env.client.clone(), env.n());
+    backups.create(&Default::default(), &backup).await?;
+    let backups = &backups;
+    pgop_testenv::wait::until("the base backup completed", super::TIMEOUT, || async move {
+        let b = backups.get(name).await.map_err(|e| e.to_string())?;
+        match b.status.unwrap_or_default().phase {
+            Some(pgop_api::backup::BackupPhase::Completed) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await?;
+    Ok(())
+}
