@@ -340,15 +340,7 @@ async fn e2e_a_replica_cluster_reads_the_wal_its_source_removed_from_the_source_
         s.instances.iter().any(|i| i.fenced && !i.ready)
     })
     .await?;
-    let su_password = sites::secret_password(&a, "db-superuser").await?;
-    let su = connect_to(
-        &source,
-        "app",
-        "postgres",
-        &su_password,
-        std::time::Duration::from_secs(5),
-    )
-    .await?;
+    let su = sites::superuser(&a, &source).await?;
     for round in 0..4 {
         su.batch_execute(&format!(
             "insert into t select generate_series({}, {}); select pg_switch_wal(); checkpoint",
@@ -413,15 +405,7 @@ async fn e2e_a_replica_cluster_follows_its_source_through_the_store_alone() -> R
     let (password, source) = sites::source(&a, "db", spec).await?;
     seed(&source, &password).await?;
     sites::base_backup(&a, "db-base").await?;
-    let su_password = sites::secret_password(&a, "db-superuser").await?;
-    let su = connect_to(
-        &source,
-        "app",
-        "postgres",
-        &su_password,
-        std::time::Duration::from_secs(5),
-    )
-    .await?;
+    let su = sites::superuser(&a, &source).await?;
 
     // Site B knows site A by its store alone: no connection, no certificate.
     let mut entry_store = store.clone();

@@ -138,6 +138,14 @@ pub fn set_replica(
     }
     let source = &replica.source;
     let who = designated.as_deref().unwrap_or("(none yet)");
+    // The bound `maxLagSeconds`, when the lag reported is above it.
+    let over_bound = match (
+        replica.max_lag_seconds,
+        upstream.and_then(|u| u.lag_seconds),
+    ) {
+        (Some(max), Some(lag)) if lag > f64::from(max) => Some(max),
+        _ => None,
+    };
     let (ok, reason, message) = match pg {
         _ if refusal.is_some() => {
             let r = refusal.map(|r| (r.reason.as_str(), r.message.as_str()));
@@ -158,18 +166,15 @@ pub fn set_replica(
                 ),
             },
         ),
-        Some(_) if archive_only => match (
-            replica.max_lag_seconds,
-            upstream.and_then(|u| u.lag_seconds),
-        ) {
-            (Some(max), Some(lag)) if lag > f64::from(max) => (
+        Some(_) if archive_only => match over_bound {
+            Some(max) => (
                 false,
                 "LagOverBound",
                 format!(
                     "{who} restores {source}'s WAL from its store but replays more than spec.replica.maxLagSeconds ({max} s) behind it"
                 ),
             ),
-            _ => (
+            None => (
                 true,
                 "Archive",
                 format!(
@@ -183,18 +188,15 @@ pub fn set_replica(
             "NotStreaming",
             format!("{who} does not stream from {source} (its WAL receiver is connecting)"),
         ),
-        Some(_) => match (
-            replica.max_lag_seconds,
-            upstream.and_then(|u| u.lag_seconds),
-        ) {
-            (Some(max), Some(lag)) if lag > f64::from(max) => (
+        Some(_) => match over_bound {
+            Some(max) => (
                 false,
                 "LagOverBound",
                 format!(
                     "{who} streams from {source} but replays more than spec.replica.maxLagSeconds ({max} s) behind it"
                 ),
             ),
-            _ => (true, "Streaming", format!("{who} streams from {source}")),
+            None => (true, "Streaming", format!("{who} streams from {source}")),
         },
     };
     // A promotion asked for (`enabled: false`) and not approved yet: approved, or refused

@@ -115,15 +115,24 @@ pub async fn s3_store(
     )
 }
 
-/// The password of Secret `name`'s key `password` in site `env` (the superuser's, say).
-pub async fn secret_password(env: &Env, name: &str) -> Result<String> {
+/// A connection as the superuser of cluster `db` of site `env` (its `spec.credentials`
+/// `superuserAccess: true`) to `host`, its primary's address.
+pub async fn superuser(env: &Env, host: &str) -> Result<tokio_postgres::Client> {
     let data = Api::<Secret>::namespaced(env.client.clone(), env.n())
-        .get(name)
+        .get("db-superuser")
         .await?
         .data
         .and_then(|d| d.get("password").cloned())
-        .ok_or(format!("{name} has no password"))?;
-    Ok(String::from_utf8(data.0)?)
+        .ok_or("db-superuser has no password")?;
+    let password = String::from_utf8(data.0)?;
+    super::connect_to(
+        host,
+        "app",
+        "postgres",
+        &password,
+        std::time::Duration::from_secs(5),
+    )
+    .await
 }
 
 /// A PostgresBackup `name` of cluster `db` in site `env`, waited for until Completed.
