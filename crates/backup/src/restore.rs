@@ -204,26 +204,8 @@ pub async fn unpack_newest(
         target: None,
     })?;
     prepare_dir(pgdata, tools.run_as)?;
-    let unpacked = async {
-        tracing::info!(backup = %backup.backup_id, "unpacking the store's newest base backup for a standby");
-        unpack(&store, &backup, pgdata).await?;
-        if let Some((uid, gid)) = tools.run_as {
-            chown_tree(pgdata, uid, gid).map_err(|source| Error::Io {
-                path: pgdata.to_path_buf(),
-                source,
-            })?;
-        }
-        for leftover in [
-            "standby.signal",
-            "recovery.signal",
-            "postmaster.pid",
-            "postmaster.opts",
-        ] {
-            let _ = std::fs::remove_file(pgdata.join(leftover));
-        }
-        Ok::<_, Error>(())
-    };
-    match unpacked.await {
+    tracing::info!(backup = %backup.backup_id, "unpacking the store's newest base backup for a standby");
+    match unpack_owned(&store, &backup, tools, pgdata).await {
         Ok(()) => Ok(backup),
         Err(err) => {
             empty_dir(pgdata);
@@ -321,16 +303,7 @@ async fn recover(
     backup: &Manifest,
 ) -> Result<Restored, Error> {
     tracing::info!(backup = %backup.backup_id, target = ?options.target, "restoring");
-    unpack(store, backup, pgdata).await?;
-    if let Some((uid, gid)) = tools.run_as {
-        chown_tree(pgdata, uid, gid).map_err(|source| Error::Io {
-            path: pgdata.to_path_buf(),
-            source,
-        })?;
-    }
-    for leftover in ["standby.signal", "postmaster.pid", "postmaster.opts"] {
-        let _ = std::fs::remove_file(pgdata.join(leftover));
-    }
+    unpack_owned(store, backup, tools, pgdata).await?;
     config
         .write(&options.store_config_file, tools.run_as)
         .map_err(Error::Config)?;
@@ -495,6 +468,33 @@ async fn recover(
 }
 
 /// Fetches, verifies and unpacks the base tar into `pgdata`.
+/// [`unpack`], then the files given to PostgreSQL's OS user, and the signal and
+/// postmaster files a copy of a running server may hold taken out (the caller writes its
+/// own signal file).
+async fn unpack_owned(
+    store: &Store,
+    backup: &Manifest,
+    tools: &PgTools,
+    pgdata: &Path,
+) -> Result<(), Error> {
+    unpack(store, backup, pgdata).await?;
+    if let Some((uid, gid)) = tools.run_as {
+        chown_tree(pgdata, uid, gid).map_err(|source| Error::Io {
+            path: pgdata.to_path_buf(),
+            source,
+        })?;
+    }
+    for leftover in [
+        "standby.signal",
+        "recovery.signal",
+        "postmaster.pid",
+        "postmaster.opts",
+    ] {
+        let _ = std::fs::remove_file(pgdata.join(leftover));
+    }
+    Ok(())
+}
+
 async fn unpack(store: &Store, backup: &Manifest, pgdata: &Path) -> Result<(), Error> {
     let key = format!("base/{}/{BASE_TAR_FILE}", backup.backup_id);
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);

@@ -162,20 +162,7 @@ pub fn prepare(
             connection.ssl_mode.as_str()
         )));
     }
-    let home = directory(dir, name);
-    let write_error = |path: &Path| {
-        let name = name.to_string();
-        let path = path.to_path_buf();
-        move |source| Error::Write { name, path, source }
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&home)
-        .map_err(write_error(&home))?;
-    if let Some(user) = run_as {
-        user.chown(&home).map_err(write_error(&home))?;
-    }
+    let home = make_home(dir, name, run_as)?;
     let write = |file: &str, content: &str| -> Result<PathBuf, Error> {
         let path = home.join(file);
         crate::config::write_file(&path, content, run_as).map_err(|e| Error::Unusable {
@@ -212,18 +199,9 @@ pub fn prepare(
     })
 }
 
-/// An entry with a store and no connection (`spec.replica` follows its store alone): its
-/// directory made (0700, PostgreSQL's OS user's) for the store's configuration and the
-/// record `restore_command` keeps ([`ArchiveRecord`]).
-pub fn prepare_store_only(dir: &Path, name: &str, run_as: Option<RunAs>) -> Result<Source, Error> {
-    if name.len() > pgop_api::external::MAX_EXTERNAL_NAME_LENGTH
-        || !pgop_api::formats::is_dns_label(name)
-    {
-        return Err(Error::Unusable {
-            name: name.to_string(),
-            message: "the name is no DNS label".into(),
-        });
-    }
+/// Makes entry `name`'s directory under `dir` ([`directory`]): 0700, PostgreSQL's OS
+/// user's.
+fn make_home(dir: &Path, name: &str, run_as: Option<RunAs>) -> Result<PathBuf, Error> {
     let home = directory(dir, name);
     let write_error = |source| Error::Write {
         name: name.to_string(),
@@ -238,6 +216,22 @@ pub fn prepare_store_only(dir: &Path, name: &str, run_as: Option<RunAs>) -> Resu
     if let Some(user) = run_as {
         user.chown(&home).map_err(write_error)?;
     }
+    Ok(home)
+}
+
+/// An entry with a store and no connection (`spec.replica` follows its store alone): its
+/// directory made (0700, PostgreSQL's OS user's) for the store's configuration and the
+/// record `restore_command` keeps ([`ArchiveRecord`]).
+pub fn prepare_store_only(dir: &Path, name: &str, run_as: Option<RunAs>) -> Result<Source, Error> {
+    if name.len() > pgop_api::external::MAX_EXTERNAL_NAME_LENGTH
+        || !pgop_api::formats::is_dns_label(name)
+    {
+        return Err(Error::Unusable {
+            name: name.to_string(),
+            message: "the name is no DNS label".into(),
+        });
+    }
+    let home = make_home(dir, name, run_as)?;
     Ok(Source {
         name: name.to_string(),
         connection: None,
